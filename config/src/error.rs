@@ -1,0 +1,205 @@
+//! Config errors that name the file, line, column and key path, and suggest the key the author
+//! probably meant.
+
+use crate::validate::Invalid;
+
+/// Why a config was rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {error}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The OS error.
+        error: String,
+    },
+    /// The YAML is malformed or does not fit the schema, or a value is invalid.
+    #[error("{file}:{line}:{column}: {message}")]
+    At {
+        /// The file.
+        file: String,
+        /// 1-based line, 0 when unknown.
+        line: usize,
+        /// 1-based column, 0 when unknown.
+        column: usize,
+        /// Key path and what is wrong.
+        message: String,
+    },
+}
+
+/// Keys the schema knows, for "did you mean" suggestions.
+const KNOWN_KEYS: &[&str] = &[
+    "listen",
+    "cache",
+    "upstreams",
+    "routes",
+    "dashboard",
+    "probe",
+    "limits",
+    "debug",
+    "path",
+    "max_size",
+    "sendfile_max_chunk",
+    "servers",
+    "connect_timeout",
+    "read_timeout",
+    "keepalive",
+    "match",
+    "upstream",
+    "host",
+    "path_prefix",
+    "enabled",
+    "watch",
+    "max_header_bytes",
+    "max_uri_bytes",
+    "header_timeout",
+    "idle_timeout",
+    "copy_hits",
+    "max_body_bytes",
+    "key_hash_bits",
+];
+
+pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> ConfigError {
+    let (line, column) = e
+        .location()
+        .map(|l| (l.line(), l.column()))
+        .unwrap_or((0, 0));
+    let mut message = e.to_string();
+    // serde_yaml appends " at line L column C"; the location is already in front.
+    if let Some(i) = message.rfind(" at line ") {
+        message.truncate(i);
+    }
+    if let Some(suggestion) = suggest(&message) {
+        message.push_str(&format!("; did you mean `{suggestion}`?"));
+    }
+    ConfigError::At {
+        file: file.to_string(),
+        line,
+        column,
+        message,
+    }
+}
+
+/// For "unknown field `x`", the closest known key within a small edit distance.
+fn suggest(message: &str) -> Option<&'static str> {
+    let rest = message.split("unknown field `").nth(1)?;
+    let field = rest.split('`').next()?;
+    KNOWN_KEYS
+        .iter()
+        .map(|k| (strsim::damerau_levenshtein(field, k), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+pub(crate) fn from_validation(file: &str, text: &str, v: Invalid) -> ConfigError {
+    let (line, column) = locate(text, &v.path);
+    ConfigError::At {
+        file: file.to_string(),
+        line,
+        column,
+        message: format!("{}: {}", v.path, v.message),
+    }
+}
+
+enum Segment<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn segments(path: &str) -> Vec<Segment<'_>> {
+    let mut out = Vec::new();
+    for part in path.split('.') {
+        let (key, rest) = part.split_once('[').unwrap_or((part, ""));
+        if !key.is_empty() {
+            out.push(Segment::Key(key));
+        }
+        for idx in rest.split('[') {
+            if let Ok(n) = idx.trim_end_matches(']').parse() {
+                out.push(Segment::Index(n));
+            }
+        }
+    }
+    out
+}
+
+/// Finds the line and column (1-based) of a key path such as `routes[2].upstream` in block-style
+/// YAML. Validation runs on typed values, which have lost their positions; walking the path
+/// through the indentation finds the right occurrence even when a key appears more than once.
+/// Inside flow collections (`{ ... }`, `[ ... ]`) it stops at the enclosing key.
+fn locate(text: &str, path: &str) -> (usize, usize) {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let (mut start, mut end, mut parent) = (0usize, lines.len(), -1i64);
+    let mut found = (0, 0);
+    for seg in segments(path) {
+        match seg {
+            Segment::Key(k) => {
+                let hit = (start..end).find_map(|i| {
+                    let l = lines[i];
+                    let t = l.trim_start();
+                    let (col, t) = match t.strip_prefix("- ") {
+                        Some(rest) => (
+                            indent(l) + 2 + (rest.len() - rest.trim_start().len()),
+                            rest.trim_start(),
+                        ),
+                        None => (indent(l), t),
+                    };
+                    let is_key = t
+                        .strip_prefix(k)
+                        .is_some_and(|r| r.trim_start().starts_with(':'));
+                    (is_key && col as i64 > parent).then_some((i, col))
+                });
+                let Some((i, col)) = hit else { return found };
+                found = (i + 1, col + 1);
+                let stop = (i + 1..end)
+                    .find(|&j| {
+                        !lines[j].trim().is_empty()
+                            && indent(lines[j]) <= col
+                            && !lines[j].trim_start().starts_with('#')
+                    })
+                    .unwrap_or(end);
+                (start, end, parent) = (i + 1, stop, col as i64);
+            }
+            Segment::Index(n) => {
+                let items: Vec<usize> = (start..end)
+                    .filter(|&i| {
+                        lines[i].trim_start().starts_with("- ") && indent(lines[i]) as i64 >= parent
+                    })
+                    .collect();
+                let Some(&i) = items.get(n) else { return found };
+                let col = indent(lines[i]);
+                found = (i + 1, col + 1);
+                let stop = items.get(n + 1).copied().unwrap_or(end);
+                // The item's own first key sits on the dash line.
+                (start, end, parent) = (i, stop, col as i64);
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_keys_only() {
+        assert_eq!(
+            suggest("routes[0]: unknown field `upstrem`, expected"),
+            Some("upstream")
+        );
+        assert_eq!(suggest("unknown field `zzzzzzzz`, expected"), None);
+    }
+
+    #[test]
+    fn locates_key_paths() {
+        let text = "listen: a\nroutes:\n  - match: {}\n    upstream: a\n  - match: {}\n    upstream: orgin\ndashboard:\n  listen: b\n";
+        assert_eq!(locate(text, "routes[1].upstream"), (6, 5));
+        assert_eq!(locate(text, "routes[0].match"), (3, 5));
+        assert_eq!(locate(text, "routes"), (2, 1));
+        assert_eq!(locate(text, "listen"), (1, 1));
+        assert_eq!(locate(text, "dashboard.listen"), (8, 3));
+    }
+}

@@ -1,0 +1,52 @@
+//! zerocache's configuration: one YAML file, parsed into the types of [`schema`], checked by
+//! [`validate`], with every error naming the file, line, column and key path.
+//!
+//! Parsing is strict (`deny_unknown_fields` everywhere) because a misspelt key in a cache config
+//! silently falls back to a default, and the default is usually "cache more than you meant".
+
+pub mod error;
+pub mod schema;
+pub mod validate;
+
+pub use error::ConfigError;
+pub use schema::*;
+
+use std::path::Path;
+
+/// Reads, parses and validates a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        file: path.display().to_string(),
+        error: e.to_string(),
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses and validates config text; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+    let mut config: Config =
+        serde_yaml::from_str(text).map_err(|e| error::from_yaml(file, text, &e))?;
+    apply_env(&mut config, |k| std::env::var(k).ok());
+    validate::validate(&config).map_err(|v| error::from_validation(file, text, v))?;
+    Ok(config)
+}
+
+/// Like [`load`], then creates the cache directory if needed and checks that it is writable:
+/// what `zerocache run` and `zerocache check` need before they promise anything.
+pub fn load_and_check_dirs(path: &Path) -> Result<Config, ConfigError> {
+    let config = load(path)?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    validate::check_cache_dir(&config)
+        .map_err(|v| error::from_validation(&path.display().to_string(), &text, v))?;
+    Ok(config)
+}
+
+/// Per-host overrides operators set without editing the file.
+pub fn apply_env(config: &mut Config, get: impl Fn(&str) -> Option<String>) {
+    if let Some(listen) = get("ZEROCACHE_LISTEN") {
+        config.listen = listen;
+    }
+    if let Some(path) = get("ZEROCACHE_CACHE_PATH") {
+        config.cache.path = path.into();
+    }
+}

@@ -1,0 +1,256 @@
+//! The configuration's types and defaults. The keys fixed by the data-plane issue (`listen`,
+//! `cache.path`, `cache.max_size`, `upstreams.<name>.servers`, `routes`) are the only required ones.
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the proxy listens on, `host:port`.
+    pub listen: String,
+    /// The disk cache.
+    pub cache: CacheConfig,
+    /// Named upstream groups.
+    pub upstreams: BTreeMap<String, Upstream>,
+    /// Routes, first match wins.
+    pub routes: Vec<Route>,
+    /// The dashboard and metrics listener.
+    #[serde(default)]
+    pub dashboard: DashboardConfig,
+    /// The eBPF probe.
+    #[serde(default)]
+    pub probe: ProbeConfig,
+    /// Limits on client requests.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Switches for demonstrations and tests; never on in production.
+    #[serde(default)]
+    pub debug: DebugConfig,
+}
+
+/// The disk cache.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Directory holding the cache files; created if missing.
+    pub path: PathBuf,
+    /// Upper bound of the bytes of all cache files; least recently used entries are evicted.
+    pub max_size: ByteSize,
+    /// Largest single sendfile(2) call, so one huge transfer cannot starve other connections.
+    #[serde(default = "default_sendfile_max_chunk")]
+    pub sendfile_max_chunk: ByteSize,
+}
+
+fn default_sendfile_max_chunk() -> ByteSize {
+    ByteSize::mib(2)
+}
+
+/// One named group of upstream servers.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// `host:port` of each server, tried in order on connect failure.
+    pub servers: Vec<String>,
+    /// Time allowed for a TCP connect.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time allowed between bytes of the upstream response.
+    #[serde(default = "default_read_timeout", with = "humantime_serde")]
+    pub read_timeout: Duration,
+    /// Idle keep-alive connections kept per server.
+    #[serde(default = "default_pool_size")]
+    pub keepalive: usize,
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_read_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_pool_size() -> usize {
+    32
+}
+
+/// A route: which requests go to which upstream.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// What the request must look like.
+    #[serde(rename = "match")]
+    pub matcher: RouteMatch,
+    /// Name of an entry of `upstreams`.
+    pub upstream: String,
+    /// Whether responses on this route may be cached.
+    #[serde(default = "default_true")]
+    pub cache: bool,
+}
+
+/// A route's request matcher.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteMatch {
+    /// Host (without port, case-insensitive), or `*` for any.
+    #[serde(default = "default_any_host")]
+    pub host: String,
+    /// Path prefix the request target must start with.
+    #[serde(default = "default_prefix")]
+    pub path_prefix: String,
+}
+
+fn default_any_host() -> String {
+    "*".into()
+}
+fn default_prefix() -> String {
+    "/".into()
+}
+fn default_true() -> bool {
+    true
+}
+
+/// The dashboard, JSON API and `/metrics` listener.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// Whether to serve it at all.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Address, loopback by default (9180: not Prometheus's own 9090).
+    #[serde(default = "default_dashboard_listen")]
+    pub listen: String,
+}
+
+fn default_dashboard_listen() -> String {
+    "127.0.0.1:9180".into()
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            enabled: true,
+            listen: default_dashboard_listen(),
+        }
+    }
+}
+
+/// The eBPF probe.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Load the probe at start-up (needs root or CAP_BPF+CAP_PERFMON); without it the proxy serves
+    /// on and reports the probe as off.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Processes to count.
+    #[serde(default = "default_watch")]
+    pub watch: Vec<WatchEntry>,
+}
+
+fn default_watch() -> Vec<WatchEntry> {
+    vec![WatchEntry::Keyword(Keyword::SelfProcess)]
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            enabled: true,
+            watch: default_watch(),
+        }
+    }
+}
+
+/// One `probe.watch` entry: `self`, `{pid: N}` or `{comm: NAME}`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum WatchEntry {
+    /// `self`.
+    Keyword(Keyword),
+    /// `{pid: 1234}`.
+    Pid {
+        /// The PID.
+        pid: u32,
+    },
+    /// `{comm: nginx}`.
+    Comm {
+        /// The process name as in /proc/PID/comm.
+        comm: String,
+    },
+}
+
+/// Bare-word watch entries.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub enum Keyword {
+    /// zerocache itself.
+    #[serde(rename = "self")]
+    SelfProcess,
+}
+
+/// Limits on client requests.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request head (request line and headers); larger gets 431.
+    #[serde(default = "default_max_header")]
+    pub max_header_bytes: ByteSize,
+    /// Longest request target; longer gets 414.
+    #[serde(default = "default_max_uri")]
+    pub max_uri_bytes: ByteSize,
+    /// Time a client has to send a complete request head; slower gets 408.
+    #[serde(default = "default_header_timeout", with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time a keep-alive connection may sit idle between requests.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Largest request body accepted; larger gets 413.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: ByteSize,
+}
+
+fn default_max_body() -> ByteSize {
+    ByteSize::mib(16)
+}
+
+fn default_max_header() -> ByteSize {
+    ByteSize::kib(16)
+}
+fn default_max_uri() -> ByteSize {
+    ByteSize::kib(8)
+}
+fn default_header_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: default_max_header(),
+            max_uri_bytes: default_max_uri(),
+            header_timeout: default_header_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_body_bytes: default_max_body(),
+        }
+    }
+}
+
+/// Switches for demonstrations and tests.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DebugConfig {
+    /// Plant the zero-copy bug on purpose: send cache-hit bodies with read(2)+write(2) instead of
+    /// sendfile(2), while still declaring them zero-copy, so the violation detector has something
+    /// to find.
+    #[serde(default)]
+    pub copy_hits: bool,
+    /// Use only this many bits of the cache-key hash, to force collisions in tests. Never set it
+    /// in production: collisions are still safe (the full key is compared) but cost hit ratio.
+    #[serde(default)]
+    pub key_hash_bits: Option<u8>,
+}

@@ -1,0 +1,122 @@
+//! Cross-field checks that types alone cannot express: every route's upstream exists, addresses
+//! parse and differ, sizes are positive, the cache directory can be created and written.
+
+use crate::schema::Config;
+use std::net::SocketAddr;
+
+/// One failed check: where (the key path, which the error module finds in the text) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Key path such as `routes[2].upstream`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn invalid(path: impl Into<String>, message: String) -> Invalid {
+    Invalid {
+        path: path.into(),
+        message,
+    }
+}
+
+/// Checks `config`; the first problem found is returned.
+pub fn validate(config: &Config) -> Result<(), Invalid> {
+    let listen: SocketAddr = config.listen.parse().map_err(|e| {
+        invalid(
+            "listen",
+            format!("`{}` is not an address (host:port): {e}", config.listen),
+        )
+    })?;
+    if config.dashboard.enabled {
+        let dash: SocketAddr = config.dashboard.listen.parse().map_err(|e| {
+            invalid(
+                "dashboard.listen",
+                format!(
+                    "`{}` is not an address (host:port): {e}",
+                    config.dashboard.listen
+                ),
+            )
+        })?;
+        if dash == listen && listen.port() != 0 {
+            return Err(invalid(
+                "dashboard.listen",
+                format!("`{dash}` is also the proxy's `listen`; they must differ"),
+            ));
+        }
+    }
+    if config.cache.max_size.as_u64() == 0 {
+        return Err(invalid("cache.max_size", "must be positive".into()));
+    }
+    if config.cache.sendfile_max_chunk.as_u64() == 0 {
+        return Err(invalid(
+            "cache.sendfile_max_chunk",
+            "must be positive".into(),
+        ));
+    }
+    if config.upstreams.is_empty() {
+        return Err(invalid(
+            "upstreams",
+            "at least one upstream is needed".into(),
+        ));
+    }
+    for (name, up) in &config.upstreams {
+        if up.servers.is_empty() {
+            return Err(invalid(
+                format!("upstreams.{name}.servers"),
+                "at least one server is needed".into(),
+            ));
+        }
+        for (i, s) in up.servers.iter().enumerate() {
+            let ok = s
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
+            if !ok {
+                return Err(invalid(
+                    format!("upstreams.{name}.servers[{i}]"),
+                    format!("`{s}` is not host:port"),
+                ));
+            }
+        }
+    }
+    if config.routes.is_empty() {
+        return Err(invalid("routes", "at least one route is needed".into()));
+    }
+    for (i, r) in config.routes.iter().enumerate() {
+        if !config.upstreams.contains_key(&r.upstream) {
+            let defined: Vec<&str> = config.upstreams.keys().map(String::as_str).collect();
+            return Err(invalid(
+                format!("routes[{i}].upstream"),
+                format!(
+                    "upstream `{}` is not defined; defined: {}",
+                    r.upstream,
+                    defined.join(", ")
+                ),
+            ));
+        }
+        if !r.matcher.path_prefix.starts_with('/') {
+            return Err(invalid(
+                format!("routes[{i}].match.path_prefix"),
+                format!("`{}` must start with `/`", r.matcher.path_prefix),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Creates the cache directory if needed and checks it is writable (a separate step: `check`
+/// runs it too, but parsing alone must not touch the disk).
+pub fn check_cache_dir(config: &Config) -> Result<(), Invalid> {
+    let dir = &config.cache.path;
+    let fail = |what: &str, e: std::io::Error| {
+        invalid(
+            "cache.path",
+            format!("cannot {what} `{}`: {e}", dir.display()),
+        )
+    };
+    std::fs::create_dir_all(dir).map_err(|e| fail("create", e))?;
+    let probe = dir.join(format!(".zerocache-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| fail("write into", e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}

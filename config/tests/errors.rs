@@ -1,0 +1,117 @@
+//! Config errors name the file, line, column and key path, exactly.
+
+use zerocache_config::{ConfigError, parse};
+
+const GOOD: &str = "listen: 127.0.0.1:8080
+cache:
+  path: /tmp/zc
+  max_size: 1GiB
+upstreams:
+  origin:
+    servers: [\"127.0.0.1:8081\"]
+  images:
+    servers: [\"127.0.0.1:8082\"]
+routes:
+  - match: { host: \"*\", path_prefix: / }
+    upstream: origin
+";
+
+fn err(text: &str) -> String {
+    match parse(text, "zc.yaml") {
+        Err(e) => e.to_string(),
+        Ok(c) => panic!("accepted: {c:?}"),
+    }
+}
+
+#[test]
+fn the_minimal_config_is_valid_with_defaults() {
+    let c = parse(GOOD, "zc.yaml").expect("valid");
+    assert_eq!(c.dashboard.listen, "127.0.0.1:9180");
+    assert!(c.probe.enabled);
+    assert_eq!(c.cache.sendfile_max_chunk.as_u64(), 2 * 1024 * 1024);
+    assert_eq!(c.limits.header_timeout, std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_a_suggestion() {
+    let text = GOOD.replace("    upstream: origin", "    upstrem: origin");
+    assert_eq!(
+        err(&text),
+        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`; did you mean `upstream`?"
+    );
+}
+
+#[test]
+fn undefined_upstreams_name_the_route_and_the_choices() {
+    let text = GOOD.replace("    upstream: origin", "    upstream: orgin");
+    assert_eq!(
+        err(&text),
+        "zc.yaml:12:5: routes[0].upstream: upstream `orgin` is not defined; defined: images, origin"
+    );
+}
+
+#[test]
+fn bad_values_name_their_key() {
+    assert_eq!(
+        err(&GOOD.replace("listen: 127.0.0.1:8080", "listen: nowhere")),
+        "zc.yaml:1:1: listen: `nowhere` is not an address (host:port): invalid socket address syntax"
+    );
+    assert_eq!(
+        err(&GOOD.replace("max_size: 1GiB", "max_size: 0")),
+        "zc.yaml:4:3: cache.max_size: must be positive"
+    );
+    assert_eq!(
+        err(&GOOD.replace("\"127.0.0.1:8082\"", "\"no-port\"")),
+        "zc.yaml:9:5: upstreams.images.servers[0]: `no-port` is not host:port"
+    );
+    let dup = format!("{GOOD}dashboard:\n  listen: 127.0.0.1:8080\n");
+    assert_eq!(
+        err(&dup),
+        "zc.yaml:14:3: dashboard.listen: `127.0.0.1:8080` is also the proxy's `listen`; they must differ"
+    );
+    let e = err(&GOOD.replace("max_size: 1GiB", "max_size: lots"));
+    assert!(e.starts_with("zc.yaml:4:13: cache.max_size: "), "{e}");
+}
+
+#[test]
+fn unreadable_files_say_so() {
+    let e =
+        zerocache_config::load(std::path::Path::new("/nonexistent/zc.yaml")).expect_err("missing");
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/zc.yaml: cannot read: ")
+    );
+}
+
+#[test]
+fn the_example_config_parses_and_names_every_key() {
+    let text = include_str!("../zerocache.example.yaml");
+    let c = parse(text, "zerocache.example.yaml").expect("example is valid");
+    // Every field of the schema appears in the example: serialise the effective config and look
+    // for each key in the example text.
+    let value = serde_json::to_value(&c).expect("json");
+    let mut keys = Vec::new();
+    collect_keys(&value, &mut keys);
+    for k in keys {
+        assert!(
+            text.contains(&format!("{k}:")) || text.contains(&format!("# {k}:")),
+            "example lacks `{k}`"
+        );
+    }
+}
+
+fn collect_keys(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                if k != "origin" {
+                    out.push(k.clone());
+                }
+                collect_keys(v, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_keys(v, out)),
+        _ => {}
+    }
+}

@@ -1,0 +1,11 @@
+//! zerocache's window on itself: the proxy's accounting joined with the probe's kernel records,
+//! served as an HTML dashboard, a JSON API and Prometheus `/metrics` by one axum app.
+
+pub mod accounting;
+pub mod api;
+pub mod history;
+pub mod metrics;
+pub mod server;
+
+pub use accounting::{Accounting, CacheStatus, DataPath, ResponseRecord};
+pub use server::{DashboardState, serve};

@@ -1,0 +1,163 @@
+//! `/metrics` in the Prometheus text format. Families follow Prometheus naming (base units,
+//! `_total` counters) and every one has samples from start-up, so a scrape of an idle proxy is
+//! complete. Ratios are left to PromQL (see the README); no per-connection labels.
+
+use crate::accounting::{CacheStatus, DataPath};
+use crate::server::DashboardState;
+use prometheus::{Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use zerocache_probe::kind;
+
+fn counter_vec(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+/// Renders the current metrics.
+pub fn render(state: &DashboardState) -> prometheus::Result<String> {
+    let r = Registry::new();
+    let acc = &state.accounting;
+
+    let requests = counter_vec(
+        &r,
+        "zerocache_requests_total",
+        "Responses sent, by X-Cache status.",
+        &["cache_status"],
+    )?;
+    let body = counter_vec(
+        &r,
+        "zerocache_response_body_bytes_total",
+        "Response body bytes sent, by cache status and the data path the proxy chose (zerocopy = sendfile).",
+        &["cache_status", "path"],
+    )?;
+    for cs in CacheStatus::ALL {
+        requests
+            .with_label_values(&[cs.as_str()])
+            .inc_by(acc.requests(cs));
+        for p in [DataPath::Zerocopy, DataPath::Copy] {
+            body.with_label_values(&[cs.as_str(), p.as_str()])
+                .inc_by(acc.body_bytes(cs, p));
+        }
+    }
+
+    let violations = counter_vec(
+        &r,
+        "zerocache_zero_copy_violations_total",
+        "Responses meant to be sent with sendfile whose body bytes the kernel saw going through a copying syscall.",
+        &[],
+    )?;
+    violations
+        .with_label_values(&[] as &[&str])
+        .inc_by(acc.violations());
+
+    let kernel_body = counter_vec(
+        &r,
+        "zerocache_kernel_body_bytes_total",
+        "zerocache response body bytes as the kernel saw them, by path (zerocopy = sendfile/splice), over closed connections.",
+        &["path"],
+    )?;
+    let bt = acc.body_totals();
+    kernel_body
+        .with_label_values(&["zerocopy"])
+        .inc_by(bt.zerocopy_bytes);
+    kernel_body
+        .with_label_values(&["copy"])
+        .inc_by(bt.copy_bytes);
+
+    let upstream = counter_vec(
+        &r,
+        "zerocache_upstream_errors_total",
+        "Failed upstream exchanges.",
+        &["upstream", "kind"],
+    )?;
+    for name in &state.upstreams {
+        for k in ["connect", "timeout", "closed", "protocol", "io"] {
+            upstream.with_label_values(&[name.as_str(), k]).inc_by(0);
+        }
+    }
+    for ((name, k), n) in acc.upstream_errors() {
+        upstream.with_label_values(&[name.as_str(), k]).inc_by(n);
+    }
+
+    let (size, objects) = (state.cache_usage)();
+    let g = IntGauge::new(
+        "zerocache_cache_size_bytes",
+        "Bytes of cache files on disk.",
+    )?;
+    g.set(size as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new("zerocache_cache_objects", "Entries in the cache.")?;
+    g.set(objects as i64);
+    r.register(Box::new(g))?;
+
+    let snap = state.probe.snapshot();
+    let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;
+    up.set(snap.status.is_attached() as i64);
+    r.register(Box::new(up))?;
+    let lost = IntGaugeVec::new(
+        Opts::new(
+            "zerocache_probe_lost",
+            "Probe records lost, by what was lost (never silent).",
+        ),
+        &["what"],
+    )?;
+    lost.with_label_values(&["events"])
+        .set(snap.health.events_lost as i64);
+    lost.with_label_values(&["fd_records"])
+        .set(snap.health.fd_records_lost as i64);
+    lost.with_label_values(&["inflight"])
+        .set(snap.health.inflight_lost as i64);
+    r.register(Box::new(lost))?;
+
+    let calls = counter_vec(
+        &r,
+        "zerocache_syscalls_total",
+        "Output syscalls of watched processes, by process name, syscall and fd class (socket or other).",
+        &["process", "syscall", "fd_class"],
+    )?;
+    let bytes = counter_vec(
+        &r,
+        "zerocache_syscall_bytes_total",
+        "Bytes moved by output syscalls of watched processes.",
+        &["process", "syscall", "fd_class"],
+    )?;
+    for name in kind::NAMES {
+        for class in ["socket", "other"] {
+            calls
+                .with_label_values(&["zerocache", name, class])
+                .inc_by(0);
+            bytes
+                .with_label_values(&["zerocache", name, class])
+                .inc_by(0);
+        }
+    }
+    for p in &snap.processes {
+        let process = if p.pid == std::process::id() {
+            "zerocache"
+        } else {
+            p.comm.as_str()
+        };
+        for (class, counts) in [("socket", &p.socket), ("other", &p.other)] {
+            for (i, name) in kind::NAMES.iter().enumerate() {
+                let k = counts.by_kind[i];
+                calls
+                    .with_label_values(&[process, name, class])
+                    .inc_by(k.calls);
+                bytes
+                    .with_label_values(&[process, name, class])
+                    .inc_by(k.bytes);
+            }
+        }
+    }
+
+    r.register(Box::new(acc.durations().clone()))?;
+
+    let mut out = Vec::with_capacity(16 * 1024);
+    TextEncoder::new().encode(&r.gather(), &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}

@@ -1,0 +1,208 @@
+//! The records the zerocache probe shares between its kernel programs and user space.
+//!
+//! Everything here is `#[repr(C)]`, `Copy` and free of pointers, because the same bytes are written
+//! by BPF programs into maps and ring buffers and read back by the loader. Sizes are pinned by the
+//! tests at the bottom: a field added on one side and not the other would otherwise show up as
+//! silently shifted counters rather than a build error.
+#![no_std]
+
+/// Output syscalls the probe classifies, as indices into [`FdRecord::counts`].
+///
+/// The zero-copy ones come first so that "is this zero-copy?" is `kind < FIRST_COPY_KIND`.
+pub mod kind {
+    /// `sendfile64(2)`: file pages to a socket without a user-space copy.
+    pub const SENDFILE: u32 = 0;
+    /// `splice(2)`: pipe pages moved without a user-space copy.
+    pub const SPLICE: u32 = 1;
+    /// `write(2)`: copies from a user buffer.
+    pub const WRITE: u32 = 2;
+    /// `writev(2)`: copies from user buffers.
+    pub const WRITEV: u32 = 3;
+    /// `sendto(2)` (and `send(2)`, which the kernel implements as sendto).
+    pub const SENDTO: u32 = 4;
+    /// `sendmsg(2)`.
+    pub const SENDMSG: u32 = 5;
+    /// `sendmmsg(2)`: its return value is a message count, so its bytes are not known here.
+    pub const SENDMMSG: u32 = 6;
+    /// Number of kinds; the length of the per-fd counter array.
+    pub const COUNT: usize = 7;
+    /// Kinds below this index are zero-copy paths.
+    pub const FIRST_COPY_KIND: u32 = 2;
+    // Checked at compile time: the zero-copy kinds are exactly those below FIRST_COPY_KIND.
+    const _: () = assert!(SENDFILE < FIRST_COPY_KIND && SPLICE < FIRST_COPY_KIND);
+    const _: () = assert!(WRITE >= FIRST_COPY_KIND);
+    /// Names, in index order, as they appear in metrics labels.
+    pub const NAMES: [&str; COUNT] = [
+        "sendfile", "splice", "write", "writev", "sendto", "sendmsg", "sendmmsg",
+    ];
+}
+
+/// Flags describing what an fd is, learned in the kernel from the syscall that created it.
+pub mod fd_flags {
+    /// Created by `socket(2)`, `accept(2)` or `accept4(2)`, or seeded as a socket by user space.
+    pub const SOCKET: u32 = 1;
+    /// Created by `accept`/`accept4`: an inbound connection.
+    pub const ACCEPTED: u32 = 2;
+}
+
+/// Key of the per-fd maps: one open file descriptor of one process. 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FdKey {
+    /// Thread-group id, what user space calls the PID.
+    pub tgid: u32,
+    /// The descriptor number, reused by the kernel after close.
+    pub fd: u32,
+}
+
+/// What the kernel learned about an fd when it was created. 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdInfo {
+    /// A number unique for the probe's lifetime, so a reused fd number is never mistaken for the
+    /// connection that held it before. 0 for fds the probe did not see being created.
+    pub generation: u64,
+    /// [`fd_flags`] bits.
+    pub flags: u32,
+    /// Padding, always 0: BPF map values must have no uninitialised bytes.
+    pub _pad: u32,
+}
+
+/// Counters for one syscall kind on one fd (or one process). 40 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallCounts {
+    /// Completed calls, successful or not.
+    pub calls: u64,
+    /// Bytes transferred, summed from the positive return values.
+    pub bytes: u64,
+    /// Calls that returned an error other than EAGAIN.
+    pub errors: u64,
+    /// Calls that returned EAGAIN (a non-blocking socket with a full send buffer).
+    pub eagain: u64,
+    /// Successful calls that moved fewer bytes than asked (only where the request size is an
+    /// argument: sendfile, splice, write, sendto).
+    pub short: u64,
+}
+
+/// Everything counted on one fd between its creation (or first use) and its close. 296 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdRecord {
+    /// The fd's [`FdInfo`] at the time it was first counted.
+    pub info: FdInfo,
+    /// Per [`kind`], indexed by kind.
+    pub counts: [SyscallCounts; kind::COUNT],
+}
+
+/// Key of the per-process totals: sockets and everything else are kept apart so that log files and
+/// cache fills never dilute a socket figure. 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TotalsKey {
+    /// The process.
+    pub tgid: u32,
+    /// [`FD_CLASS_SOCKET`] or [`FD_CLASS_OTHER`].
+    pub class: u32,
+}
+
+/// [`TotalsKey::class`] of fds known to be sockets.
+pub const FD_CLASS_SOCKET: u32 = 0;
+/// [`TotalsKey::class`] of every other fd (files, pipes, fds of unknown origin).
+pub const FD_CLASS_OTHER: u32 = 1;
+
+/// Per-process totals, one per CPU in a per-CPU map, summed by user space. 288 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcTotals {
+    /// Per [`kind`].
+    pub counts: [SyscallCounts; kind::COUNT],
+    /// `io_uring_enter(2)` calls: I/O submitted this way passes the syscall tracepoints unseen.
+    pub io_uring_enter: u64,
+}
+
+/// What the enter program stashes for the exit program, keyed by the thread. 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inflight {
+    /// The output fd.
+    pub fd: u32,
+    /// The [`kind`].
+    pub kind: u32,
+    /// The byte count asked for, or 0 when the syscall does not take one.
+    pub requested: u64,
+}
+
+/// Ring-buffer event types, in [`Event::event`].
+pub mod event {
+    /// A counted fd was closed (close, dup2/dup3 over it, accept reusing a number we missed the
+    /// close of); [`super::Event::record`] holds its final totals.
+    pub const FD_CLOSED: u32 = 1;
+    /// `close_range(fd, fd_last)`: user space flushes the counted fds in the range.
+    pub const CLOSE_RANGE: u32 = 2;
+    /// The last thread of a watched process exited: user space flushes all of its records.
+    pub const PROCESS_EXIT: u32 = 3;
+}
+
+/// One ring-buffer event. 312 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// An [`event`] constant.
+    pub event: u32,
+    /// The process.
+    pub tgid: u32,
+    /// The fd closed, or the first fd of a range.
+    pub fd: u32,
+    /// The last fd of a range (`close_range`), otherwise equal to `fd`.
+    pub fd_last: u32,
+    /// Final totals for [`event::FD_CLOSED`]; zero otherwise.
+    pub record: FdRecord,
+}
+
+/// Indices into the `STATS` array map: the probe's own health counters.
+pub mod stat {
+    /// Ring-buffer events that could not be reserved (buffer full): lost close events.
+    pub const EVENTS_LOST: u32 = 0;
+    /// Per-fd records that could not be inserted (map full).
+    pub const FD_RECORDS_LOST: u32 = 1;
+    /// Enter stashes that could not be inserted (map full).
+    pub const INFLIGHT_LOST: u32 = 2;
+    /// Number of stats.
+    pub const COUNT: u32 = 3;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type is #[repr(C)], Copy, made of integers only, with explicit padding.
+    unsafe impl aya::Pod for super::FdKey {}
+    unsafe impl aya::Pod for super::FdInfo {}
+    unsafe impl aya::Pod for super::FdRecord {}
+    unsafe impl aya::Pod for super::TotalsKey {}
+    unsafe impl aya::Pod for super::ProcTotals {}
+    unsafe impl aya::Pod for super::Event {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_are_pinned() {
+        assert_eq!(size_of::<FdKey>(), 8);
+        assert_eq!(size_of::<FdInfo>(), 16);
+        assert_eq!(size_of::<SyscallCounts>(), 40);
+        assert_eq!(size_of::<FdRecord>(), 296);
+        assert_eq!(size_of::<TotalsKey>(), 8);
+        assert_eq!(size_of::<ProcTotals>(), 288);
+        assert_eq!(size_of::<Inflight>(), 16);
+        assert_eq!(size_of::<Event>(), 312);
+    }
+
+    #[test]
+    fn zero_copy_kinds_come_first() {
+        assert_eq!(kind::NAMES[kind::SENDFILE as usize], "sendfile");
+        assert_eq!(kind::NAMES[kind::SPLICE as usize], "splice");
+    }
+}

@@ -1,0 +1,428 @@
+//! The BPF programs and maps. See the crate documentation for the design.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_smp_processor_id},
+    macros::{map, tracepoint},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::TracePointContext,
+};
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use zerocache_probe_common::{
+    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, Inflight, ProcTotals,
+    TotalsKey, event, fd_flags, kind, stat,
+};
+
+/// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
+/// exit record's return value sits at 16.
+const ARG0: usize = 16;
+const ARG1: usize = 24;
+const ARG2: usize = 32;
+const ARG3: usize = 40;
+const ARG4: usize = 48;
+const RET: usize = 16;
+/// `sched_process_exit`: `bool group_dead` (the last thread of the process is leaving).
+const GROUP_DEAD: usize = 32;
+
+const EAGAIN: i64 = -11;
+
+/// tgids to count; filled and changed by user space. The value is unused.
+#[map]
+static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+
+/// Per thread (pid_tgid): the output syscall in progress.
+#[map]
+static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
+
+/// Per fd: what created it, for fds created while watched or seeded by user space.
+#[map]
+static FD_INFO: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(131072, 0);
+
+/// Per fd: counters since the fd was first written to.
+#[map]
+static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(131072, 0);
+
+/// Per process and fd class, per CPU: running totals that never reset while the process is watched.
+#[map]
+static TOTALS: PerCpuHashMap<TotalsKey, ProcTotals> = PerCpuHashMap::with_max_entries(2048, 0);
+
+/// Final records of closed fds and lifecycle events for user space. 4 MiB holds ~13,000 events.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// Index 0, per CPU: connections seen on this CPU, the low bits of the generation numbers it hands out.
+#[map]
+static GENERATION: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The probe's own health counters, indexed by [`stat`].
+#[map]
+static STATS: Array<u64> = Array::with_max_entries(stat::COUNT, 0);
+
+#[inline(always)]
+fn add(ptr: *mut u64, v: u64) {
+    // SAFETY: ptr points into a map value the verifier has bounds-checked. BPF has atomic add but
+    // no compare-and-swap, and this compiles to the former.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(ptr, v) };
+}
+
+#[inline(always)]
+fn bump_stat(index: u32) {
+    if let Some(p) = STATS.get_ptr_mut(index) {
+        add(p, 1);
+    }
+}
+
+#[inline(always)]
+fn current() -> (u64, u32) {
+    let id = bpf_get_current_pid_tgid();
+    (id, (id >> 32) as u32)
+}
+
+#[inline(always)]
+fn watched(tgid: u32) -> bool {
+    WATCHED.get_ptr(tgid).is_some()
+}
+
+#[inline(always)]
+fn arg(ctx: &TracePointContext, offset: usize) -> u64 {
+    // SAFETY: offsets are those of the tracepoint formats; read_at is a bounded probe read.
+    unsafe { ctx.read_at::<u64>(offset) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn stash(ctx: &TracePointContext, k: u32, fd_offset: usize, len_offset: usize) -> u32 {
+    let (id, tgid) = current();
+    if !watched(tgid) {
+        return 0;
+    }
+    let requested = if len_offset == 0 {
+        0
+    } else {
+        arg(ctx, len_offset)
+    };
+    let inflight = Inflight {
+        fd: arg(ctx, fd_offset) as u32,
+        kind: k,
+        requested,
+    };
+    if INFLIGHT.insert(id, inflight, 0).is_err() {
+        bump_stat(stat::INFLIGHT_LOST);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn enter_sendfile(ctx: TracePointContext) -> u32 {
+    // sendfile64(out_fd, in_fd, offset, count)
+    stash(&ctx, kind::SENDFILE, ARG0, ARG3)
+}
+
+#[tracepoint]
+pub fn enter_splice(ctx: TracePointContext) -> u32 {
+    // splice(fd_in, off_in, fd_out, off_out, len, flags)
+    stash(&ctx, kind::SPLICE, ARG2, ARG4)
+}
+
+#[tracepoint]
+pub fn enter_write(ctx: TracePointContext) -> u32 {
+    // write(fd, buf, count)
+    stash(&ctx, kind::WRITE, ARG0, ARG2)
+}
+
+#[tracepoint]
+pub fn enter_writev(ctx: TracePointContext) -> u32 {
+    // writev(fd, vec, vlen): the byte count is behind a user pointer, so shorts are not counted.
+    stash(&ctx, kind::WRITEV, ARG0, 0)
+}
+
+#[tracepoint]
+pub fn enter_sendto(ctx: TracePointContext) -> u32 {
+    // sendto(fd, buff, len, flags, addr, addr_len)
+    stash(&ctx, kind::SENDTO, ARG0, ARG2)
+}
+
+#[tracepoint]
+pub fn enter_sendmsg(ctx: TracePointContext) -> u32 {
+    // sendmsg(fd, msg, flags)
+    stash(&ctx, kind::SENDMSG, ARG0, 0)
+}
+
+#[tracepoint]
+pub fn enter_sendmmsg(ctx: TracePointContext) -> u32 {
+    // sendmmsg(fd, mmsg, vlen, flags)
+    stash(&ctx, kind::SENDMMSG, ARG0, 0)
+}
+
+/// Shared by the exit tracepoints of every output syscall: the stash says which one it was.
+#[tracepoint]
+pub fn exit_output(ctx: TracePointContext) -> u32 {
+    let (id, tgid) = current();
+    let inflight = match INFLIGHT.get_ptr(id) {
+        // SAFETY: a value of this map, read once and copied.
+        Some(p) => unsafe { *p },
+        None => return 0,
+    };
+    let _ = INFLIGHT.remove(id);
+    let ret = arg(&ctx, RET) as i64;
+    let k = inflight.kind as usize;
+    if k >= kind::COUNT {
+        return 0;
+    }
+    let key = FdKey {
+        tgid,
+        fd: inflight.fd,
+    };
+    let record = match FD_RECORDS.get_ptr_mut(key) {
+        Some(p) => p,
+        None => {
+            let info = match FD_INFO.get_ptr(key) {
+                // SAFETY: a value of this map, copied.
+                Some(p) => unsafe { *p },
+                None => FdInfo::default(),
+            };
+            let fresh = FdRecord {
+                info,
+                ..FdRecord::default()
+            };
+            if FD_RECORDS.insert(key, fresh, 0).is_err() {
+                bump_stat(stat::FD_RECORDS_LOST);
+            }
+            match FD_RECORDS.get_ptr_mut(key) {
+                Some(p) => p,
+                None => return 0,
+            }
+        }
+    };
+    // SAFETY: record points at a live map value; k < kind::COUNT was checked above.
+    let (counts, flags) = unsafe { (&raw mut (*record).counts[k], (*record).info.flags) };
+    let (bytes, short, err, again) = classify(ret, inflight.requested, inflight.kind);
+    // SAFETY: fields of the map value above.
+    unsafe {
+        add(&raw mut (*counts).calls, 1);
+        add(&raw mut (*counts).bytes, bytes);
+        add(&raw mut (*counts).short, short);
+        add(&raw mut (*counts).errors, err);
+        add(&raw mut (*counts).eagain, again);
+    }
+    let class = if flags & fd_flags::SOCKET != 0 {
+        FD_CLASS_SOCKET
+    } else {
+        FD_CLASS_OTHER
+    };
+    if let Some(t) = totals(tgid, class) {
+        // SAFETY: a per-CPU value: this CPU is its only writer while this program runs.
+        unsafe {
+            let c = &mut (*t).counts[k];
+            c.calls += 1;
+            c.bytes += bytes;
+            c.short += short;
+            c.errors += err;
+            c.eagain += again;
+        }
+    }
+    0
+}
+
+/// (bytes, short, error, eagain) for one return value.
+#[inline(always)]
+fn classify(ret: i64, requested: u64, k: u32) -> (u64, u64, u64, u64) {
+    if ret >= 0 {
+        // sendmmsg returns a message count, not bytes.
+        let bytes = if k == kind::SENDMMSG { 0 } else { ret as u64 };
+        let short = (requested != 0 && (ret as u64) < requested) as u64;
+        (bytes, short, 0, 0)
+    } else if ret == EAGAIN {
+        (0, 0, 0, 1)
+    } else {
+        (0, 0, 1, 0)
+    }
+}
+
+#[inline(always)]
+fn totals(tgid: u32, class: u32) -> Option<*mut ProcTotals> {
+    let key = TotalsKey { tgid, class };
+    if let Some(p) = TOTALS.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let _ = TOTALS.insert(key, ProcTotals::default(), 0);
+    TOTALS.get_ptr_mut(key)
+}
+
+/// Emits the final record of (tgid, fd) and forgets the fd. Accepted connections get an event even
+/// when nothing was written to them, so user space can pair every close with its connection.
+#[inline(always)]
+fn flush(tgid: u32, fd: u32) {
+    let key = FdKey { tgid, fd };
+    let record = FD_RECORDS.get_ptr(key);
+    let info = FD_INFO.get_ptr(key);
+    let accepted = match info {
+        // SAFETY: a live map value, read once.
+        Some(i) => (unsafe { (*i).flags }) & fd_flags::ACCEPTED != 0,
+        None => false,
+    };
+    if record.is_some() || accepted {
+        match EVENTS.reserve::<Event>(0) {
+            Some(mut entry) => {
+                let e = entry.as_mut_ptr();
+                // SAFETY: the reserved entry is exactly one Event and every byte is written;
+                // record and info point at live map values.
+                unsafe {
+                    match (record, info) {
+                        (Some(r), _) => core::ptr::copy_nonoverlapping(r, &raw mut (*e).record, 1),
+                        (None, Some(i)) => {
+                            core::ptr::write_bytes(&raw mut (*e).record, 0, 1);
+                            core::ptr::copy_nonoverlapping(i, &raw mut (*e).record.info, 1);
+                        }
+                        (None, None) => core::ptr::write_bytes(&raw mut (*e).record, 0, 1),
+                    }
+                    (*e).event = event::FD_CLOSED;
+                    (*e).tgid = tgid;
+                    (*e).fd = fd;
+                    (*e).fd_last = fd;
+                }
+                entry.submit(0);
+            }
+            None => bump_stat(stat::EVENTS_LOST),
+        }
+    }
+    if record.is_some() {
+        let _ = FD_RECORDS.remove(key);
+    }
+    if info.is_some() {
+        let _ = FD_INFO.remove(key);
+    }
+}
+
+#[inline(always)]
+fn lifecycle_event(kind_: u32, tgid: u32, fd: u32, fd_last: u32) {
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            let e = entry.as_mut_ptr();
+            // SAFETY: the reserved entry is exactly one Event; every byte is written.
+            unsafe {
+                core::ptr::write_bytes(e, 0, 1);
+                (*e).event = kind_;
+                (*e).tgid = tgid;
+                (*e).fd = fd;
+                (*e).fd_last = fd_last;
+            }
+            entry.submit(0);
+        }
+        None => bump_stat(stat::EVENTS_LOST),
+    }
+}
+
+#[inline(always)]
+fn created(ctx: &TracePointContext, flags: u32) -> u32 {
+    let (_, tgid) = current();
+    if !watched(tgid) {
+        return 0;
+    }
+    let ret = arg(ctx, RET) as i64;
+    if ret < 0 {
+        return 0;
+    }
+    let fd = ret as u32;
+    // A record still here means we missed this number's close (it predates the watch): close it.
+    flush(tgid, fd);
+    let generation = match GENERATION.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array: no other writer while we run. The CPU number
+        // in the top bits makes the value unique across CPUs without a fetch-and-add, which the
+        // generic BPF CPU target lacks.
+        Some(p) => unsafe {
+            *p += 1;
+            ((bpf_get_smp_processor_id() as u64 + 1) << 48) | *p
+        },
+        None => 0,
+    };
+    let info = FdInfo {
+        generation,
+        flags,
+        _pad: 0,
+    };
+    let _ = FD_INFO.insert(FdKey { tgid, fd }, info, 0);
+    0
+}
+
+/// Attached to `sys_exit_accept` and `sys_exit_accept4`: a new inbound connection.
+#[tracepoint]
+pub fn exit_accept(ctx: TracePointContext) -> u32 {
+    created(&ctx, fd_flags::SOCKET | fd_flags::ACCEPTED)
+}
+
+/// Attached to `sys_exit_socket`: an outbound (or listening) socket.
+#[tracepoint]
+pub fn exit_socket(ctx: TracePointContext) -> u32 {
+    created(&ctx, fd_flags::SOCKET)
+}
+
+/// `close(fd)`: Linux releases the fd number even when close reports an error, so flush on enter.
+#[tracepoint]
+pub fn enter_close(ctx: TracePointContext) -> u32 {
+    let (_, tgid) = current();
+    if watched(tgid) {
+        flush(tgid, arg(&ctx, ARG0) as u32);
+    }
+    0
+}
+
+/// `dup2(oldfd, newfd)` / `dup3(oldfd, newfd, flags)` close `newfd` first when it differs.
+#[tracepoint]
+pub fn enter_dup(ctx: TracePointContext) -> u32 {
+    let (_, tgid) = current();
+    if !watched(tgid) {
+        return 0;
+    }
+    let (old, new) = (arg(&ctx, ARG0) as u32, arg(&ctx, ARG1) as u32);
+    if old != new {
+        flush(tgid, new);
+    }
+    0
+}
+
+/// `close_range(fd, max_fd, flags)`: a loop over the range would not verify, so user space flushes.
+#[tracepoint]
+pub fn enter_close_range(ctx: TracePointContext) -> u32 {
+    let (_, tgid) = current();
+    if watched(tgid) {
+        lifecycle_event(
+            event::CLOSE_RANGE,
+            tgid,
+            arg(&ctx, ARG0) as u32,
+            arg(&ctx, ARG1) as u32,
+        );
+    }
+    0
+}
+
+/// `io_uring_enter`: counted so the dashboard can say there is I/O the probe cannot classify.
+#[tracepoint]
+pub fn enter_io_uring(_ctx: TracePointContext) -> u32 {
+    let (_, tgid) = current();
+    if watched(tgid)
+        && let Some(t) = totals(tgid, FD_CLASS_OTHER)
+    {
+        // SAFETY: per-CPU value, this CPU is its only writer.
+        unsafe { (*t).io_uring_enter += 1 };
+    }
+    0
+}
+
+/// `sched/sched_process_exit` of a watched process's last thread: user space flushes its records.
+#[tracepoint]
+pub fn sched_exit(ctx: TracePointContext) -> u32 {
+    let (_, tgid) = current();
+    if !watched(tgid) {
+        return 0;
+    }
+    // SAFETY: offset of `group_dead` in the sched_process_exit format.
+    let group_dead = unsafe { ctx.read_at::<u8>(GROUP_DEAD) }.unwrap_or(0);
+    if group_dead != 0 {
+        lifecycle_event(event::PROCESS_EXIT, tgid, 0, 0);
+    }
+    0
+}
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,18 @@
+//! User side of zerocache's kernel witness: loads the eBPF object built from `ebpf/kernel`,
+//! attaches it to the syscall tracepoints, tells it which processes to watch and turns its maps
+//! and ring buffer into the figures the proxy and the dashboard show.
+//!
+//! The probe never takes the proxy down with it: [`Probe::start`] always returns a probe, and when
+//! the kernel refuses (no privileges, tracefs missing, verifier rejection) its [`ProbeStatus`] says
+//! so in words an operator can act on, and every figure stays empty.
+
+mod loader;
+mod model;
+mod procfs;
+mod store;
+
+pub use loader::{Probe, ProbeOptions};
+pub use model::{
+    ClosedFd, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
+};
+pub use zerocache_probe_common::kind;

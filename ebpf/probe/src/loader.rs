@@ -1,0 +1,593 @@
+//! Loading, attaching and reading the probe. Kernel-facing and nothing else: policy (what counts as
+//! a violation, how a connection is named) lives with the consumers.
+
+use crate::model::{
+    ClosedFd, FdCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
+};
+use crate::procfs;
+use crate::store::ClosedStore;
+use aya::maps::{Array, HashMap, MapData, PerCpuHashMap, RingBuf};
+use aya::programs::{ProgramError, TracePoint};
+use aya::{Ebpf, EbpfError};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::broadcast;
+use zerocache_probe_common::{
+    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, ProcTotals, TotalsKey, event,
+    fd_flags, stat,
+};
+
+static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/zerocache-probe-bpf"));
+
+/// (program, category, tracepoint) for every attachment. One program may serve several
+/// tracepoints: the exit programs learn the syscall from what the enter program stashed.
+const ATTACHMENTS: &[(&str, &str, &str)] = &[
+    ("enter_sendfile", "syscalls", "sys_enter_sendfile64"),
+    ("enter_splice", "syscalls", "sys_enter_splice"),
+    ("enter_write", "syscalls", "sys_enter_write"),
+    ("enter_writev", "syscalls", "sys_enter_writev"),
+    ("enter_sendto", "syscalls", "sys_enter_sendto"),
+    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("enter_sendmmsg", "syscalls", "sys_enter_sendmmsg"),
+    ("exit_output", "syscalls", "sys_exit_sendfile64"),
+    ("exit_output", "syscalls", "sys_exit_splice"),
+    ("exit_output", "syscalls", "sys_exit_write"),
+    ("exit_output", "syscalls", "sys_exit_writev"),
+    ("exit_output", "syscalls", "sys_exit_sendto"),
+    ("exit_output", "syscalls", "sys_exit_sendmsg"),
+    ("exit_output", "syscalls", "sys_exit_sendmmsg"),
+    ("exit_accept", "syscalls", "sys_exit_accept"),
+    ("exit_accept", "syscalls", "sys_exit_accept4"),
+    ("exit_socket", "syscalls", "sys_exit_socket"),
+    ("enter_close", "syscalls", "sys_enter_close"),
+    ("enter_dup", "syscalls", "sys_enter_dup2"),
+    ("enter_dup", "syscalls", "sys_enter_dup3"),
+    ("enter_close_range", "syscalls", "sys_enter_close_range"),
+    ("enter_io_uring", "syscalls", "sys_enter_io_uring_enter"),
+    ("sched_exit", "sched", "sched_process_exit"),
+];
+
+/// How often `comm` targets are re-resolved and dead PIDs noticed.
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+/// Exited processes whose totals are still shown.
+const EXITED_KEPT: usize = 64;
+
+/// What to load and watch.
+#[derive(Clone, Debug)]
+pub struct ProbeOptions {
+    /// False: do not touch the kernel at all.
+    pub enabled: bool,
+    /// Processes to count.
+    pub watch: Vec<WatchTarget>,
+    /// Closed-fd records kept for the dashboard.
+    pub closed_capacity: usize,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        ProbeOptions {
+            enabled: true,
+            watch: vec![WatchTarget::SelfProcess],
+            closed_capacity: 10_000,
+        }
+    }
+}
+
+/// A handle on the probe; cheap to clone.
+#[derive(Clone)]
+pub struct Probe {
+    inner: Arc<Inner>,
+}
+
+struct Maps {
+    watched: HashMap<MapData, u32, u8>,
+    fd_info: HashMap<MapData, FdKey, FdInfo>,
+    fd_records: HashMap<MapData, FdKey, FdRecord>,
+    totals: PerCpuHashMap<MapData, TotalsKey, ProcTotals>,
+    stats: Array<MapData, u64>,
+}
+
+struct State {
+    targets: Vec<WatchTarget>,
+    /// Watched PIDs and their comm.
+    watching: BTreeMap<u32, String>,
+    exited: Vec<ProcessTotals>,
+    closed: ClosedStore,
+}
+
+struct Inner {
+    status: ProbeStatus,
+    maps: Option<Mutex<Maps>>,
+    state: Mutex<State>,
+    closed_tx: broadcast::Sender<ClosedFd>,
+    /// Keeps the programs and their links alive; never read.
+    _ebpf: Option<Mutex<Ebpf>>,
+}
+
+/// Why loading or attaching failed, phrased for an operator.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error(
+        "loading the BPF object failed: {0} (loading BPF needs root, or CAP_BPF and CAP_PERFMON; unprivileged BPF is disabled on this kernel)"
+    )]
+    Load(#[source] EbpfError),
+    #[error("the kernel's verifier rejected program {program}: {error}\nverifier log:\n{log}")]
+    Verifier {
+        program: String,
+        error: String,
+        log: String,
+    },
+    #[error("attaching {program} to {category}/{name} failed: {error}{hint}")]
+    Attach {
+        program: String,
+        category: String,
+        name: String,
+        error: String,
+        hint: &'static str,
+    },
+    #[error("the BPF object has no {0}: it does not match this loader")]
+    Missing(&'static str),
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+}
+
+impl Probe {
+    /// Loads and attaches the probe and starts watching. Never fails: a probe the kernel refuses is
+    /// returned with [`ProbeStatus::Unavailable`] and the reason. Must run inside a tokio runtime.
+    pub fn start(options: ProbeOptions) -> Probe {
+        let (closed_tx, _) = broadcast::channel(4096);
+        let state = Mutex::new(State {
+            targets: options.watch.clone(),
+            watching: BTreeMap::new(),
+            exited: Vec::new(),
+            closed: ClosedStore::new(options.closed_capacity),
+        });
+        if !options.enabled {
+            return Probe {
+                inner: Arc::new(Inner {
+                    status: ProbeStatus::Disabled,
+                    maps: None,
+                    state,
+                    closed_tx,
+                    _ebpf: None,
+                }),
+            };
+        }
+        let started = Instant::now();
+        match load_and_attach() {
+            Ok((ebpf, maps, ring, attachments)) => {
+                let probe = Probe {
+                    inner: Arc::new(Inner {
+                        status: ProbeStatus::Attached {
+                            attachments,
+                            load_ms: started.elapsed().as_millis() as u64,
+                        },
+                        maps: Some(Mutex::new(maps)),
+                        state,
+                        closed_tx,
+                        _ebpf: Some(Mutex::new(ebpf)),
+                    }),
+                };
+                probe.resolve_targets();
+                probe.spawn_reader(ring);
+                probe.spawn_resolver();
+                tracing::info!(
+                    attachments,
+                    load_ms = started.elapsed().as_millis() as u64,
+                    "probe attached"
+                );
+                probe
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                tracing::warn!(%reason, "probe unavailable; serving without it");
+                Probe {
+                    inner: Arc::new(Inner {
+                        status: ProbeStatus::Unavailable { reason },
+                        maps: None,
+                        state,
+                        closed_tx,
+                        _ebpf: None,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Attached, disabled, or unavailable and why.
+    pub fn status(&self) -> &ProbeStatus {
+        &self.inner.status
+    }
+
+    /// Closed-fd records as they arrive (for joining with connection tables).
+    pub fn subscribe_closed(&self) -> broadcast::Receiver<ClosedFd> {
+        self.inner.closed_tx.subscribe()
+    }
+
+    /// Adds a watch target at run time.
+    pub fn watch(&self, target: WatchTarget) {
+        {
+            let mut st = self.inner.state.lock();
+            if !st.targets.contains(&target) {
+                st.targets.push(target);
+            }
+        }
+        self.resolve_targets();
+    }
+
+    /// Replaces the watch targets (a config reload); processes no longer targeted stop being
+    /// counted, their totals kept as exited.
+    pub fn set_targets(&self, targets: Vec<WatchTarget>) {
+        self.inner.state.lock().targets = targets;
+        self.resolve_targets();
+    }
+
+    /// PIDs currently watched.
+    pub fn watched_pids(&self) -> Vec<u32> {
+        self.inner.state.lock().watching.keys().copied().collect()
+    }
+
+    /// Live (not yet closed) fd records of `pid`: (fd, generation, is_socket, counts).
+    pub fn live_fds(&self, pid: u32) -> Vec<(u32, u64, bool, FdCounts)> {
+        let Some(maps) = &self.inner.maps else {
+            return Vec::new();
+        };
+        let maps = maps.lock();
+        maps.fd_records
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(k, _)| k.tgid == pid)
+            .map(|(k, r)| {
+                (
+                    k.fd,
+                    r.info.generation,
+                    r.info.flags & fd_flags::SOCKET != 0,
+                    FdCounts::from_raw(&r.counts),
+                )
+            })
+            .collect()
+    }
+
+    /// The last closed fds, newest first, at most `limit`.
+    pub fn closed(&self, limit: usize) -> Vec<ClosedFd> {
+        self.inner
+            .state
+            .lock()
+            .closed
+            .iter()
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Totals per process, loss counters and status.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut processes = Vec::new();
+        let mut health = ProbeHealth::default();
+        let st = self.inner.state.lock();
+        health.closed_evicted = st.closed.evicted;
+        if let Some(maps) = &self.inner.maps {
+            let maps = maps.lock();
+            for (pid, comm) in &st.watching {
+                let mut p = read_totals(&maps, *pid);
+                p.comm = comm.clone();
+                p.alive = true;
+                processes.push(p);
+            }
+            let stat_at = |i| maps.stats.get(&i, 0).unwrap_or(0);
+            health.events_lost = stat_at(stat::EVENTS_LOST);
+            health.fd_records_lost = stat_at(stat::FD_RECORDS_LOST);
+            health.inflight_lost = stat_at(stat::INFLIGHT_LOST);
+        }
+        processes.extend(st.exited.iter().cloned());
+        Snapshot {
+            status: self.inner.status.clone(),
+            processes,
+            health,
+        }
+    }
+
+    /// Resolves targets to PIDs, starts watching new ones, stops watching dead or untargeted ones.
+    fn resolve_targets(&self) {
+        let Some(maps) = &self.inner.maps else {
+            return;
+        };
+        let mut st = self.inner.state.lock();
+        let mut wanted: BTreeMap<u32, String> = BTreeMap::new();
+        for t in &st.targets {
+            match t {
+                WatchTarget::SelfProcess => {
+                    let me = std::process::id();
+                    wanted.insert(me, procfs::read_comm(me).unwrap_or_default());
+                }
+                WatchTarget::Pid(pid) => {
+                    if procfs::alive(*pid) {
+                        wanted.insert(*pid, procfs::read_comm(*pid).unwrap_or_default());
+                    }
+                }
+                WatchTarget::Comm(c) => {
+                    for pid in procfs::pids_by_comm(c) {
+                        wanted.insert(pid, c.clone());
+                    }
+                }
+            }
+        }
+        let mut maps = maps.lock();
+        let gone: Vec<u32> = st
+            .watching
+            .keys()
+            .filter(|p| !wanted.contains_key(p) || !procfs::alive(**p))
+            .copied()
+            .collect();
+        for pid in gone {
+            if let Some(comm) = st.watching.remove(&pid) {
+                let closed = retire(&mut maps, pid, comm, &mut st);
+                drop_closed(&self.inner.closed_tx, closed);
+            }
+        }
+        for (pid, comm) in wanted {
+            if st.watching.contains_key(&pid) || !procfs::alive(pid) {
+                continue;
+            }
+            // Seed the fds that are already sockets: the kernel only sees those created later.
+            for fd in procfs::socket_fds(pid) {
+                let info = FdInfo {
+                    generation: 0,
+                    flags: fd_flags::SOCKET,
+                    _pad: 0,
+                };
+                let _ = maps.fd_info.insert(FdKey { tgid: pid, fd }, info, 0);
+            }
+            if let Err(e) = maps.watched.insert(pid, 1, 0) {
+                tracing::warn!(pid, error = %e, "cannot watch process");
+                continue;
+            }
+            tracing::info!(pid, %comm, "probe watching");
+            st.watching.insert(pid, comm);
+        }
+    }
+
+    fn spawn_reader(&self, ring: RingBuf<MapData>) {
+        let probe = self.clone();
+        tokio::spawn(async move {
+            // SAFETY: the ring buffer owns its fd and the AsyncFd owns the ring buffer, so the fd
+            // stays open for as long as it is registered.
+            let mut fd = match unsafe { AsyncFd::register(ring) } {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::error!(error = %e, "probe ring buffer cannot be polled");
+                    return;
+                }
+            };
+            loop {
+                let mut guard = match fd.readable_mut().await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::error!(error = %e, "probe ring buffer poll failed");
+                        return;
+                    }
+                };
+                let ring = guard.get_inner_mut();
+                let mut batch = Vec::new();
+                while let Some(item) = ring.next() {
+                    if item.len() >= size_of::<Event>() {
+                        // SAFETY: the kernel wrote exactly one Event; read_unaligned copes with
+                        // the ring's 8-byte alignment.
+                        batch.push(unsafe {
+                            std::ptr::read_unaligned(item.as_ptr() as *const Event)
+                        });
+                    }
+                }
+                guard.clear_ready();
+                for ev in batch {
+                    probe.handle_event(ev);
+                }
+            }
+        });
+    }
+
+    fn spawn_resolver(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RESOLVE_EVERY);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                Probe { inner }.resolve_targets();
+            }
+        });
+    }
+
+    fn handle_event(&self, ev: Event) {
+        match ev.event {
+            event::FD_CLOSED => {
+                let r = ClosedFd::new(
+                    ev.tgid,
+                    ev.fd,
+                    ev.record.info.generation,
+                    ev.record.info.flags,
+                    FdCounts::from_raw(&ev.record.counts),
+                );
+                self.inner.state.lock().closed.push(r.clone());
+                let _ = self.inner.closed_tx.send(r);
+            }
+            event::CLOSE_RANGE => {
+                let Some(maps) = &self.inner.maps else { return };
+                let closed = {
+                    let mut maps = maps.lock();
+                    take_records(&mut maps, |k| {
+                        k.tgid == ev.tgid && k.fd >= ev.fd && k.fd <= ev.fd_last
+                    })
+                };
+                self.push_closed(closed);
+            }
+            event::PROCESS_EXIT => {
+                let Some(maps) = &self.inner.maps else { return };
+                let mut st = self.inner.state.lock();
+                if let Some(comm) = st.watching.remove(&ev.tgid) {
+                    let closed = retire(&mut maps.lock(), ev.tgid, comm, &mut st);
+                    drop(st);
+                    drop_closed(&self.inner.closed_tx, closed);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn push_closed(&self, closed: Vec<ClosedFd>) {
+        let mut st = self.inner.state.lock();
+        for r in &closed {
+            st.closed.push(r.clone());
+        }
+        drop(st);
+        drop_closed(&self.inner.closed_tx, closed);
+    }
+}
+
+fn drop_closed(tx: &broadcast::Sender<ClosedFd>, closed: Vec<ClosedFd>) {
+    for r in closed {
+        let _ = tx.send(r);
+    }
+}
+
+/// Stops counting `pid`: its open fds become closed records, its totals are kept as exited.
+fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<ClosedFd> {
+    let _ = maps.watched.remove(&pid);
+    let closed = take_records(maps, |k| k.tgid == pid);
+    let mut totals = read_totals(maps, pid);
+    totals.comm = comm;
+    totals.alive = false;
+    for class in [FD_CLASS_SOCKET, FD_CLASS_OTHER] {
+        let _ = maps.totals.remove(&TotalsKey { tgid: pid, class });
+    }
+    let stale: Vec<FdKey> = maps
+        .fd_info
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| k.tgid == pid)
+        .collect();
+    for k in stale {
+        let _ = maps.fd_info.remove(&k);
+    }
+    for r in &closed {
+        st.closed.push(r.clone());
+    }
+    st.exited.push(totals);
+    if st.exited.len() > EXITED_KEPT {
+        st.exited.remove(0);
+    }
+    closed
+}
+
+fn take_records(maps: &mut Maps, pred: impl Fn(&FdKey) -> bool) -> Vec<ClosedFd> {
+    let keys: Vec<FdKey> = maps
+        .fd_records
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| pred(k))
+        .collect();
+    let mut out = Vec::new();
+    for k in keys {
+        if let Ok(r) = maps.fd_records.get(&k, 0) {
+            let _ = maps.fd_records.remove(&k);
+            let _ = maps.fd_info.remove(&k);
+            out.push(ClosedFd::new(
+                k.tgid,
+                k.fd,
+                r.info.generation,
+                r.info.flags,
+                FdCounts::from_raw(&r.counts),
+            ));
+        }
+    }
+    out
+}
+
+fn read_totals(maps: &Maps, pid: u32) -> ProcessTotals {
+    let mut p = ProcessTotals {
+        pid,
+        ..Default::default()
+    };
+    for class in [FD_CLASS_SOCKET, FD_CLASS_OTHER] {
+        if let Ok(per_cpu) = maps.totals.get(&TotalsKey { tgid: pid, class }, 0) {
+            for t in per_cpu.iter() {
+                let dest = if class == FD_CLASS_SOCKET {
+                    &mut p.socket
+                } else {
+                    &mut p.other
+                };
+                dest.add_raw(&t.counts);
+                p.io_uring_enter += t.io_uring_enter;
+            }
+        }
+    }
+    p
+}
+
+fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError> {
+    let mut ebpf = Ebpf::load(OBJECT).map_err(StartError::Load)?;
+    let mut attachments = 0;
+    for (program, category, name) in ATTACHMENTS {
+        let prog: &mut TracePoint = ebpf
+            .program_mut(program)
+            .ok_or(StartError::Missing("program"))?
+            .try_into()
+            .map_err(|_| StartError::Missing("tracepoint program"))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| match e {
+                ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => StartError::Verifier {
+                    program: program.to_string(),
+                    error: io_error.to_string(),
+                    log: verifier_log.to_string(),
+                },
+                other => StartError::Verifier {
+                    program: program.to_string(),
+                    error: other.to_string(),
+                    log: String::new(),
+                },
+            })?;
+        }
+        prog.attach(category, name).map_err(|e| {
+            let error = e.to_string();
+            let hint = if error.contains("tracefs") || error.contains("ermission") {
+                " (tracefs at /sys/kernel/tracing must be mounted and readable: mount it with `mount -t tracefs nodev /sys/kernel/tracing`; it is mode 0700, so a non-root service needs CAP_DAC_READ_SEARCH)"
+            } else {
+                ""
+            };
+            StartError::Attach {
+                program: program.to_string(),
+                category: category.to_string(),
+                name: name.to_string(),
+                error,
+                hint,
+            }
+        })?;
+        attachments += 1;
+    }
+    let take =
+        |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(StartError::Missing(name));
+    let maps = Maps {
+        watched: HashMap::try_from(take(&mut ebpf, "WATCHED")?)
+            .map_err(|e| StartError::Map("WATCHED", e))?,
+        fd_info: HashMap::try_from(take(&mut ebpf, "FD_INFO")?)
+            .map_err(|e| StartError::Map("FD_INFO", e))?,
+        fd_records: HashMap::try_from(take(&mut ebpf, "FD_RECORDS")?)
+            .map_err(|e| StartError::Map("FD_RECORDS", e))?,
+        totals: PerCpuHashMap::try_from(take(&mut ebpf, "TOTALS")?)
+            .map_err(|e| StartError::Map("TOTALS", e))?,
+        stats: Array::try_from(take(&mut ebpf, "STATS")?)
+            .map_err(|e| StartError::Map("STATS", e))?,
+    };
+    let ring =
+        RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| StartError::Map("EVENTS", e))?;
+    Ok((ebpf, maps, ring, attachments))
+}

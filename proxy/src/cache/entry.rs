@@ -1,0 +1,323 @@
+//! One stored response: its file layout on disk and its in-memory form.
+//!
+//! File layout (little-endian):
+//!
+//! ```text
+//! 0   magic "ZCENTRY1"                                     8 B
+//! 8   meta_len: u32                                         4 B
+//! 12  checksum: u32 (xxh3-64 of bytes 16..32 and meta, low) 4 B
+//! 16  body_len: u64                                         8 B
+//! 24  body_offset: u64 (a multiple of 4096)                 8 B
+//! 32  meta: key, times, status, stored header block         meta_len B
+//! ..  zero padding up to body_offset
+//! body_offset  body                                         body_len B
+//! ```
+//!
+//! Why the body starts page-aligned: a hit is then one sendfile from an aligned offset, which
+//! keeps page-cache reads whole pages and avoids the loopback stall nginx shows when it sends from
+//! offset 618 to EOF with its head corked. Why a checksum and no fsync: a cache may lose entries in
+//! a crash but must never serve a torn one; at start-up an entry whose checksum or length does not
+//! hold is deleted.
+
+use bytes::Bytes;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// File magic, versioned.
+pub const MAGIC: &[u8; 8] = b"ZCENTRY1";
+/// Bytes before the meta block.
+pub const FIXED: usize = 32;
+/// Body alignment.
+pub const ALIGN: u64 = 4096;
+
+/// The metadata stored in an entry file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// Full cache key text, compared on every lookup.
+    pub key: String,
+    /// When the response was received (RFC 9111 `response_time`).
+    pub stored_at: SystemTime,
+    /// Age the response already had when received (corrected initial age, §4.2.3).
+    pub initial_age: Duration,
+    /// Freshness lifetime (§4.2.1).
+    pub lifetime: Duration,
+    /// Status code.
+    pub status: u16,
+    /// Reason phrase.
+    pub reason: String,
+    /// Stored header fields as `Name: value\r\n` lines, without hop-by-hop and framing fields.
+    pub fields: Vec<u8>,
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Meta {
+    /// Serialises the meta block.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.key.len() + self.fields.len());
+        let put_bytes = |out: &mut Vec<u8>, b: &[u8]| {
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        put_bytes(&mut out, self.key.as_bytes());
+        out.extend_from_slice(&millis(self.stored_at).to_le_bytes());
+        out.extend_from_slice(&(self.initial_age.as_millis() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.lifetime.as_millis() as u64).to_le_bytes());
+        out.extend_from_slice(&self.status.to_le_bytes());
+        put_bytes(&mut out, self.reason.as_bytes());
+        put_bytes(&mut out, &self.fields);
+        out
+    }
+
+    /// Parses a meta block; `None` if it is malformed.
+    pub fn decode(mut b: &[u8]) -> Option<Meta> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            if b.len() < n {
+                return None;
+            }
+            let (h, t) = b.split_at(n);
+            *b = t;
+            Some(h)
+        }
+        fn u64_(b: &mut &[u8]) -> Option<u64> {
+            Some(u64::from_le_bytes(take(b, 8)?.try_into().ok()?))
+        }
+        fn bytes<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+            let n = u32::from_le_bytes(take(b, 4)?.try_into().ok()?) as usize;
+            take(b, n)
+        }
+        let key = String::from_utf8(bytes(&mut b)?.to_vec()).ok()?;
+        let stored_at = UNIX_EPOCH + Duration::from_millis(u64_(&mut b)?);
+        let initial_age = Duration::from_millis(u64_(&mut b)?);
+        let lifetime = Duration::from_millis(u64_(&mut b)?);
+        let status = u16::from_le_bytes(take(&mut b, 2)?.try_into().ok()?);
+        let reason = String::from_utf8(bytes(&mut b)?.to_vec()).ok()?;
+        let fields = bytes(&mut b)?.to_vec();
+        Some(Meta {
+            key,
+            stored_at,
+            initial_age,
+            lifetime,
+            status,
+            reason,
+            fields,
+        })
+    }
+}
+
+/// Offset of the body for a meta block of `meta_len` bytes.
+pub fn body_offset(meta_len: usize) -> u64 {
+    ((FIXED + meta_len) as u64).div_ceil(ALIGN) * ALIGN
+}
+
+/// The fixed part and meta block, ready to write at offset 0.
+pub fn encode_header(meta: &[u8], body_len: u64) -> Vec<u8> {
+    let offset = body_offset(meta.len());
+    let mut out = Vec::with_capacity(FIXED + meta.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&body_len.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(meta);
+    let sum = checksum(&out[16..32], meta);
+    out[12..16].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+fn checksum(fixed_tail: &[u8], meta: &[u8]) -> u32 {
+    let mut buf = Vec::with_capacity(fixed_tail.len() + meta.len());
+    buf.extend_from_slice(fixed_tail);
+    buf.extend_from_slice(meta);
+    xxh3_64(&buf) as u32
+}
+
+/// Why an entry file was rejected at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum CorruptEntry {
+    /// Could not read it.
+    #[error("read: {0}")]
+    Io(#[from] io::Error),
+    /// Wrong magic or version.
+    #[error("not a zerocache entry")]
+    Magic,
+    /// Header checksum mismatch.
+    #[error("header checksum mismatch")]
+    Checksum,
+    /// File length differs from body offset + body length.
+    #[error("length {actual} != expected {expected}")]
+    Length {
+        /// Bytes on disk.
+        actual: u64,
+        /// Bytes the header promises.
+        expected: u64,
+    },
+    /// Malformed meta block.
+    #[error("malformed metadata")]
+    Meta,
+}
+
+/// Reads and verifies an entry file's header: (meta, body_offset, body_len).
+pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
+    let mut fixed = [0u8; FIXED];
+    file.read_exact_at(&mut fixed, 0)?;
+    if &fixed[..8] != MAGIC {
+        return Err(CorruptEntry::Magic);
+    }
+    let meta_len = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]) as usize;
+    let sum = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]);
+    let body_len = u64::from_le_bytes(fixed[16..24].try_into().map_err(|_| CorruptEntry::Meta)?);
+    let offset = u64::from_le_bytes(fixed[24..32].try_into().map_err(|_| CorruptEntry::Meta)?);
+    if meta_len > 1 << 20 || offset != body_offset(meta_len) {
+        return Err(CorruptEntry::Meta);
+    }
+    let mut meta = vec![0u8; meta_len];
+    file.read_exact_at(&mut meta, FIXED as u64)?;
+    if checksum(&fixed[16..32], &meta) != sum {
+        return Err(CorruptEntry::Checksum);
+    }
+    let actual = file.metadata()?.len();
+    let expected = offset.saturating_add(body_len);
+    if actual != expected {
+        return Err(CorruptEntry::Length { actual, expected });
+    }
+    let meta = Meta::decode(&meta).ok_or(CorruptEntry::Meta)?;
+    Ok((meta, offset, body_len))
+}
+
+/// A stored response as the index holds it: everything a hit needs without touching the file's
+/// header (no read(2) on the hit path).
+#[derive(Debug)]
+pub struct Entry {
+    /// Hash (index key and file name).
+    pub hash: u128,
+    /// The stored metadata.
+    pub meta: Meta,
+    /// Where the file is.
+    pub path: PathBuf,
+    /// Body offset in the file.
+    pub body_offset: u64,
+    /// Body length.
+    pub body_len: u64,
+    /// Status line, stored fields and Content-Length for a full-body hit, built once at insert.
+    pub hit_head: Bytes,
+    /// Open-file cache: the file stays open while the entry is indexed, so a hot hit costs no
+    /// open(2). Replaced when the file turns out to be deleted underneath.
+    pub file: parking_lot::Mutex<Option<OpenFile>>,
+}
+
+/// An open entry file and when its link count was last checked.
+#[derive(Debug, Clone)]
+pub struct OpenFile {
+    /// The file.
+    pub file: Arc<File>,
+    /// When `st_nlink` was last checked.
+    pub checked: std::time::Instant,
+}
+
+impl Entry {
+    /// Builds the in-memory entry.
+    pub fn new(hash: u128, meta: Meta, path: PathBuf, body_offset: u64, body_len: u64) -> Entry {
+        let mut head = Vec::with_capacity(64 + meta.fields.len());
+        head.extend_from_slice(b"HTTP/1.1 ");
+        head.extend_from_slice(meta.status.to_string().as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(meta.reason.as_bytes());
+        head.extend_from_slice(b"\r\n");
+        head.extend_from_slice(&meta.fields);
+        crate::http::headers::put_num(&mut head, "Content-Length", body_len);
+        Entry {
+            hash,
+            hit_head: Bytes::from(head),
+            meta,
+            path,
+            body_offset,
+            body_len,
+            file: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Bytes the entry occupies on disk.
+    pub fn disk_size(&self) -> u64 {
+        self.body_offset + self.body_len
+    }
+
+    /// Current age (§4.2.3): corrected initial age plus resident time.
+    pub fn age(&self, now: SystemTime) -> Duration {
+        self.meta.initial_age + now.duration_since(self.meta.stored_at).unwrap_or_default()
+    }
+
+    /// Fresh at `now`.
+    pub fn is_fresh(&self, now: SystemTime) -> bool {
+        self.age(now) < self.meta.lifetime
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn meta() -> Meta {
+        Meta {
+            key: "GET|http|h|/x".into(),
+            stored_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            initial_age: Duration::from_secs(5),
+            lifetime: Duration::from_secs(3600),
+            status: 200,
+            reason: "OK".into(),
+            fields: b"Cache-Control: max-age=3600\r\n".to_vec(),
+        }
+    }
+
+    #[test]
+    fn meta_round_trips_and_body_is_page_aligned() {
+        let m = meta();
+        let enc = m.encode();
+        assert_eq!(enc.len(), 4 + 13 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29);
+        assert_eq!(Meta::decode(&enc), Some(m));
+        assert_eq!(body_offset(10), 4096);
+        assert_eq!(body_offset(4096 - 32), 4096);
+        assert_eq!(body_offset(4096 - 31), 8192);
+    }
+
+    #[test]
+    fn header_checks_catch_corruption() {
+        let meta = meta().encode();
+        let header = encode_header(&meta, 3);
+        let mut f = tempfile::tempfile().expect("tmp");
+        f.write_all(&header).expect("w");
+        f.write_all_at(b"abc", 4096).expect("w");
+        let (m, off, len) = read_header(&f).expect("valid");
+        assert_eq!((m.status, off, len), (200, 4096, 3));
+        f.set_len(4098).expect("truncate");
+        assert!(matches!(
+            read_header(&f),
+            Err(CorruptEntry::Length {
+                actual: 4098,
+                expected: 4099
+            })
+        ));
+        f.set_len(4099).expect("restore");
+        f.write_all_at(b"X", 40).expect("flip");
+        assert!(matches!(read_header(&f), Err(CorruptEntry::Checksum)));
+    }
+
+    #[test]
+    fn hit_head_is_prebuilt() {
+        let e = Entry::new(1, meta(), PathBuf::from("/x"), 4096, 1024);
+        assert_eq!(
+            &e.hit_head[..],
+            b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nContent-Length: 1024\r\n"
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! A fill: the upstream body written to a temp file as it streams to the client, becoming an entry
+//! only by [`Fill::commit`] (write the header, rename into place, index). Dropping a fill that was
+//! not committed deletes the temp file, so a failing or truncated upstream never leaves an entry.
+
+use super::entry::{self, Entry, Meta};
+use super::store::Store;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// An entry being written.
+pub struct Fill {
+    store: Arc<Store>,
+    hash: u128,
+    meta: Vec<u8>,
+    decoded_meta: Meta,
+    file: File,
+    tmp: PathBuf,
+    body_offset: u64,
+    written: u64,
+    committed: bool,
+}
+
+impl Fill {
+    /// Creates the temp file; the header is written at commit, when the body length is known.
+    pub fn create(store: Arc<Store>, hash: u128, meta: Meta) -> io::Result<Fill> {
+        let tmp = store.temp_path();
+        let file = OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create_new(true)
+            .open(&tmp)?;
+        let encoded = meta.encode();
+        let body_offset = entry::body_offset(encoded.len());
+        Ok(Fill {
+            store,
+            hash,
+            meta: encoded,
+            decoded_meta: meta,
+            file,
+            tmp,
+            body_offset,
+            written: 0,
+            committed: false,
+        })
+    }
+
+    /// Appends body bytes.
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.file
+            .write_all_at(data, self.body_offset + self.written)?;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    /// Body bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Writes the header, renames into place and indexes the entry.
+    pub fn commit(mut self) -> io::Result<Arc<Entry>> {
+        let header = entry::encode_header(&self.meta, self.written);
+        self.file.write_all_at(&header, 0)?;
+        // An empty body still needs the file to reach body_offset for the length check.
+        self.file.set_len(self.body_offset + self.written)?;
+        let path = self.store.entry_path(self.hash)?;
+        self.store.evict_to_fit(self.body_offset + self.written);
+        std::fs::rename(&self.tmp, &path)?;
+        self.committed = true;
+        let e = Arc::new(Entry::new(
+            self.hash,
+            self.decoded_meta.clone(),
+            path,
+            self.body_offset,
+            self.written,
+        ));
+        self.store.insert_entry(e.clone());
+        self.store.write_ok();
+        Ok(e)
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Cache keys. A key is the request's method class, scheme, host and target, joined into one
+//! string that the entry file stores in full, plus a 128-bit hash of it that names the file.
+//!
+//! Why these parts and nothing more: the host is lower-cased and its default port dropped (those
+//! spellings are one origin resource), but the path and query are kept byte for byte as received,
+//! because decoding `%2F` or reordering a query could make two different resources one entry.
+//! Why xxh3-128: fast (the key is hashed on every request), and 128 bits make an accidental
+//! collision practically impossible; a lookup still compares the full key, so even a forced
+//! collision can only turn a hit into a miss, never serve another URL's body.
+
+use xxhash_rust::xxh3::xxh3_128;
+
+/// A cache key: the full text and its hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheKey {
+    /// `method-class|scheme|host|target`. Bytes: ~4 + 5 + host + target.
+    pub text: String,
+    /// xxh3-128 of `text` (masked to fewer bits only when a test forces collisions). 16 bytes.
+    pub hash: u128,
+}
+
+impl CacheKey {
+    /// The key of a request. GET and HEAD share the `GET` class: a HEAD can be answered from a
+    /// stored GET response.
+    pub fn new(method: &str, scheme: &str, host: &str, target: &str, hash_bits: u32) -> CacheKey {
+        let class = if method == "HEAD" { "GET" } else { method };
+        let text = format!("{class}|{scheme}|{host}|{target}");
+        let mut hash = xxh3_128(text.as_bytes());
+        if hash_bits < 128 {
+            hash &= (1u128 << hash_bits) - 1;
+        }
+        CacheKey { text, hash }
+    }
+
+    /// The file name: the hash in hex, 32 characters.
+    pub fn file_name(hash: u128) -> String {
+        format!("{hash:032x}")
+    }
+
+    /// The two-level shard directories (`ab/cd`), from the hash's low bytes so they stay spread
+    /// even when a test masks the high bits away.
+    pub fn shard(hash: u128) -> (String, String) {
+        (
+            format!("{:02x}", hash & 0xff),
+            format!("{:02x}", (hash >> 8) & 0xff),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_shares_get_and_nothing_else_is_normalised() {
+        let get = CacheKey::new("GET", "http", "a.example", "/x?b=1&a=2", 128);
+        let head = CacheKey::new("HEAD", "http", "a.example", "/x?b=1&a=2", 128);
+        assert_eq!(get, head);
+        assert_eq!(get.text, "GET|http|a.example|/x?b=1&a=2");
+        let reordered = CacheKey::new("GET", "http", "a.example", "/x?a=2&b=1", 128);
+        assert_ne!(get.hash, reordered.hash);
+        let encoded = CacheKey::new("GET", "http", "a.example", "/a%2Fb", 128);
+        let plain = CacheKey::new("GET", "http", "a.example", "/a/b", 128);
+        assert_ne!(encoded.hash, plain.hash);
+    }
+
+    #[test]
+    fn masked_hashes_collide_but_texts_differ() {
+        let a = CacheKey::new("GET", "http", "h", "/a", 1);
+        let b = CacheKey::new("GET", "http", "h", "/b", 1);
+        let c = CacheKey::new("GET", "http", "h", "/c", 1);
+        // With one bit, two of any three keys share a hash.
+        assert!(a.hash == b.hash || a.hash == c.hash || b.hash == c.hash);
+        assert_ne!(a.text, b.text);
+        assert_eq!(
+            CacheKey::file_name(0xab),
+            "000000000000000000000000000000ab"
+        );
+        assert_eq!(
+            CacheKey::shard(0x1234),
+            ("34".to_string(), "12".to_string())
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! The cache index and the files behind it: lookup, insert with LRU eviction to `max_size`,
+//! removal, the open-file cache, and the rebuild from disk at start-up.
+//!
+//! The index is one mutex around an LRU map. A lookup holds it for a hash probe and a list splice,
+//! far shorter than anything else on the request path, and on 2 cores a sharded or lock-free map
+//! would buy nothing measurable (see the bench). Files are deleted outside the lock.
+
+use super::entry::{self, Entry, OpenFile};
+use super::key::CacheKey;
+use lru::LruCache;
+use parking_lot::Mutex;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long an open file is trusted before its link count is checked again: a hot entry costs one
+/// fstat(2) per second, not one per hit.
+const NLINK_RECHECK: Duration = Duration::from_secs(1);
+
+/// The disk cache.
+pub struct Store {
+    dir: PathBuf,
+    max_size: u64,
+    inner: Mutex<Inner>,
+    tmp_seq: AtomicU64,
+    /// False after a write failure: the cache degrades to pass-through until a write works again.
+    writable: AtomicBool,
+    /// Writes that failed (disk full, permissions).
+    pub write_errors: AtomicU64,
+}
+
+struct Inner {
+    lru: LruCache<u128, Arc<Entry>>,
+    bytes: u64,
+}
+
+/// Counts from a start-up rebuild.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Entries indexed.
+    pub entries: u64,
+    /// Files deleted because they were corrupt, torn or left by an interrupted fill.
+    pub discarded: u64,
+}
+
+impl Store {
+    /// Opens (creating) the cache directory; call [`Store::rebuild`] next.
+    pub fn open(dir: &Path, max_size: u64) -> io::Result<Store> {
+        fs::create_dir_all(dir.join("tmp"))?;
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            max_size,
+            inner: Mutex::new(Inner {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+            }),
+            tmp_seq: AtomicU64::new(0),
+            writable: AtomicBool::new(true),
+            write_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Indexes every valid entry file and deletes the rest (temp files of fills interrupted by a
+    /// crash or `kill -9`, torn or corrupt entries).
+    pub fn rebuild(&self) -> io::Result<Rebuilt> {
+        let mut out = Rebuilt::default();
+        for t in fs::read_dir(self.dir.join("tmp"))? {
+            let t = t?;
+            let _ = fs::remove_file(t.path());
+            out.discarded += 1;
+        }
+        for a in fs::read_dir(&self.dir)? {
+            let a = a?;
+            if a.file_name() == "tmp" || !a.file_type()?.is_dir() {
+                continue;
+            }
+            for b in fs::read_dir(a.path())? {
+                let b = b?;
+                if !b.file_type()?.is_dir() {
+                    continue;
+                }
+                for f in fs::read_dir(b.path())? {
+                    let path = f?.path();
+                    match self.index_file(&path) {
+                        Ok(()) => out.entries += 1,
+                        Err(e) => {
+                            tracing::warn!(path = %path.display(), error = %e, "discarding cache file");
+                            let _ = fs::remove_file(&path);
+                            out.discarded += 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.evict_to_fit(0);
+        Ok(out)
+    }
+
+    fn index_file(&self, path: &Path) -> Result<(), entry::CorruptEntry> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let hash = u128::from_str_radix(name, 16).map_err(|_| entry::CorruptEntry::Magic)?;
+        let file = File::open(path)?;
+        let (meta, offset, len) = entry::read_header(&file)?;
+        let e = Entry::new(hash, meta, path.to_path_buf(), offset, len);
+        self.insert_entry(Arc::new(e));
+        Ok(())
+    }
+
+    /// The entry for `key`, if stored and its full key matches (a hash collision is a miss).
+    pub fn lookup(&self, key: &CacheKey) -> Option<Arc<Entry>> {
+        let mut inner = self.inner.lock();
+        let e = inner.lru.get(&key.hash)?;
+        (e.meta.key == key.text).then(|| e.clone())
+    }
+
+    /// An open handle on the entry's file, from the open-file cache when possible. Detects a file
+    /// deleted underneath (`st_nlink == 0`) and drops the entry.
+    pub fn open_file(&self, e: &Arc<Entry>) -> io::Result<Arc<File>> {
+        let now = Instant::now();
+        {
+            let mut slot = e.file.lock();
+            if let Some(of) = slot.as_mut() {
+                if now.duration_since(of.checked) < NLINK_RECHECK {
+                    return Ok(of.file.clone());
+                }
+                let nlink = of.file.metadata()?.nlink();
+                if nlink > 0 {
+                    of.checked = now;
+                    return Ok(of.file.clone());
+                }
+                *slot = None;
+            }
+        }
+        match File::open(&e.path) {
+            Ok(f) => {
+                let f = Arc::new(f);
+                *e.file.lock() = Some(OpenFile {
+                    file: f.clone(),
+                    checked: now,
+                });
+                Ok(f)
+            }
+            Err(err) => {
+                self.remove_if_same(e);
+                Err(err)
+            }
+        }
+    }
+
+    /// Path of the final file for `hash`, creating its shard directories.
+    pub fn entry_path(&self, hash: u128) -> io::Result<PathBuf> {
+        let (a, b) = CacheKey::shard(hash);
+        let dir = self.dir.join(a).join(b);
+        fs::create_dir_all(&dir)?;
+        Ok(dir.join(CacheKey::file_name(hash)))
+    }
+
+    /// A fresh temp file path (same filesystem, so the commit is a rename).
+    pub fn temp_path(&self) -> PathBuf {
+        let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        self.dir
+            .join("tmp")
+            .join(format!("{}-{n}.tmp", std::process::id()))
+    }
+
+    /// Indexes a committed entry, replacing any entry with the same hash, and evicts to fit.
+    pub fn insert_entry(&self, e: Arc<Entry>) {
+        let size = e.disk_size();
+        let replaced = {
+            let mut inner = self.inner.lock();
+            inner.bytes += size;
+            let old = inner.lru.push(e.hash, e);
+            if let Some((_, old)) = &old {
+                inner.bytes -= old.disk_size();
+            }
+            old
+        };
+        // The old entry's file was replaced by rename; nothing to delete unless paths differ.
+        if let Some((_, old)) = replaced
+            && old.path != self.entry_path_unchecked(old.hash)
+        {
+            let _ = fs::remove_file(&old.path);
+        }
+        self.evict_to_fit(0);
+    }
+
+    fn entry_path_unchecked(&self, hash: u128) -> PathBuf {
+        let (a, b) = CacheKey::shard(hash);
+        self.dir.join(a).join(b).join(CacheKey::file_name(hash))
+    }
+
+    /// Evicts least recently used entries until `extra` more bytes fit under `max_size`.
+    pub fn evict_to_fit(&self, extra: u64) {
+        let mut victims = Vec::new();
+        {
+            let mut inner = self.inner.lock();
+            while inner.bytes + extra > self.max_size {
+                match inner.lru.pop_lru() {
+                    Some((_, e)) => {
+                        inner.bytes -= e.disk_size();
+                        victims.push(e);
+                    }
+                    None => break,
+                }
+            }
+        }
+        for v in victims {
+            // A transfer in flight keeps its open fd; unlinking never cuts it short.
+            let _ = fs::remove_file(&v.path);
+        }
+    }
+
+    /// Removes `e` from the index (and its file) if the index still holds this very entry.
+    pub fn remove_if_same(&self, e: &Arc<Entry>) {
+        let removed = {
+            let mut inner = self.inner.lock();
+            match inner.lru.peek(&e.hash) {
+                Some(cur) if Arc::ptr_eq(cur, e) => {
+                    inner.bytes -= e.disk_size();
+                    inner.lru.pop(&e.hash)
+                }
+                _ => None,
+            }
+        };
+        if removed.is_some() {
+            let _ = fs::remove_file(&e.path);
+        }
+    }
+
+    /// (bytes on disk, entries).
+    pub fn usage(&self) -> (u64, u64) {
+        let inner = self.inner.lock();
+        (inner.bytes, inner.lru.len() as u64)
+    }
+
+    /// Configured bound.
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// Whether fills are attempted.
+    pub fn is_writable(&self) -> bool {
+        self.writable.load(Ordering::Relaxed)
+    }
+
+    /// Records a failed write: warn once per transition, degrade to pass-through.
+    pub fn write_failed(&self, e: &io::Error) {
+        self.write_errors.fetch_add(1, Ordering::Relaxed);
+        if self.writable.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = %e, dir = %self.dir.display(), "cache write failed; serving pass-through until a write succeeds");
+        }
+    }
+
+    /// Records a successful commit.
+    pub fn write_ok(&self) {
+        if !self.writable.swap(true, Ordering::Relaxed) {
+            tracing::info!("cache writable again");
+        }
+    }
+}

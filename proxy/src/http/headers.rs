@@ -1,0 +1,119 @@
+//! Header field helpers, chiefly the hop-by-hop rules of RFC 9110 §7.6.1: fields that describe one
+//! connection, not the message, and so must never cross the proxy or enter the cache.
+
+/// Fields that are hop-by-hop whatever `Connection` says.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+
+/// Request fields that let a client change what the origin answers without being part of the
+/// cache key (unkeyed-header cache poisoning). They are not forwarded.
+const UNKEYED_OVERRIDES: &[&str] = &[
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-scheme",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-host",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// A header field as owned bytes: names keep their case as received, values are raw.
+pub type Field = (String, Vec<u8>);
+
+/// True if `name` is hop-by-hop, either always or because `Connection` names it.
+pub fn is_hop_by_hop(name: &str, connection_tokens: &[String]) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+        || connection_tokens
+            .iter()
+            .any(|t| name.eq_ignore_ascii_case(t))
+}
+
+/// True for request fields that are dropped rather than forwarded (see [`UNKEYED_OVERRIDES`]).
+pub fn is_unkeyed_override(name: &str) -> bool {
+    UNKEYED_OVERRIDES
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The lower-cased tokens of every `Connection` field.
+pub fn connection_tokens<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, value) in fields {
+        if name.eq_ignore_ascii_case("connection") {
+            for t in String::from_utf8_lossy(value).split(',') {
+                let t = t.trim();
+                if !t.is_empty() {
+                    out.push(t.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Appends `name: value\r\n`.
+pub fn put(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a decimal number without allocating.
+pub fn put_num(out: &mut Vec<u8>, name: &str, n: u64) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_names_extra_hop_by_hop_fields() {
+        let fields = [
+            ("Connection", &b"close, X-Secret"[..]),
+            ("X-Other", &b"1"[..]),
+        ];
+        let tokens = connection_tokens(fields.iter().map(|(n, v)| (*n, *v)));
+        assert_eq!(tokens, vec!["close".to_string(), "x-secret".to_string()]);
+        assert!(is_hop_by_hop("X-Secret", &tokens));
+        assert!(is_hop_by_hop("Transfer-Encoding", &tokens));
+        assert!(is_hop_by_hop("Proxy-Authorization", &[]));
+        assert!(!is_hop_by_hop("X-Other", &tokens));
+    }
+
+    #[test]
+    fn numbers_are_written_exactly() {
+        let mut v = Vec::new();
+        put_num(&mut v, "Content-Length", 0);
+        put_num(&mut v, "Age", 18_446_744_073_709_551_615);
+        assert_eq!(v, b"Content-Length: 0\r\nAge: 18446744073709551615\r\n");
+    }
+}

@@ -1,0 +1,8 @@
+//! HTTP/1.1 message handling: parsing requests, framing bodies, hop-by-hop hygiene, ranges.
+//! Nothing here does I/O; the server and upstream modules drive it.
+
+pub mod chunked;
+pub mod headers;
+pub mod range;
+pub mod request;
+pub mod response;

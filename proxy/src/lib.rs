@@ -1,0 +1,11 @@
+//! zerocache: an HTTP/1.1 edge cache that serves hits from disk with sendfile(2) and proves it
+//! with an eBPF probe. This crate is the data plane and the process around it; the probe, the
+//! dashboard and the config schema live in their own crates.
+
+pub mod cache;
+pub mod http;
+pub mod routing;
+pub mod run;
+pub mod sendfile;
+pub mod server;
+pub mod upstream;

@@ -1,0 +1,98 @@
+//! The `zerocache` command: `run` and `check`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// An HTTP/1.1 edge cache that serves hits with sendfile(2) and proves it with an eBPF probe.
+#[derive(Parser)]
+#[command(name = "zerocache", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy in the foreground until SIGINT or SIGTERM.
+    Run {
+        /// The YAML config file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Validate a config file without connecting to anything; exit 0 if valid, 1 if not.
+    Check {
+        /// The YAML config file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Print the effective config as JSON instead of YAML.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Check { config, json } => match zerocache_config::load_and_check_dirs(&config) {
+            Ok(c) => {
+                let out = if json {
+                    serde_json::to_string_pretty(&c).map_err(|e| e.to_string())
+                } else {
+                    serde_yaml::to_string(&c).map_err(|e| e.to_string())
+                };
+                match out {
+                    Ok(s) => {
+                        println!("{s}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run { config } => {
+            let config = match zerocache_config::load_and_check_dirs(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let threads = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2);
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(zerocache::run::run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

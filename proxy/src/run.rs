@@ -1,0 +1,136 @@
+//! Start-up and shut-down of the whole process: config → cache rebuild → probe → dashboard →
+//! listener, and the signals that end it.
+
+use crate::cache::lock::FillLocks;
+use crate::cache::store::Store;
+use crate::http::request::Limits;
+use crate::routing::Routes;
+use crate::server::{self, Ctx};
+use anyhow::Context;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use zerocache_config::{Config, Keyword, WatchEntry};
+use zerocache_dashboard::{Accounting, DashboardState};
+use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
+
+/// Closed connections kept for the dashboard.
+const CLOSED_KEPT: usize = 10_000;
+
+/// Raises RLIMIT_NOFILE's soft limit to the hard limit: every connection and every cached open
+/// file is an fd.
+pub fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_cur
+}
+
+fn watch_targets(config: &Config) -> Vec<WatchTarget> {
+    config
+        .probe
+        .watch
+        .iter()
+        .map(|w| match w {
+            WatchEntry::Keyword(Keyword::SelfProcess) => WatchTarget::SelfProcess,
+            WatchEntry::Pid { pid } => WatchTarget::Pid(*pid),
+            WatchEntry::Comm { comm } => WatchTarget::Comm(comm.clone()),
+        })
+        .collect()
+}
+
+/// Runs the proxy until SIGINT or SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let nofile = raise_nofile();
+    let store = Arc::new(
+        Store::open(&config.cache.path, config.cache.max_size.as_u64())
+            .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?,
+    );
+    let rebuilt = store.rebuild().context("rebuilding the cache index")?;
+    tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, dir = %config.cache.path.display(), "cache index rebuilt");
+
+    // Bind before the probe loads, so a taken port fails fast.
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
+    let dashboard_listener = if config.dashboard.enabled {
+        Some(
+            TcpListener::bind(&config.dashboard.listen)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {} (dashboard.listen)",
+                        config.dashboard.listen
+                    )
+                })?,
+        )
+    } else {
+        None
+    };
+
+    let probe = Probe::start(ProbeOptions {
+        enabled: config.probe.enabled,
+        watch: watch_targets(&config),
+        closed_capacity: CLOSED_KEPT,
+    });
+    let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
+
+    if let Some(l) = dashboard_listener {
+        let addr = l.local_addr()?;
+        let st = store.clone();
+        let state = Arc::new(DashboardState {
+            accounting: accounting.clone(),
+            probe: probe.clone(),
+            cache_usage: Box::new(move || st.usage()),
+            upstreams: config.upstreams.keys().cloned().collect(),
+            history: Mutex::new(Default::default()),
+        });
+        tokio::spawn(async move {
+            if let Err(e) = zerocache_dashboard::serve(l, state).await {
+                tracing::error!(error = %e, "dashboard stopped");
+            }
+        });
+        tracing::info!(%addr, "dashboard listening");
+    }
+
+    let ctx = Arc::new(Ctx {
+        routes: Routes::new(&config),
+        store: store.clone(),
+        locks: Arc::new(FillLocks::default()),
+        accounting,
+        limits: Limits {
+            max_head: config.limits.max_header_bytes.as_u64() as usize,
+            max_uri: config.limits.max_uri_bytes.as_u64() as usize,
+        },
+        header_timeout: config.limits.header_timeout,
+        idle_timeout: config.limits.idle_timeout,
+        max_body: config.limits.max_body_bytes.as_u64(),
+        sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
+        hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
+        copy_hits: config.debug.copy_hits,
+    });
+    if ctx.copy_hits {
+        tracing::warn!(
+            "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
+        );
+    }
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, nofile, probe = ?probe.status(), "zerocache listening");
+    let accept = tokio::spawn(server::accept_loop(listener, ctx));
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+    }
+    accept.abort();
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! The zero-copy data plane: a body from a cache file to a socket with sendfile(2), driven by
+//! the socket's readiness, never through a user-space buffer.
+//!
+//! Why by hand: tokio has no sendfile, and every generic copy helper (`io::copy`, a BufWriter, a
+//! body stream) reads the file into user memory first, which is exactly the silent fallback this
+//! project exists to catch. Each call is capped at `max_chunk` and the task yields between chunks,
+//! so one 1 GiB transfer cannot starve the other connections on the same worker thread.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Why a sendfile transfer stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum SendfileError {
+    /// The file ended before `len` bytes: it was truncated underneath.
+    #[error("cache file ended after {sent} of {expected} bytes")]
+    Truncated {
+        /// Bytes sent.
+        sent: u64,
+        /// Bytes expected.
+        expected: u64,
+    },
+    /// The socket failed (client went away).
+    #[error("sendfile: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Sends `len` bytes of `file` from `offset` to `sock`. Returns the bytes sent (always `len` on
+/// success).
+pub async fn send(
+    sock: &TcpStream,
+    file: &File,
+    offset: u64,
+    len: u64,
+    max_chunk: u64,
+) -> Result<u64, SendfileError> {
+    let out_fd = sock.as_raw_fd();
+    let in_fd = file.as_raw_fd();
+    let mut off = offset as libc::off_t;
+    let end = offset + len;
+    let mut sent = 0u64;
+    while sent < len {
+        let want = (end - off as u64).min(max_chunk) as usize;
+        let n = sock
+            .async_io(Interest::WRITABLE, || {
+                // SAFETY: both fds are open for the duration of the call (borrowed above); `off`
+                // is a valid pointer the kernel advances.
+                let r = unsafe { libc::sendfile(out_fd, in_fd, &mut off, want) };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(r as u64)
+                }
+            })
+            .await?;
+        if n == 0 {
+            return Err(SendfileError::Truncated {
+                sent,
+                expected: len,
+            });
+        }
+        sent += n;
+        if n as usize == want && want as u64 == max_chunk && sent < len {
+            // A full chunk went out: let other connections on this worker run.
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(sent)
+}
+
+/// The planted bug (`debug.copy_hits`): the same transfer through read(2) into a buffer and
+/// write(2) out of it. It exists so tests and demos can show the violation detector firing.
+pub async fn send_by_copy(
+    sock: &TcpStream,
+    file: &File,
+    offset: u64,
+    len: u64,
+) -> Result<u64, SendfileError> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut sent = 0u64;
+    while sent < len {
+        let want = ((len - sent) as usize).min(buf.len());
+        let n = file.read_at(&mut buf[..want], offset + sent)?;
+        if n == 0 {
+            return Err(SendfileError::Truncated {
+                sent,
+                expected: len,
+            });
+        }
+        let mut done = 0;
+        while done < n {
+            let fd = sock.as_raw_fd();
+            let chunk = &buf[done..n];
+            let w = sock
+                .async_io(Interest::WRITABLE, || {
+                    // SAFETY: valid fd and buffer.
+                    let r = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+                    if r < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(r as usize)
+                    }
+                })
+                .await?;
+            done += w;
+        }
+        sent += n as u64;
+    }
+    Ok(sent)
+}

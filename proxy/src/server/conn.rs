@@ -1,0 +1,350 @@
+//! One client connection: reading request heads and bodies within their limits and timeouts,
+//! dispatching each request through route → cache lookup → hit or fetch, and answering malformed
+//! input with its 4xx before closing.
+
+use super::Ctx;
+use super::fetch::Fetch;
+use super::hit::HitOutcome;
+use crate::cache::key::CacheKey;
+use crate::cache::lock::{self, Role};
+use crate::http::chunked::ChunkedDecoder;
+use crate::http::headers::put_num;
+use crate::http::request::{self, BodyFraming, RequestHead};
+use crate::http::response::reason;
+use bytes::BytesMut;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use zerocache_dashboard::accounting::ConnId;
+use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+
+/// A client connection's state.
+pub struct Conn {
+    /// The socket.
+    pub sock: TcpStream,
+    /// Client address.
+    pub peer: SocketAddr,
+    /// Accounting id.
+    pub id: ConnId,
+    /// Bytes read and not yet consumed (pipelined requests wait here).
+    pub buf: BytesMut,
+    /// Reused buffer for response heads.
+    pub head: Vec<u8>,
+    /// Shared state.
+    pub ctx: Arc<Ctx>,
+}
+
+/// Why a connection must end without (further) response.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// Client socket error.
+    #[error("client I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A response was cut short (upstream failure mid-body, truncated cache file).
+    #[error("response aborted: {0}")]
+    Aborted(String),
+}
+
+/// Runs the connection to its end.
+pub async fn serve(sock: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+    // Small heads followed by sendfile bodies: without NODELAY, Nagle can hold a body's last
+    // partial segment behind a delayed ACK (the ~40 ms stall nginx shows with tcp_nopush).
+    let _ = sock.set_nodelay(true);
+    let fd = sock.as_raw_fd() as u32;
+    let id = ctx.accounting.conn_opened(fd, peer);
+    let mut conn = Conn {
+        sock,
+        peer,
+        id,
+        buf: BytesMut::with_capacity(8 * 1024),
+        head: Vec::with_capacity(1024),
+        ctx: ctx.clone(),
+    };
+    if let Err(e) = conn.run().await {
+        tracing::debug!(conn = id, %peer, error = %e, "connection ended");
+    }
+    // The record must be waiting before the kernel sees the close.
+    ctx.accounting.conn_closed(id);
+    drop(conn);
+}
+
+enum Head {
+    Request(Box<RequestHead>),
+    Closed,
+    Reject(u16),
+}
+
+impl Conn {
+    async fn run(&mut self) -> Result<(), ConnError> {
+        loop {
+            let req = match self.read_head().await? {
+                Head::Request(r) => r,
+                Head::Closed => return Ok(()),
+                Head::Reject(status) => {
+                    self.reject(status).await;
+                    return Ok(());
+                }
+            };
+            let started = Instant::now();
+            if !self.handle(*req, started).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn read_head(&mut self) -> Result<Head, ConnError> {
+        let mut deadline: Option<Instant> = None;
+        loop {
+            if !self.buf.is_empty() {
+                match request::parse(&self.buf, self.ctx.limits) {
+                    Ok(Some((head, n))) => {
+                        let _ = self.buf.split_to(n);
+                        return Ok(Head::Request(Box::new(head)));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::info!(conn = self.id, peer = %self.peer, error = %e, "bad request");
+                        return Ok(Head::Reject(e.status().0));
+                    }
+                }
+                deadline.get_or_insert_with(|| Instant::now() + self.ctx.header_timeout);
+            }
+            let wait = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => self.ctx.idle_timeout,
+            };
+            if self.buf.capacity() - self.buf.len() < 4096 {
+                self.buf.reserve(8192);
+            }
+            match tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) => return Ok(Head::Closed),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) if deadline.is_some() => return Ok(Head::Reject(408)),
+                Err(_) => return Ok(Head::Closed),
+            }
+        }
+    }
+
+    /// Answers a request the proxy will not process, then closes gracefully: the client may still
+    /// be sending, and closing with unread data would reset the connection and lose the answer.
+    async fn reject(&mut self, status: u16) {
+        let body_len = self.simple_response(status, true, &[]);
+        let _ = self.sock.write_all(&self.head).await;
+        self.record_simple("-", "-", status, body_len, Duration::ZERO);
+        let _ = self.sock.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let linger = Instant::now() + Duration::from_secs(1);
+        let mut drained = 0usize;
+        while drained < 256 * 1024 {
+            let left = linger.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.sock.read(&mut sink)).await {
+                Ok(Ok(n)) if n > 0 => drained += n,
+                _ => break,
+            }
+        }
+    }
+
+    /// Builds a small text response (head and body) into `self.head`; returns the body length.
+    pub fn simple_response(&mut self, status: u16, close: bool, extra: &[(&str, &str)]) -> u64 {
+        let body = format!("{status} {}\n", reason(status));
+        self.head.clear();
+        self.head
+            .extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+        self.head.extend_from_slice(b"Content-Type: text/plain\r\n");
+        for (k, v) in extra {
+            crate::http::headers::put(&mut self.head, k, v.as_bytes());
+        }
+        if close {
+            self.head.extend_from_slice(b"Connection: close\r\n");
+        }
+        put_num(&mut self.head, "Content-Length", body.len() as u64);
+        self.head.extend_from_slice(b"\r\n");
+        self.head.extend_from_slice(body.as_bytes());
+        body.len() as u64
+    }
+
+    /// Sends a small text response for `req` and records it.
+    pub async fn respond_simple(
+        &mut self,
+        req: &RequestHead,
+        status: u16,
+        cache_status: CacheStatus,
+        extra: &[(&str, &str)],
+        started: Instant,
+    ) -> Result<bool, ConnError> {
+        let body_len = self.simple_response(status, req.close, extra);
+        if req.method == "HEAD" {
+            let len = self.head.len() - body_len as usize;
+            self.head.truncate(len);
+        }
+        self.sock.write_all(&self.head).await?;
+        let body = if req.method == "HEAD" { 0 } else { body_len };
+        self.record(&ResponseRecord {
+            method: &req.method,
+            target: &req.target,
+            status,
+            cache_status,
+            head_bytes: self.head.len() as u64 - body,
+            body_bytes: body,
+            path: DataPath::Copy,
+            duration: started.elapsed(),
+        });
+        Ok(!req.close)
+    }
+
+    fn record_simple(&self, method: &str, target: &str, status: u16, body: u64, d: Duration) {
+        self.record(&ResponseRecord {
+            method,
+            target,
+            status,
+            cache_status: CacheStatus::Error,
+            head_bytes: self.head.len() as u64 - body,
+            body_bytes: body,
+            path: DataPath::Copy,
+            duration: d,
+        });
+    }
+
+    /// Records a response in the accounting (the proxy's "intent" side of the ledger).
+    pub fn record(&self, r: &ResponseRecord<'_>) {
+        self.ctx.accounting.response(self.id, r);
+    }
+
+    /// Reads the request body, sending `100 Continue` first when asked. `Ok(None)`: the body was
+    /// refused and answered (413/400); the connection must close.
+    async fn read_body(&mut self, req: &RequestHead) -> Result<Option<Vec<u8>>, ConnError> {
+        if req.body == BodyFraming::None {
+            return Ok(Some(Vec::new()));
+        }
+        if let BodyFraming::Length(n) = req.body
+            && n > self.ctx.max_body
+        {
+            self.reject(413).await;
+            return Ok(None);
+        }
+        if req.expect_continue && self.buf.is_empty() {
+            self.sock
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await?;
+        }
+        let timeout = self.ctx.header_timeout;
+        let mut body = Vec::new();
+        match req.body {
+            BodyFraming::None => {}
+            BodyFraming::Length(n) => {
+                let n = n as usize;
+                while self.buf.len() < n {
+                    self.fill(timeout).await?;
+                }
+                body.extend_from_slice(&self.buf.split_to(n));
+            }
+            BodyFraming::Chunked => {
+                let mut dec = ChunkedDecoder::default();
+                loop {
+                    match dec.decode(&mut self.buf, &mut body) {
+                        Ok(true) => break,
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::info!(conn = self.id, error = %e, "bad chunked request body");
+                            self.reject(400).await;
+                            return Ok(None);
+                        }
+                    }
+                    if body.len() as u64 > self.ctx.max_body {
+                        self.reject(413).await;
+                        return Ok(None);
+                    }
+                    self.fill(timeout).await?;
+                }
+            }
+        }
+        Ok(Some(body))
+    }
+
+    async fn fill(&mut self, timeout: Duration) -> Result<(), ConnError> {
+        self.buf.reserve(16 * 1024);
+        match tokio::time::timeout(timeout, self.sock.read_buf(&mut self.buf)).await {
+            Ok(Ok(0)) => Err(ConnError::Aborted("client closed mid-body".into())),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ConnError::Aborted("request body timed out".into())),
+        }
+    }
+
+    /// One request: route → cache lookup → hit or fetch. Returns whether to keep the connection.
+    async fn handle(&mut self, req: RequestHead, started: Instant) -> Result<bool, ConnError> {
+        let Some(body) = self.read_body(&req).await? else {
+            return Ok(false);
+        };
+        let ctx = self.ctx.clone();
+        let Some(route) = ctx.routes.find(&req.host, &req.target) else {
+            return self
+                .respond_simple(&req, 404, CacheStatus::Error, &[], started)
+                .await;
+        };
+        let upstream = route.upstream.clone();
+        let cacheable_method = req.method == "GET" || req.method == "HEAD";
+        if !route.cache || !cacheable_method {
+            let detail = if route.cache { "method" } else { "bypass" };
+            return Fetch::new(
+                &req,
+                body,
+                upstream,
+                CacheStatus::Bypass,
+                detail,
+                None,
+                started,
+            )
+            .run(self)
+            .await;
+        }
+        let key = CacheKey::new(&req.method, "http", &req.host, &req.target, ctx.hash_bits);
+        let mut status = CacheStatus::Miss;
+        if let Some(e) = ctx.store.lookup(&key) {
+            if e.is_fresh(SystemTime::now()) {
+                match self.serve_hit(&req, &e, false, started).await? {
+                    HitOutcome::Served(keep) => return Ok(keep),
+                    HitOutcome::Gone => {}
+                }
+            } else {
+                status = CacheStatus::Expired;
+            }
+        }
+        if req.method == "HEAD" {
+            // A HEAD cannot fill a GET entry; forward it without taking the fill lock.
+            return Fetch::new(&req, body, upstream, status, "miss", None, started)
+                .run(self)
+                .await;
+        }
+        let guard = match ctx.locks.acquire(key.hash) {
+            Role::Leader(g) => Some(g),
+            Role::Follower(rx) => {
+                let waited = tokio::time::timeout(upstream.read_timeout, lock::wait(rx)).await;
+                if waited.is_ok()
+                    && let Some(e) = ctx.store.lookup(&key)
+                    && e.is_fresh(SystemTime::now())
+                    && let HitOutcome::Served(keep) =
+                        self.serve_hit(&req, &e, true, started).await?
+                {
+                    return Ok(keep);
+                }
+                None
+            }
+        };
+        Fetch::new(
+            &req,
+            body,
+            upstream,
+            status,
+            "miss",
+            Some((key, guard)),
+            started,
+        )
+        .run(self)
+        .await
+    }
+}

@@ -1,0 +1,395 @@
+//! Forwarding a request upstream and streaming the response to the client, filling the cache on
+//! the way when the response may be stored (a miss or an expired entry) or not (a bypass).
+//!
+//! The order of the last steps is the promise the cache makes: the entry is committed (renamed
+//! into place and indexed) before the last body byte goes to the client, so a client that has read
+//! a whole MISS and asks again gets a HIT. An upstream that fails mid-body leaves no entry and the
+//! client connection closed, never a short response followed by keep-alive.
+
+use super::conn::{Conn, ConnError};
+use crate::cache::entry::Meta;
+use crate::cache::fill::Fill;
+use crate::cache::key::CacheKey;
+use crate::cache::lock::LeaderGuard;
+use crate::cache::policy;
+use crate::http::headers::{self, put, put_num};
+use crate::http::request::RequestHead;
+use crate::http::response::BodyFraming;
+use crate::upstream::Group;
+use crate::upstream::body::BodyReader;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use tokio::io::AsyncWriteExt;
+use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+
+/// One upstream fetch for one client request.
+pub struct Fetch<'a> {
+    req: &'a RequestHead,
+    body: Vec<u8>,
+    upstream: Arc<Group>,
+    status: CacheStatus,
+    detail: &'static str,
+    /// The key to fill and the coalescing guard, when the response may be stored.
+    fill: Option<(CacheKey, Option<LeaderGuard>)>,
+    started: Instant,
+}
+
+/// Fields of a stored or forwarded response that the proxy itself controls.
+fn proxy_owned(name: &str) -> bool {
+    [
+        "content-length",
+        "transfer-encoding",
+        "age",
+        "x-cache",
+        "cache-status",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+impl<'a> Fetch<'a> {
+    /// Prepares a fetch.
+    pub fn new(
+        req: &'a RequestHead,
+        body: Vec<u8>,
+        upstream: Arc<Group>,
+        status: CacheStatus,
+        detail: &'static str,
+        fill: Option<(CacheKey, Option<LeaderGuard>)>,
+        started: Instant,
+    ) -> Fetch<'a> {
+        Fetch {
+            req,
+            body,
+            upstream,
+            status,
+            detail,
+            fill,
+            started,
+        }
+    }
+
+    fn upstream_request(&self, peer: IpAddr) -> Vec<u8> {
+        let req = self.req;
+        let mut out = Vec::with_capacity(512 + self.body.len());
+        out.extend_from_slice(req.method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(req.target.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let tokens =
+            headers::connection_tokens(req.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+        let mut host_sent = false;
+        let mut xff: Option<String> = None;
+        let mut forwarded: Option<String> = None;
+        let mut via: Option<String> = None;
+        for (name, value) in &req.fields {
+            let n = name.as_str();
+            if headers::is_hop_by_hop(n, &tokens)
+                || headers::is_unkeyed_override(n)
+                || n.eq_ignore_ascii_case("content-length")
+                || n.eq_ignore_ascii_case("expect")
+            {
+                continue;
+            }
+            let v = String::from_utf8_lossy(value);
+            if n.eq_ignore_ascii_case("x-forwarded-for") {
+                xff = Some(v.into_owned());
+            } else if n.eq_ignore_ascii_case("forwarded") {
+                forwarded = Some(v.into_owned());
+            } else if n.eq_ignore_ascii_case("via") {
+                via = Some(v.into_owned());
+            } else {
+                host_sent |= n.eq_ignore_ascii_case("host");
+                put(&mut out, n, value);
+            }
+        }
+        if !host_sent {
+            put(&mut out, "Host", req.host.as_bytes());
+        }
+        let ip = peer.to_string();
+        let append = |prev: Option<String>, new: String| match prev {
+            Some(p) => format!("{p}, {new}"),
+            None => new,
+        };
+        put(
+            &mut out,
+            "X-Forwarded-For",
+            append(xff, ip.clone()).as_bytes(),
+        );
+        let node = if peer.is_ipv6() {
+            format!("for=\"[{ip}]\"")
+        } else {
+            format!("for={ip}")
+        };
+        put(&mut out, "Forwarded", append(forwarded, node).as_bytes());
+        let via_me = if req.http10 {
+            "1.0 zerocache"
+        } else {
+            "1.1 zerocache"
+        };
+        put(&mut out, "Via", append(via, via_me.to_string()).as_bytes());
+        if !self.body.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
+            put_num(&mut out, "Content-Length", self.body.len() as u64);
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Runs the fetch; returns whether the client connection stays open.
+    pub async fn run(mut self, conn: &mut Conn) -> Result<bool, ConnError> {
+        let ctx = conn.ctx.clone();
+        let req = self.req;
+        let request = self.upstream_request(conn.peer.ip());
+        let idempotent = matches!(
+            req.method.as_str(),
+            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+        );
+        let mut interim = Vec::new();
+        let request_time = SystemTime::now();
+        let (mut up, head) = match self
+            .upstream
+            .exchange(&request, idempotent, &mut interim)
+            .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
+                ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                return conn
+                    .respond_simple(
+                        req,
+                        e.status(),
+                        self.status,
+                        &[("X-Cache", self.status.as_str())],
+                        self.started,
+                    )
+                    .await;
+            }
+        };
+        let response_time = SystemTime::now();
+        let mut interim_bytes = 0u64;
+        if !req.http10 {
+            for h in &interim {
+                conn.head.clear();
+                conn.head.extend_from_slice(
+                    format!("HTTP/1.1 {} {}\r\n", h.status, h.reason).as_bytes(),
+                );
+                for (k, v) in &h.fields {
+                    put(&mut conn.head, k, v);
+                }
+                conn.head.extend_from_slice(b"\r\n");
+                conn.sock.write_all(&conn.head).await?;
+                interim_bytes += conn.head.len() as u64;
+            }
+        }
+        let framing = match head.framing(req.method == "HEAD") {
+            Ok(f) => f,
+            Err(why) => {
+                tracing::warn!(upstream = %self.upstream.name, target = %req.target, why, "upstream response has ambiguous framing; not stored");
+                ctx.accounting
+                    .upstream_error(&self.upstream.name, "protocol");
+                return conn
+                    .respond_simple(
+                        req,
+                        502,
+                        self.status,
+                        &[("X-Cache", self.status.as_str())],
+                        self.started,
+                    )
+                    .await;
+            }
+        };
+
+        // Decide storage.
+        let tokens =
+            headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+        let mut fill: Option<Fill> = None;
+        let mut not_stored: Option<&'static str> = None;
+        if let Some((key, _)) = &self.fill {
+            // An unwritable cache is retried on every storable miss (one failed open(2)), so a
+            // freed disk or fixed permission brings the cache back without a restart.
+            match policy::storable(req, &head, request_time, response_time) {
+                Ok((lifetime, initial_age)) => {
+                    let mut fields = Vec::with_capacity(512);
+                    for (k, v) in &head.fields {
+                        if !headers::is_hop_by_hop(k, &tokens) && !proxy_owned(k) {
+                            put(&mut fields, k, v);
+                        }
+                    }
+                    let meta = Meta {
+                        key: key.text.clone(),
+                        stored_at: response_time,
+                        initial_age,
+                        lifetime,
+                        status: head.status,
+                        reason: head.reason.clone(),
+                        fields,
+                    };
+                    match Fill::create(ctx.store.clone(), key.hash, meta) {
+                        Ok(f) => {
+                            fill = Some(f);
+                            not_stored = None;
+                        }
+                        Err(e) => {
+                            ctx.store.write_failed(&e);
+                            not_stored = Some("cache-unwritable");
+                        }
+                    }
+                }
+                Err(why) => not_stored = Some(why.token()),
+            }
+        }
+
+        // Client head.
+        let client_close = req.close;
+        let to_client_chunked =
+            matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && !req.http10;
+        let close_after = client_close
+            || (matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && req.http10);
+        let h = &mut conn.head;
+        h.clear();
+        h.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", head.status, head.reason).as_bytes());
+        let mut via: Option<String> = None;
+        for (k, v) in &head.fields {
+            if headers::is_hop_by_hop(k, &tokens)
+                || proxy_owned(k) && !k.eq_ignore_ascii_case("content-length")
+            {
+                continue;
+            }
+            if k.eq_ignore_ascii_case("content-length") {
+                // Kept only for bodiless answers (HEAD), where it describes the GET body.
+                if framing == BodyFraming::None {
+                    put(h, k, v);
+                }
+                continue;
+            }
+            if k.eq_ignore_ascii_case("via") {
+                via = Some(String::from_utf8_lossy(v).into_owned());
+                continue;
+            }
+            put(h, k, v);
+        }
+        match framing {
+            BodyFraming::Length(n) => put_num(h, "Content-Length", n),
+            BodyFraming::Chunked | BodyFraming::Close if to_client_chunked => {
+                h.extend_from_slice(b"Transfer-Encoding: chunked\r\n")
+            }
+            _ => {}
+        }
+        put(h, "X-Cache", self.status.as_str().as_bytes());
+        let fwd = match self.status {
+            CacheStatus::Expired => "stale",
+            CacheStatus::Bypass => self.detail,
+            _ => "miss",
+        };
+        let cache_status = match (&fill, not_stored, self.status) {
+            (_, _, CacheStatus::Bypass) => format!("zerocache; fwd={fwd}"),
+            (Some(_), _, _) => format!("zerocache; fwd={fwd}; stored"),
+            (None, Some(why), _) => format!("zerocache; fwd={fwd}; detail={why}"),
+            (None, None, _) => format!("zerocache; fwd={fwd}"),
+        };
+        put(h, "Cache-Status", cache_status.as_bytes());
+        let via_me = if head.http10 {
+            "1.0 zerocache"
+        } else {
+            "1.1 zerocache"
+        };
+        let via = match via {
+            Some(v) => format!("{v}, {via_me}"),
+            None => via_me.to_string(),
+        };
+        put(h, "Via", via.as_bytes());
+        if close_after {
+            h.extend_from_slice(b"Connection: close\r\n");
+        }
+        h.extend_from_slice(b"\r\n");
+        conn.sock.write_all(&conn.head).await?;
+        let head_bytes = conn.head.len() as u64 + interim_bytes;
+
+        // Body: upstream → (file) → client.
+        let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
+        let mut piece = Vec::with_capacity(64 * 1024);
+        let mut out = Vec::with_capacity(if to_client_chunked { 64 * 1024 + 32 } else { 0 });
+        let mut body_bytes = 0u64;
+        let mut committed = false;
+        if reader.is_done()
+            && let Some(f) = fill.take()
+        {
+            // An empty body: nothing to stream, the entry is complete already.
+            match f.commit() {
+                Ok(_) => committed = true,
+                Err(e) => ctx.store.write_failed(&e),
+            }
+        }
+        while !reader.is_done() {
+            if let Err(e) = reader.next(&mut up, &mut piece).await {
+                tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, received = body_bytes, "upstream body failed; nothing stored, closing client connection");
+                ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                drop(fill);
+                self.record(conn, head.status, head_bytes, body_bytes);
+                return Err(ConnError::Aborted(e.to_string()));
+            }
+            if let Some(f) = fill.as_mut()
+                && !piece.is_empty()
+                && let Err(e) = f.write(&piece)
+            {
+                ctx.store.write_failed(&e);
+                fill = None;
+            }
+            if reader.is_done()
+                && let Some(f) = fill.take()
+            {
+                // Commit before the last byte leaves: a client that read the whole MISS and asks
+                // again must get a HIT.
+                match f.commit() {
+                    Ok(_) => committed = true,
+                    Err(e) => ctx.store.write_failed(&e),
+                }
+            }
+            if to_client_chunked {
+                out.clear();
+                if !piece.is_empty() {
+                    out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    out.extend_from_slice(&piece);
+                    out.extend_from_slice(b"\r\n");
+                }
+                if reader.is_done() {
+                    out.extend_from_slice(b"0\r\n\r\n");
+                }
+                conn.sock.write_all(&out).await?;
+            } else if !piece.is_empty() {
+                conn.sock.write_all(&piece).await?;
+            }
+            body_bytes += piece.len() as u64;
+        }
+        if committed {
+            tracing::debug!(target = %req.target, bytes = body_bytes, "stored");
+        }
+        let upstream_close = head.http10
+            || head
+                .field("connection")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        if reader.reusable() && !upstream_close {
+            self.upstream.release(up);
+        }
+        // Followers waiting on this fill look the entry up now.
+        self.fill = None;
+        self.record(conn, head.status, head_bytes, body_bytes);
+        Ok(!close_after)
+    }
+
+    fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64) {
+        conn.record(&ResponseRecord {
+            method: &self.req.method,
+            target: &self.req.target,
+            status,
+            cache_status: self.status,
+            head_bytes,
+            body_bytes,
+            path: DataPath::Copy,
+            duration: self.started.elapsed(),
+        });
+    }
+}

@@ -1,0 +1,370 @@
+//! Test support: a real origin, the real `zerocache` binary with a generated config, and a small
+//! raw HTTP/1.1 client that keeps the exact bytes it received.
+#![allow(dead_code, unused_imports)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use zerocache_origin::{Framing, Origin, Reply, body};
+
+/// A port free right now on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A running zerocache process; killed on drop.
+pub struct Proxy {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dashboard: SocketAddr,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// Options for a test proxy's config.
+#[derive(Clone, Default)]
+pub struct Opts {
+    pub extra_yaml: String,
+    pub cache_yaml: String,
+    pub upstream_yaml: String,
+    pub probe: bool,
+    pub run_as: Option<&'static str>,
+}
+
+impl Proxy {
+    /// Starts zerocache in front of `origin` with a fresh cache directory.
+    pub fn start(origin: SocketAddr, opts: Opts) -> Proxy {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("cache");
+        let mut p = Proxy::start_in(origin, &dir, tmp.path(), opts);
+        p._tmp = Some(tmp);
+        p
+    }
+
+    /// Starts zerocache with the cache in `dir` (kept by the caller, for restart tests).
+    pub fn start_in(origin: SocketAddr, dir: &Path, config_dir: &Path, opts: Opts) -> Proxy {
+        let port = free_port();
+        let dport = free_port();
+        let config = config_dir.join(format!("zerocache-{port}.yaml"));
+        let yaml = format!(
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\n{extra}",
+            dir = dir.display(),
+            cache = opts.cache_yaml,
+            up = opts.upstream_yaml,
+            probe = opts.probe,
+            extra = opts.extra_yaml,
+        );
+        std::fs::write(&config, yaml).expect("write config");
+        let bin = env!("CARGO_BIN_EXE_zerocache");
+        let mut cmd = match opts.run_as {
+            Some(user) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={user}"),
+                    "--regid=nogroup",
+                    "--clear-groups",
+                    "--inh-caps=-all",
+                    "--bounding-set=-all",
+                    bin,
+                ]);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
+            .args(["run", "--config"])
+            .arg(&config)
+            .env(
+                "RUST_LOG",
+                std::env::var("ZEROCACHE_TEST_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn zerocache");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let dashboard: SocketAddr = format!("127.0.0.1:{dport}").parse().expect("addr");
+        let p = Proxy {
+            child,
+            addr,
+            dashboard,
+            dir: dir.to_path_buf(),
+            config,
+            _tmp: None,
+        };
+        p.wait_ready();
+        p
+    }
+
+    /// Starts zerocache with a hand-written config; `{port}` and `{dport}` in `yaml` become the
+    /// proxy's and the dashboard's ports.
+    pub fn from_yaml(yaml: &str, dir: &Path) -> Proxy {
+        let port = free_port();
+        let dport = free_port();
+        let config = dir.join(format!("zerocache-{port}.yaml"));
+        let yaml = yaml
+            .replace("{port}", &port.to_string())
+            .replace("{dport}", &dport.to_string());
+        std::fs::write(&config, yaml).expect("write config");
+        let child = Command::new(env!("CARGO_BIN_EXE_zerocache"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn zerocache");
+        let p = Proxy {
+            child,
+            addr: format!("127.0.0.1:{port}").parse().expect("addr"),
+            dashboard: format!("127.0.0.1:{dport}").parse().expect("addr"),
+            dir: dir.join("cache"),
+            config,
+            _tmp: None,
+        };
+        p.wait_ready();
+        p
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if TcpStream::connect(self.addr).is_ok() && TcpStream::connect(self.dashboard).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("zerocache did not start listening on {}", self.addr);
+    }
+
+    /// A new client connection to the proxy.
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// GET `path` on a fresh connection.
+    pub fn get(&self, path: &str) -> Response {
+        self.client().get(path, &[])
+    }
+
+    /// GETs a dashboard path and parses JSON.
+    pub fn api(&self, path: &str) -> serde_json::Value {
+        let mut c = Client::connect(self.dashboard);
+        let r = c.get(path, &[("Connection", "close")]);
+        assert_eq!(r.status, 200, "{path}");
+        serde_json::from_slice(&r.body).expect("json")
+    }
+
+    /// `/metrics` text.
+    pub fn metrics(&self) -> String {
+        let mut c = Client::connect(self.dashboard);
+        let r = c.get("/metrics", &[("Connection", "close")]);
+        String::from_utf8(r.body).expect("utf8")
+    }
+
+    /// SIGKILL and wait.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response as received.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Bytes of the head (status line through the blank line).
+    pub head_len: usize,
+    pub chunked: bool,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn x_cache(&self) -> &str {
+        self.header("x-cache").unwrap_or("")
+    }
+}
+
+/// A raw keep-alive HTTP/1.1 client.
+pub struct Client {
+    pub sock: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let sock = TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        sock.set_nodelay(true).expect("nodelay");
+        Client {
+            sock,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends raw bytes.
+    pub fn send(&mut self, raw: &[u8]) {
+        self.sock.write_all(raw).expect("send");
+    }
+
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test.example\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        self.send(req.as_bytes());
+        self.read_response(method == "HEAD")
+    }
+
+    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Response {
+        self.request("GET", path, headers)
+    }
+
+    fn fill(&mut self) -> usize {
+        let mut chunk = [0u8; 65536];
+        let n = self.sock.read(&mut chunk).expect("read");
+        self.buf.extend_from_slice(&chunk[..n]);
+        n
+    }
+
+    /// Reads one response; `Ok(None)`-like panics are test failures.
+    pub fn read_response(&mut self, head_only: bool) -> Response {
+        self.try_read_response(head_only)
+            .expect("complete response")
+    }
+
+    /// Reads one final response (skipping 1xx), or None if the connection closed first.
+    pub fn try_read_response(&mut self, head_only: bool) -> Option<Response> {
+        loop {
+            let (status, headers, n) = loop {
+                let mut h = [httparse::EMPTY_HEADER; 64];
+                let mut r = httparse::Response::new(&mut h);
+                if let Ok(httparse::Status::Complete(n)) = r.parse(&self.buf) {
+                    let headers: Vec<(String, String)> = r
+                        .headers
+                        .iter()
+                        .map(|h| {
+                            (
+                                h.name.to_string(),
+                                String::from_utf8_lossy(h.value).into_owned(),
+                            )
+                        })
+                        .collect();
+                    break (r.code.unwrap_or(0), headers, n);
+                }
+                if self.fill() == 0 {
+                    return None;
+                }
+            };
+            self.buf.drain(..n);
+            let mut resp = Response {
+                status,
+                headers,
+                body: Vec::new(),
+                head_len: n,
+                chunked: false,
+            };
+            if (100..200).contains(&status) {
+                continue;
+            }
+            if head_only || status == 204 || status == 304 {
+                return Some(resp);
+            }
+            if let Some(cl) = resp.header("content-length") {
+                let cl: usize = cl.parse().expect("content-length");
+                while self.buf.len() < cl {
+                    if self.fill() == 0 {
+                        return None;
+                    }
+                }
+                resp.body = self.buf.drain(..cl).collect();
+            } else if resp
+                .header("transfer-encoding")
+                .is_some_and(|t| t.contains("chunked"))
+            {
+                resp.chunked = true;
+                loop {
+                    let line_end = loop {
+                        if let Some(p) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                            break p;
+                        }
+                        if self.fill() == 0 {
+                            return None;
+                        }
+                    };
+                    let size = usize::from_str_radix(
+                        std::str::from_utf8(&self.buf[..line_end])
+                            .expect("utf8")
+                            .trim(),
+                        16,
+                    )
+                    .expect("chunk size");
+                    self.buf.drain(..line_end + 2);
+                    while self.buf.len() < size + 2 {
+                        if self.fill() == 0 {
+                            return None;
+                        }
+                    }
+                    resp.body.extend_from_slice(&self.buf[..size]);
+                    self.buf.drain(..size + 2);
+                    if size == 0 {
+                        break;
+                    }
+                }
+            } else {
+                loop {
+                    if self.fill() == 0 {
+                        break;
+                    }
+                }
+                resp.body = std::mem::take(&mut self.buf);
+            }
+            return Some(resp);
+        }
+    }
+
+    /// True if the server has closed the connection (read returns EOF).
+    pub fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.sock.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// Starts a tokio runtime on a background thread for the origin; returns the origin.
+pub fn origin() -> (Origin, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let o = rt.block_on(Origin::start()).expect("origin");
+    (o, rt)
+}

@@ -1,0 +1,89 @@
+//! `cargo xtask setup|demo|test|bench`: everything a fresh machine needs, in the project's own
+//! code, so CI and the next developer start from the same place with no manual step.
+
+mod demo;
+mod setup;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "zerocache's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the project needs (idempotent; fast when everything is there).
+    Setup,
+    /// Build, start an origin, zerocache with the probe and the dashboard, drive traffic.
+    Demo {
+        /// Stop after this many seconds instead of waiting for Ctrl-C.
+        #[arg(long)]
+        duration: Option<u64>,
+    },
+    /// Setup, then formatting, lints and the whole test suite (eBPF tests need root).
+    Test,
+    /// Benchmark zerocache against nginx (see `bench/`).
+    Bench,
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs a command in the workspace root, echoing it; fails with its name on a non-zero exit.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    println!("xtask: $ {shown}");
+    let status = cmd.current_dir(root()).status()?;
+    anyhow::ensure!(status.success(), "`{shown}` failed ({status})");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Setup => setup::setup(),
+        Task::Demo { duration } => setup::setup().and_then(|_| demo::demo(duration)),
+        Task::Test => setup::setup().and_then(|_| test()),
+        Task::Bench => Err(anyhow::anyhow!(
+            "the benchmark against nginx is not built yet (issue: data plane speed)"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn test() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!(
+            "the test suite loads the eBPF probe and needs root (CAP_BPF, CAP_PERFMON, tracefs): run it as root (CI does)"
+        );
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo).args(["fmt", "--all", "--check"]))?;
+    run(Command::new(&cargo).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(Command::new(&cargo).args(["test", "--workspace"]))?;
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! `cargo xtask setup`: installs, on a bare machine of this kind, everything the build, the tests,
+//! the demo and the benchmark need, and checks it is all there in well under 2 s when it is.
+//!
+//! - the nightly toolchain's `rust-src` (the probe is built with `-Z build-std=core`);
+//! - `bpf-linker`, built against nightly's own libLLVM: there is no system LLVM of the right
+//!   version, so a prefix under `~/.local/share/zerocache/llvm` links to nightly's libLLVM, and a
+//!   bpf-linker that does not run, or that links another nightly's libLLVM, counts as missing;
+//! - tracefs mounted at /sys/kernel/tracing (the probe attaches through it);
+//! - the Debian packages the tests and the benchmark use.
+
+use crate::run;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Debian packages used by tests and the benchmark: nginx and wrk for `bench`, strace and
+/// util-linux's setpriv for tests, curl for the README's examples.
+const APT_PACKAGES: &[&str] = &["nginx", "wrk", "strace", "util-linux", "curl"];
+
+/// The bpf-linker release this recipe was verified with.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn setup() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut changed = Vec::new();
+    nightly(&mut changed)?;
+    let sysroot = nightly_sysroot()?;
+    rust_src(&sysroot, &mut changed)?;
+    bpf_linker(&sysroot, &mut changed)?;
+    tracefs(&mut changed)?;
+    apt(&mut changed)?;
+    if changed.is_empty() {
+        println!(
+            "xtask: setup: everything present ({} ms)",
+            started.elapsed().as_millis()
+        );
+    } else {
+        println!(
+            "xtask: setup: installed {} in {:.1} s",
+            changed.join(", "),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.stderr(Stdio::null()).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn nightly(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    let list = output(Command::new("rustup").args(["toolchain", "list"])).context(
+        "rustup is missing: this project needs rustup with a stable and a nightly toolchain",
+    )?;
+    if !list.lines().any(|l| l.starts_with("nightly")) {
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
+        .context("installing the nightly toolchain")?;
+        changed.push("nightly toolchain".into());
+    }
+    Ok(())
+}
+
+fn nightly_sysroot() -> anyhow::Result<PathBuf> {
+    output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .map(PathBuf::from)
+        .context("`rustc +nightly --print sysroot` failed: the nightly toolchain is broken")
+}
+
+fn rust_src(sysroot: &Path, changed: &mut Vec<String>) -> anyhow::Result<()> {
+    if sysroot
+        .join("lib/rustlib/src/rust/library/core/Cargo.toml")
+        .exists()
+    {
+        return Ok(());
+    }
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+        .context("installing rust-src for nightly")?;
+    changed.push("rust-src (nightly)".into());
+    Ok(())
+}
+
+/// nightly's versioned libLLVM, found by glob (`libLLVM.so.<ver>-rust-<ver>-nightly`).
+fn nightly_libllvm(sysroot: &Path) -> anyhow::Result<PathBuf> {
+    let lib = sysroot.join("lib");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .with_context(|| format!("reading {}", lib.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+        .collect();
+    found.sort();
+    found.pop().with_context(|| {
+        format!(
+            "no libLLVM.so.* in {}: cannot build bpf-linker",
+            lib.display()
+        )
+    })
+}
+
+fn prefix() -> anyhow::Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".local/share/zerocache/llvm"))
+}
+
+fn bpf_linker_ok(prefix: &Path, llvm: &Path) -> bool {
+    let Some(name) = llvm.file_name() else {
+        return false;
+    };
+    // The prefix must point at this nightly's libLLVM, and the binary must run.
+    let linked = std::fs::read_link(prefix.join("lib").join(name)).ok();
+    linked.as_deref() == Some(llvm) && output(Command::new("bpf-linker").arg("--version")).is_some()
+}
+
+fn bpf_linker(sysroot: &Path, changed: &mut Vec<String>) -> anyhow::Result<()> {
+    let llvm = nightly_libllvm(sysroot)?;
+    let prefix = prefix()?;
+    if bpf_linker_ok(&prefix, &llvm) {
+        return Ok(());
+    }
+    let name = llvm
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("libLLVM file name")?
+        .to_string();
+    // libLLVM.so.22.1-rust-... → llvm-22
+    let major = name
+        .trim_start_matches("libLLVM.so.")
+        .split(['.', '-'])
+        .next()
+        .unwrap_or("")
+        .to_string();
+    anyhow::ensure!(
+        major.chars().all(|c| c.is_ascii_digit()) && !major.is_empty(),
+        "cannot tell the LLVM version from {name}"
+    );
+    println!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against nightly's {name} (about a minute)"
+    );
+    let lib = prefix.join("lib");
+    let _ = std::fs::remove_dir_all(&lib);
+    std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    for link in ["libLLVM.so", name.as_str()] {
+        std::os::unix::fs::symlink(&llvm, lib.join(link))
+            .with_context(|| format!("linking {} into {}", llvm.display(), lib.display()))?;
+    }
+    run(Command::new("cargo")
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--force",
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+        ])
+        .env("LLVM_PREFIX", &prefix))
+    .context("building bpf-linker (needs nightly's libLLVM and a C toolchain)")?;
+    anyhow::ensure!(
+        bpf_linker_ok(&prefix, &llvm),
+        "bpf-linker was installed but `bpf-linker --version` does not run: is ~/.cargo/bin on PATH?"
+    );
+    changed.push("bpf-linker".into());
+    Ok(())
+}
+
+fn tracefs(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    if Path::new("/sys/kernel/tracing/events/syscalls").exists() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!(
+            "xtask: warning: tracefs is not mounted at /sys/kernel/tracing and mounting it needs root; the probe will report itself unavailable"
+        );
+        return Ok(());
+    }
+    run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))
+        .context("mounting tracefs at /sys/kernel/tracing")?;
+    changed.push("tracefs mount".into());
+    Ok(())
+}
+
+fn installed(pkg: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s == "install ok installed")
+}
+
+fn apt(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "missing Debian packages {missing:?} and not root: install them with apt-get"
+    );
+    run(Command::new("apt-get")
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context("apt-get update")?;
+    // RUNLEVEL=1 keeps Debian's maintainer scripts from starting nginx on port 80.
+    run(Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .env("RUNLEVEL", "1"))
+    .with_context(|| format!("installing Debian packages {missing:?}"))?;
+    for p in &missing {
+        anyhow::ensure!(installed(p), "Debian package {p} is still not installed");
+    }
+    changed.push(format!("apt: {}", missing.join(" ")));
+    Ok(())
+}
