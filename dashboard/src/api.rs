@@ -33,21 +33,12 @@ pub struct Stats {
     pub recent_violations: Vec<Violation>,
     /// Hits ÷ (hits + misses + expired).
     pub hit_ratio: Option<f64>,
-    /// Cache usage.
-    pub cache: CacheUsage,
+    /// Cache usage and health.
+    pub cache: crate::server::CacheStats,
     /// zerocache's own socket syscalls by kind.
     pub syscalls: BTreeMap<&'static str, zerocache_probe::KindCounts>,
     /// Per-second samples of the cumulative counters.
     pub history: Vec<Sample>,
-}
-
-/// Cache usage.
-#[derive(Serialize)]
-pub struct CacheUsage {
-    /// Bytes on disk.
-    pub size_bytes: u64,
-    /// Entries.
-    pub objects: u64,
 }
 
 /// Builds `/api/stats`.
@@ -68,7 +59,6 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
     let hits = acc.requests(CacheStatus::Hit);
     let lookups = hits + acc.requests(CacheStatus::Miss) + acc.requests(CacheStatus::Expired);
     let kernel_body = acc.body_totals();
-    let (size_bytes, objects) = (state.cache_usage)();
     let mut syscalls = BTreeMap::new();
     if let Some(me) = snap.processes.iter().find(|p| p.pid == std::process::id()) {
         for (i, name) in kind::NAMES.iter().enumerate() {
@@ -99,10 +89,7 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
         violation_bytes: acc.violation_bytes(),
         recent_violations: acc.recent_violations(),
         hit_ratio: (lookups > 0).then(|| hits as f64 / lookups as f64),
-        cache: CacheUsage {
-            size_bytes,
-            objects,
-        },
+        cache: (state.cache)(),
         syscalls,
         history: if with_history {
             state.history.lock().samples()

@@ -84,16 +84,30 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         upstream.with_label_values(&[name.as_str(), k]).inc_by(n);
     }
 
-    let (size, objects) = (state.cache_usage)();
+    let cache = (state.cache)();
     let g = IntGauge::new(
         "zerocache_cache_size_bytes",
         "Bytes of cache files on disk.",
     )?;
-    g.set(size as i64);
+    g.set(cache.size_bytes as i64);
     r.register(Box::new(g))?;
     let g = IntGauge::new("zerocache_cache_objects", "Entries in the cache.")?;
-    g.set(objects as i64);
+    g.set(cache.objects as i64);
     r.register(Box::new(g))?;
+    let g = IntGauge::new(
+        "zerocache_cache_writable",
+        "1 while cache writes succeed; 0 after a failed write (serving pass-through).",
+    )?;
+    g.set(cache.writable as i64);
+    r.register(Box::new(g))?;
+    let werr = counter_vec(
+        &r,
+        "zerocache_cache_write_errors_total",
+        "Cache writes that failed (disk full, permissions); those responses were passed through.",
+        &[],
+    )?;
+    werr.with_label_values(&[] as &[&str])
+        .inc_by(cache.write_errors);
 
     let snap = state.probe.snapshot();
     let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;

@@ -22,12 +22,25 @@ pub struct DashboardState {
     pub accounting: Arc<Accounting>,
     /// The probe.
     pub probe: Probe,
-    /// (bytes, entries) of the cache.
-    pub cache_usage: Box<dyn Fn() -> (u64, u64) + Send + Sync>,
+    /// The cache's current figures.
+    pub cache: Box<dyn Fn() -> CacheStats + Send + Sync>,
     /// Upstream names (metric labels initialised at 0).
     pub upstreams: Vec<String>,
     /// Per-second samples.
     pub history: Mutex<History>,
+}
+
+/// The disk cache as the dashboard shows it.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CacheStats {
+    /// Bytes of cache files on disk.
+    pub size_bytes: u64,
+    /// Entries.
+    pub objects: u64,
+    /// Writes that failed (disk full, permissions); the cache serves pass-through meanwhile.
+    pub write_errors: u64,
+    /// False while writes fail.
+    pub writable: bool,
 }
 
 static INDEX: &str = include_str!("../assets/index.html");

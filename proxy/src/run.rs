@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use zerocache_config::{Config, Keyword, WatchEntry};
-use zerocache_dashboard::{Accounting, DashboardState};
+use zerocache_dashboard::{Accounting, CacheStats, DashboardState};
 use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
 
 /// Closed connections kept for the dashboard.
@@ -89,7 +89,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let state = Arc::new(DashboardState {
             accounting: accounting.clone(),
             probe: probe.clone(),
-            cache_usage: Box::new(move || st.usage()),
+            cache: Box::new(move || {
+                let (size_bytes, objects) = st.usage();
+                CacheStats {
+                    size_bytes,
+                    objects,
+                    write_errors: st.write_errors.load(std::sync::atomic::Ordering::Relaxed),
+                    writable: st.is_writable(),
+                }
+            }),
             upstreams: config.upstreams.keys().cloned().collect(),
             history: Mutex::new(Default::default()),
         });

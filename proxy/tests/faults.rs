@@ -286,3 +286,68 @@ fn eviction_holds_max_size() {
     assert_eq!(c.get("/obj/30009", &[]).x_cache(), "HIT");
     assert_eq!(c.get("/obj/30000", &[]).x_cache(), "MISS");
 }
+
+#[test]
+fn a_dead_pooled_upstream_connection_is_retried_once_on_a_fresh_one() {
+    let (origin, _rt) = origin();
+    origin.set_idle_close(Duration::from_millis(100));
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    assert_eq!(c.get("/obj/11", &[]).status, 200);
+    // The origin closes the idle pooled connection; the proxy does not know yet.
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.get("/obj/12", &[]);
+    assert_eq!((r.status, r.body.clone()), (200, body(12)));
+    assert_eq!(origin.connection_count(), 2);
+    assert_eq!(origin.request_count(), 2);
+}
+
+#[test]
+fn a_full_disk_degrades_to_pass_through_never_an_error() {
+    let (origin, _rt) = origin();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("cache");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    // A 1 MiB filesystem for the cache (root only; CI runs as root).
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .expect("mount");
+    assert!(ok.success(), "mounting a tmpfs needs root");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
+    let mut c = proxy.client();
+    // 3 MB cannot fit: the fill fails mid-body, the client still gets every byte.
+    for _ in 0..2 {
+        let r = c.get("/obj/3000000", &[]);
+        assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+        assert_eq!(r.body, body(3_000_000));
+    }
+    let m = proxy.metrics();
+    assert!(m.contains("zerocache_cache_writable 0"), "{m}");
+    let errors: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("zerocache_cache_write_errors_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("write errors metric");
+    assert!(errors >= 2, "{errors}");
+    // Small objects still fit and are cached; the cache comes back by itself.
+    assert_eq!(c.get("/obj/1000", &[]).x_cache(), "MISS");
+    assert_eq!(c.get("/obj/1000", &[]).x_cache(), "HIT");
+    assert!(proxy.metrics().contains("zerocache_cache_writable 1"));
+    assert_eq!(
+        std::fs::read_dir(dir.join("tmp")).expect("tmp").count(),
+        0,
+        "no temp file left"
+    );
+}

@@ -84,6 +84,38 @@ fn test() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(Command::new(&cargo).args(["test", "--workspace"]))?;
+    // Echo cargo's output and add up its per-binary results, so the run ends with one total
+    // rather than the last doc-test binary's "0 passed".
+    println!("xtask: $ cargo test --workspace");
+    let mut child = Command::new(&cargo)
+        .args(["test", "--workspace"])
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    if let Some(out) = child.stdout.take() {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                let num = |word: &str| {
+                    rest.split(';')
+                        .find_map(|part| part.trim().strip_suffix(word))
+                        .and_then(|n| n.trim().rsplit(' ').next()?.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                passed += num(" passed");
+                failed += num(" failed");
+            }
+        }
+    }
+    let status = child.wait()?;
+    println!("xtask: {passed} passed, {failed} failed");
+    anyhow::ensure!(
+        status.success() && failed == 0,
+        "the test suite failed ({status})"
+    );
+    anyhow::ensure!(passed > 0, "the test suite ran no test");
     Ok(())
 }

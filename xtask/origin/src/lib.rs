@@ -159,6 +159,8 @@ struct State {
     received: Mutex<Vec<Received>>,
     requests: AtomicU64,
     connections: AtomicU64,
+    /// Close keep-alive connections idle this long (ms); 0: never.
+    idle_close_ms: AtomicU64,
 }
 
 /// A running origin; it stops when dropped.
@@ -212,6 +214,14 @@ impl Origin {
         self.state.scripts.lock().insert(path.to_string(), reply);
     }
 
+    /// Closes keep-alive connections that stay idle for `d` (like a real server's keep-alive
+    /// timeout), so a proxy's pooled connection can die under it.
+    pub fn set_idle_close(&self, d: Duration) {
+        self.state
+            .idle_close_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
     /// Requests received so far, oldest first.
     pub fn received(&self) -> Vec<Received> {
         self.state.received.lock().clone()
@@ -253,7 +263,17 @@ async fn serve(mut sock: TcpStream, state: Arc<State>) {
                 }
             }
             let mut chunk = [0u8; 16384];
-            match sock.read(&mut chunk).await {
+            let idle = state.idle_close_ms.load(Ordering::Relaxed);
+            let read = if idle > 0 && buf.is_empty() {
+                match tokio::time::timeout(Duration::from_millis(idle), sock.read(&mut chunk)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => return, // Idle too long: close, as real servers do.
+                }
+            } else {
+                sock.read(&mut chunk).await
+            };
+            match read {
                 Ok(0) | Err(_) => return,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
