@@ -58,6 +58,8 @@ const KNOWN_KEYS: &[&str] = &[
     "copy_hits",
     "max_body_bytes",
     "key_hash_bits",
+    "token",
+    "metrics_require_token",
 ];
 
 pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> ConfigError {

@@ -123,6 +123,12 @@ pub struct DashboardConfig {
     /// Address, loopback by default (9180: not Prometheus's own 9090).
     #[serde(default = "default_dashboard_listen")]
     pub listen: String,
+    /// Bearer token for the page and the API; required when `listen` is not loopback.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Require the token for `/metrics` too (Prometheus then sends it as `authorization`).
+    #[serde(default)]
+    pub metrics_require_token: bool,
 }
 
 fn default_dashboard_listen() -> String {
@@ -134,6 +140,8 @@ impl Default for DashboardConfig {
         DashboardConfig {
             enabled: true,
             listen: default_dashboard_listen(),
+            token: None,
+            metrics_require_token: false,
         }
     }
 }

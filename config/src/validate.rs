@@ -38,6 +38,20 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
                 ),
             )
         })?;
+        if !dash.ip().is_loopback() && config.dashboard.token.as_deref().is_none_or(str::is_empty) {
+            return Err(invalid(
+                "dashboard.listen",
+                format!(
+                    "`{dash}` is not loopback: set `dashboard.token` so the dashboard and its API need a bearer token"
+                ),
+            ));
+        }
+        if config.dashboard.metrics_require_token && config.dashboard.token.is_none() {
+            return Err(invalid(
+                "dashboard.metrics_require_token",
+                "needs `dashboard.token`".into(),
+            ));
+        }
         if dash == listen && listen.port() != 0 {
             return Err(invalid(
                 "dashboard.listen",

@@ -498,8 +498,8 @@ impl Accounting {
         self.state.lock().body
     }
 
-    /// Active connections (with live durations), then closed ones newest first, up to `limit`.
-    pub fn connections(&self, limit: usize) -> (Vec<ConnRecord>, Vec<ConnRecord>, u64) {
+    /// Active connections, each with its live kernel view from `live` (fd → counts) when present.
+    pub fn active(&self, live: &HashMap<u32, (u64, FdCounts)>) -> Vec<ConnRecord> {
         let st = self.state.lock();
         let mut active: Vec<ConnRecord> = st
             .active
@@ -509,16 +509,81 @@ impl Accounting {
                 if let Some(s) = c.started {
                     c.duration_ms = s.elapsed().as_millis() as u64;
                 }
+                if let Some((generation, counts)) = live.get(&c.fd) {
+                    let zc = counts.zero_copy_bytes();
+                    let copied = counts.copy_bytes();
+                    c.verdict = verdict(zc, copied.saturating_sub(c.head_bytes));
+                    c.kernel = Some(KernelView {
+                        zerocopy_bytes: zc,
+                        copy_bytes: copied,
+                        calls: counts.calls(),
+                        generation: *generation,
+                        counts: *counts,
+                    });
+                } else {
+                    c.verdict = proxy_verdict(&c);
+                }
                 c
             })
             .collect();
         active.sort_by_key(|c| c.id);
-        let pending = st.awaiting.values().flatten().cloned();
-        let closed: Vec<ConnRecord> = pending
-            .chain(st.closed.iter().rev().cloned())
-            .take(limit)
+        active
+    }
+
+    /// A page of closed connections (those waiting for their kernel record first), sorted by
+    /// `sort` (`id`, `requests`, `zerocopy`, `copied`, `violations`, `duration`), newest or largest
+    /// first unless `ascending`. Returns the page, the number of closed records held and the number
+    /// evicted from the bounded history. Sorting borrows; only the page is cloned.
+    pub fn closed_page(
+        &self,
+        offset: usize,
+        limit: usize,
+        sort: &str,
+        ascending: bool,
+    ) -> (Vec<ConnRecord>, usize, u64) {
+        let st = self.state.lock();
+        let mut all: Vec<&ConnRecord> = st
+            .awaiting
+            .values()
+            .flatten()
+            .chain(st.closed.iter())
             .collect();
-        (active, closed, st.closed_evicted)
+        let key = |c: &ConnRecord| -> u64 {
+            match sort {
+                "requests" => c.requests,
+                "zerocopy" => c
+                    .kernel
+                    .as_ref()
+                    .map_or(c.zerocopy_body_bytes, |k| k.zerocopy_bytes),
+                "copied" => c
+                    .kernel
+                    .as_ref()
+                    .map_or(c.copy_body_bytes + c.head_bytes, |k| k.copy_bytes),
+                "violations" => c.violations,
+                "duration" => c.duration_ms,
+                _ => c.id,
+            }
+        };
+        all.sort_by_key(|c| (key(c), c.id));
+        if !ascending {
+            all.reverse();
+        }
+        let total = all.len();
+        let page = all.into_iter().skip(offset).take(limit).cloned().collect();
+        (page, total, st.closed_evicted)
+    }
+
+    /// Kernel-verified body totals over closed connections plus the live ones in `live`.
+    pub fn body_totals_with_live(&self, live: &HashMap<u32, (u64, FdCounts)>) -> BodyTotals {
+        let st = self.state.lock();
+        let mut t = st.body;
+        for c in st.active.values() {
+            if let Some((_, counts)) = live.get(&c.fd) {
+                t.zerocopy_bytes += counts.zero_copy_bytes();
+                t.copy_bytes += counts.copy_bytes().saturating_sub(c.head_bytes);
+            }
+        }
+        t
     }
 
     /// Recent violations, newest last.
@@ -592,7 +657,7 @@ mod tests {
         });
         assert_eq!(a.violations(), 0);
         assert_eq!(a.body_totals().ratio(), Some(1.0));
-        let (_, closed, _) = a.connections(10);
+        let (closed, _, _) = a.closed_page(0, 10, "id", false);
         assert_eq!(closed[0].verdict, "zero-copy");
     }
 
@@ -625,7 +690,13 @@ mod tests {
             let id = a.conn_opened(fd, "127.0.0.1:1".parse().expect("addr"));
             a.conn_closed(id);
         }
-        let (_, closed, evicted) = a.connections(100);
+        let (closed, total, evicted) = a.closed_page(0, 100, "id", false);
+        assert_eq!(total, 3);
         assert_eq!((closed.len(), evicted), (3, 2));
+        // Newest first: fds 4, 3, 2 survived.
+        assert_eq!(
+            closed.iter().map(|c| c.fd).collect::<Vec<_>>(),
+            vec![4, 3, 2]
+        );
     }
 }

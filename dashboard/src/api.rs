@@ -1,12 +1,15 @@
 //! The JSON API: `/api/stats`, `/api/connections`, `/api/processes`. The same figures as the page
 //! and `/metrics`, documented in the README.
 
-use crate::accounting::{CacheStatus, ConnRecord, DataPath, Violation};
+use crate::accounting::{BodyTotals, CacheStatus, ConnRecord, DataPath, Violation};
 use crate::history::Sample;
-use crate::server::DashboardState;
+use crate::server::{CacheStats, DashboardState};
 use serde::Serialize;
-use std::collections::BTreeMap;
-use zerocache_probe::{ProbeHealth, ProbeStatus, ProcessTotals, kind};
+use std::collections::{BTreeMap, HashMap};
+use zerocache_probe::{FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, kind};
+
+/// Seconds of history behind the "now" ratio.
+pub const RECENT_SECONDS: usize = 10;
 
 /// `/api/stats`.
 #[derive(Serialize)]
@@ -19,26 +22,41 @@ pub struct Stats {
     pub blind_spots: Vec<String>,
     /// Responses by cache status.
     pub requests: BTreeMap<&'static str, u64>,
-    /// Body bytes by cache status and intended path.
+    /// Body bytes by `STATUS/path`, path being the one the proxy intended.
     pub body_bytes: BTreeMap<String, u64>,
-    /// Kernel-verified body bytes over closed connections.
-    pub kernel_body: crate::accounting::BodyTotals,
-    /// Body zero-copy ratio (kernel-verified), null before any body.
+    /// Kernel-verified body bytes: closed connections plus the live ones.
+    pub kernel_body: BodyTotals,
+    /// Body zero-copy ratio since start (kernel-verified); null before any body.
     pub body_zero_copy_ratio: Option<f64>,
+    /// The same over the last [`RECENT_SECONDS`] seconds; null when no body moved.
+    pub body_zero_copy_ratio_recent: Option<f64>,
     /// Violations (responses).
     pub violations: u64,
     /// Bytes involved in violations.
     pub violation_bytes: u64,
-    /// Most recent violations.
+    /// Violations in the last [`RECENT_SECONDS`] seconds.
+    pub violations_recent: u64,
+    /// Most recent violations, newest last.
     pub recent_violations: Vec<Violation>,
     /// Hits ÷ (hits + misses + expired).
     pub hit_ratio: Option<f64>,
     /// Cache usage and health.
-    pub cache: crate::server::CacheStats,
+    pub cache: CacheStats,
     /// zerocache's own socket syscalls by kind.
-    pub syscalls: BTreeMap<&'static str, zerocache_probe::KindCounts>,
-    /// Per-second samples of the cumulative counters.
+    pub syscalls: BTreeMap<&'static str, KindCounts>,
+    /// Per-second samples of the cumulative counters, oldest first.
     pub history: Vec<Sample>,
+}
+
+/// The live kernel records of this process's fds: fd → (generation, counts).
+pub fn live(state: &DashboardState) -> HashMap<u32, (u64, FdCounts)> {
+    state
+        .probe
+        .live_fds(std::process::id())
+        .into_iter()
+        .filter(|(_, _, socket, _)| *socket)
+        .map(|(fd, generation, _, counts)| (fd, (generation, counts)))
+        .collect()
 }
 
 /// Builds `/api/stats`.
@@ -58,7 +76,7 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
     }
     let hits = acc.requests(CacheStatus::Hit);
     let lookups = hits + acc.requests(CacheStatus::Miss) + acc.requests(CacheStatus::Expired);
-    let kernel_body = acc.body_totals();
+    let kernel_body = acc.body_totals_with_live(&live(state));
     let mut syscalls = BTreeMap::new();
     if let Some(me) = snap.processes.iter().find(|p| p.pid == std::process::id()) {
         for (i, name) in kind::NAMES.iter().enumerate() {
@@ -67,16 +85,21 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
     }
     let io_uring: u64 = snap.processes.iter().map(|p| p.io_uring_enter).sum();
     let mut blind_spots = vec![
-        "io_uring operations are not syscalls: they pass the syscall tracepoints unseen.".to_string(),
+        "io_uring operations are not syscalls: they pass the syscall tracepoints unseen."
+            .to_string(),
         "sendfile can copy inside the kernel for some files (O_DIRECT, sockets without scatter-gather); syscall tracepoints cannot tell.".to_string(),
         "sendmmsg returns a message count, so its bytes are not counted.".to_string(),
     ];
     if io_uring > 0 {
         blind_spots.insert(
             0,
-            format!("{io_uring} io_uring_enter calls by watched processes: I/O the probe cannot classify."),
+            format!(
+                "{io_uring} io_uring_enter calls by watched processes: I/O the probe cannot classify."
+            ),
         );
     }
+    let history = state.history.lock().samples();
+    let (recent_ratio, violations_recent) = recent(&history, RECENT_SECONDS);
     Stats {
         probe: snap.status,
         probe_health: snap.health,
@@ -84,38 +107,61 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
         requests,
         body_bytes,
         body_zero_copy_ratio: kernel_body.ratio(),
+        body_zero_copy_ratio_recent: recent_ratio,
         kernel_body,
         violations: acc.violations(),
         violation_bytes: acc.violation_bytes(),
+        violations_recent,
         recent_violations: acc.recent_violations(),
         hit_ratio: (lookups > 0).then(|| hits as f64 / lookups as f64),
         cache: (state.cache)(),
         syscalls,
-        history: if with_history {
-            state.history.lock().samples()
-        } else {
-            Vec::new()
-        },
+        history: if with_history { history } else { Vec::new() },
     }
+}
+
+/// Ratio and violations over the last `secs` samples.
+fn recent(history: &[Sample], secs: usize) -> (Option<f64>, u64) {
+    let (Some(last), Some(first)) = (
+        history.last(),
+        history.get(history.len().saturating_sub(secs + 1)),
+    ) else {
+        return (None, 0);
+    };
+    let zc = last.body_zerocopy.saturating_sub(first.body_zerocopy);
+    let cp = last.body_copy.saturating_sub(first.body_copy);
+    let ratio = (zc + cp > 0).then(|| zc as f64 / (zc + cp) as f64);
+    (ratio, last.violations.saturating_sub(first.violations))
 }
 
 /// `/api/connections`.
 #[derive(Serialize)]
 pub struct Connections {
-    /// Open connections.
+    /// Open connections, with their live kernel figures.
     pub active: Vec<ConnRecord>,
-    /// Closed connections, newest first.
+    /// One page of closed connections.
     pub closed: Vec<ConnRecord>,
+    /// Closed connections held (the page is a slice of these).
+    pub closed_total: usize,
     /// Closed connections dropped from the bounded history.
     pub closed_evicted: u64,
 }
 
 /// Builds `/api/connections`.
-pub fn connections(state: &DashboardState, limit: usize) -> Connections {
-    let (active, closed, closed_evicted) = state.accounting.connections(limit);
+pub fn connections(
+    state: &DashboardState,
+    offset: usize,
+    limit: usize,
+    sort: &str,
+    ascending: bool,
+) -> Connections {
+    let active = state.accounting.active(&live(state));
+    let (closed, closed_total, closed_evicted) =
+        state.accounting.closed_page(offset, limit, sort, ascending);
     Connections {
         active,
         closed,
+        closed_total,
         closed_evicted,
     }
 }
@@ -146,4 +192,30 @@ pub fn processes(state: &DashboardState) -> Vec<Process> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(zc: u64, cp: u64, v: u64) -> Sample {
+        Sample {
+            body_zerocopy: zc,
+            body_copy: cp,
+            violations: v,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn recent_window_uses_differences() {
+        let h: Vec<Sample> = (0..20)
+            .map(|i| s(i * 100, if i >= 15 { (i - 15) * 100 } else { 0 }, i / 10))
+            .collect();
+        // Last 10 s: zc +1000, copy +400.
+        let (r, v) = recent(&h, 10);
+        assert_eq!(r, Some(1000.0 / 1400.0));
+        assert_eq!(v, 1);
+        assert_eq!(recent(&[], 10), (None, 0));
+    }
 }

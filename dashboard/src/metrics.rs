@@ -58,10 +58,10 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let kernel_body = counter_vec(
         &r,
         "zerocache_kernel_body_bytes_total",
-        "zerocache response body bytes as the kernel saw them, by path (zerocopy = sendfile/splice), over closed connections.",
+        "zerocache response body bytes as the kernel saw them, by path (zerocopy = sendfile/splice).",
         &["path"],
     )?;
-    let bt = acc.body_totals();
+    let bt = acc.body_totals_with_live(&crate::api::live(state));
     kernel_body
         .with_label_values(&["zerocopy"])
         .inc_by(bt.zerocopy_bytes);

@@ -4,8 +4,9 @@
 use crate::accounting::{Accounting, CacheStatus};
 use crate::history::{History, Sample};
 use crate::{api, metrics};
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -28,6 +29,11 @@ pub struct DashboardState {
     pub upstreams: Vec<String>,
     /// Per-second samples.
     pub history: Mutex<History>,
+    /// Bearer token required for the page and the API (and `/metrics` if
+    /// `metrics_require_token`); `None`: no authentication (loopback).
+    pub token: Option<String>,
+    /// Whether `/metrics` needs the token too.
+    pub metrics_require_token: bool,
 }
 
 /// The disk cache as the dashboard shows it.
@@ -44,19 +50,73 @@ pub struct CacheStats {
 }
 
 static INDEX: &str = include_str!("../assets/index.html");
+static UPLOT_JS: &str = include_str!("../assets/vendor/uplot/uPlot.iife.min.js");
+static UPLOT_CSS: &str = include_str!("../assets/vendor/uplot/uPlot.min.css");
 
 /// Starts the background tasks and serves the app on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io::Result<()> {
     spawn_joiner(state.clone());
     spawn_sampler(state.clone());
+    let metrics = Router::new().route("/metrics", get(metrics_handler));
+    let metrics = if state.metrics_require_token {
+        metrics.layer(middleware::from_fn_with_state(state.clone(), auth))
+    } else {
+        metrics
+    };
     let app = Router::new()
         .route("/", get(index))
-        .route("/metrics", get(metrics_handler))
+        .route("/assets/uplot.js", get(uplot_js))
+        .route("/assets/uplot.css", get(uplot_css))
         .route("/api/stats", get(stats))
         .route("/api/connections", get(connections))
         .route("/api/processes", get(processes))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .merge(metrics)
         .with_state(state);
     axum::serve(listener, app).await
+}
+
+/// Bearer-token check: `Authorization: Bearer T`, or `?token=T` so a browser can open the page
+/// (the page then sends the header on its API calls). Comparison is constant-time.
+async fn auth(State(state): State<Arc<DashboardState>>, req: Request, next: Next) -> Response {
+    let Some(token) = state.token.as_deref() else {
+        return next.run(req).await;
+    };
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let query = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+    let ok = [header, query]
+        .into_iter()
+        .flatten()
+        .any(|given| constant_time_eq(given.as_bytes(), token.as_bytes()));
+    if ok {
+        next.run(req).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "dashboard token required\n",
+        )
+            .into_response()
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn uplot_js() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript")], UPLOT_JS).into_response()
+}
+
+async fn uplot_css() -> Response {
+    ([(header::CONTENT_TYPE, "text/css")], UPLOT_CSS).into_response()
 }
 
 /// Feeds the probe's records of this process's accepted sockets to the accounting.
@@ -99,7 +159,7 @@ fn sample(state: &DashboardState) -> Sample {
         .find(|p| p.pid == std::process::id())
         .map(|p| p.socket.by_kind.iter().map(|k| k.bytes).collect())
         .unwrap_or_else(|| vec![0; zerocache_probe::kind::COUNT]);
-    let body = acc.body_totals();
+    let body = acc.body_totals_with_live(&api::live(state));
     Sample {
         t: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -148,13 +208,25 @@ async fn stats(
 struct ConnQuery {
     #[serde(default)]
     limit: Option<usize>,
+    #[serde(default)]
+    offset: Option<usize>,
+    #[serde(default)]
+    sort: Option<String>,
+    #[serde(default)]
+    order: Option<String>,
 }
 
 async fn connections(
     State(state): State<Arc<DashboardState>>,
     Query(q): Query<ConnQuery>,
 ) -> Json<api::Connections> {
-    Json(api::connections(&state, q.limit.unwrap_or(200).min(10_000)))
+    Json(api::connections(
+        &state,
+        q.offset.unwrap_or(0),
+        q.limit.unwrap_or(100).min(1000),
+        q.sort.as_deref().unwrap_or("id"),
+        q.order.as_deref() == Some("asc"),
+    ))
 }
 
 async fn processes(State(state): State<Arc<DashboardState>>) -> Json<Vec<api::Process>> {

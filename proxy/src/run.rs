@@ -100,6 +100,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }),
             upstreams: config.upstreams.keys().cloned().collect(),
             history: Mutex::new(Default::default()),
+            token: config.dashboard.token.clone(),
+            metrics_require_token: config.dashboard.metrics_require_token,
         });
         tokio::spawn(async move {
             if let Err(e) = zerocache_dashboard::serve(l, state).await {

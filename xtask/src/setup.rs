@@ -14,9 +14,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-/// Debian packages used by tests and the benchmark: nginx and wrk for `bench`, strace and
-/// util-linux's setpriv for tests, curl for the README's examples.
-const APT_PACKAGES: &[&str] = &["nginx", "wrk", "strace", "util-linux", "curl"];
+/// Debian packages used by tests and the benchmark: nginx (bench, probe tests) and wrk for
+/// `bench`; chromium and chromium-driver for the dashboard's browser test; prometheus for
+/// `promtool check metrics`; util-linux's setpriv for the unprivileged test; strace and curl for
+/// the README's examples.
+const APT_PACKAGES: &[&str] = &[
+    "nginx",
+    "wrk",
+    "chromium",
+    "chromium-driver",
+    "prometheus",
+    "strace",
+    "util-linux",
+    "curl",
+];
 
 /// The bpf-linker release this recipe was verified with.
 const BPF_LINKER_VERSION: &str = "0.13.0";

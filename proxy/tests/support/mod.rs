@@ -34,6 +34,7 @@ pub struct Opts {
     pub extra_yaml: String,
     pub cache_yaml: String,
     pub upstream_yaml: String,
+    pub dashboard_yaml: String,
     pub probe: bool,
     pub run_as: Option<&'static str>,
 }
@@ -54,12 +55,13 @@ impl Proxy {
         let dport = free_port();
         let config = config_dir.join(format!("zerocache-{port}.yaml"));
         let yaml = format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\n{extra}",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\n{extra}",
             dir = dir.display(),
             cache = opts.cache_yaml,
             up = opts.upstream_yaml,
             probe = opts.probe,
             extra = opts.extra_yaml,
+            dash = opts.dashboard_yaml,
         );
         std::fs::write(&config, yaml).expect("write config");
         let bin = env!("CARGO_BIN_EXE_zerocache");

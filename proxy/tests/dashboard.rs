@@ -1,0 +1,376 @@
+//! The dashboard as a person sees it (headless Chromium through chromedriver, both from Debian),
+//! `/metrics` as Prometheus sees it (promtool), and the API's authentication.
+
+mod support;
+use fantoccini::{ClientBuilder, Locator};
+use serde_json::{Value, json};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn artifacts() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("../test-artifacts");
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    dir
+}
+
+/// Requests in a loop on fresh connections until stopped.
+fn traffic(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    miss: bool,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut c = Client::connect(addr);
+            let path = if miss {
+                format!("/obj/1048576?miss={n}")
+            } else {
+                "/obj/1048576".into()
+            };
+            let r = c.get(&path, &[("Connection", "close")]);
+            assert_eq!(r.body.len(), 1_048_576);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        n
+    })
+}
+
+struct Driver(std::process::Child);
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn page_state(c: &fantoccini::Client) -> Value {
+    c.execute(
+        "return { ratio: document.getElementById('ratio').textContent,
+                  state: document.getElementById('hero').dataset.state,
+                  violation: document.getElementById('violation').textContent,
+                  rows: [...document.querySelectorAll('#conns tbody tr')].map(r => ({
+                      active: r.dataset.active, sf: r.querySelector('.sf').textContent })) };",
+        vec![],
+    )
+    .await
+    .expect("script")
+}
+
+async fn wait_for(c: &fantoccini::Client, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = page_state(c).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "page never showed {what}: {s}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[test]
+fn the_page_shows_zero_copy_green_then_red() {
+    let (origin, _rt) = origin();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(browse(origin));
+}
+
+async fn browse(origin: Origin) {
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            probe: true,
+            ..Opts::default()
+        },
+    );
+    assert_eq!(proxy.get("/obj/1048576").x_cache(), "MISS");
+
+    let port = free_port();
+    let driver = Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver (Debian chromium-driver, installed by cargo xtask setup)");
+    let _driver = Driver(driver);
+    let profile = tempfile::tempdir().expect("profile");
+    let caps = json!({
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-quic", "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--window-size=1400,1700",
+                     format!("--user-data-dir={}", profile.path().display())]
+        }
+    });
+    let caps = match caps {
+        Value::Object(m) => m,
+        _ => unreachable!("a JSON object literal"),
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let browser = loop {
+        match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "chromedriver: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+
+    // Hits only: green, above 0.9, and connection rows with exactly the object's size via sendfile.
+    let stop = Arc::new(AtomicBool::new(false));
+    let hits = traffic(proxy.addr, stop.clone(), false);
+    browser
+        .goto(&format!("http://{}/", proxy.dashboard))
+        .await
+        .expect("open dashboard");
+    let s = wait_for(&browser, "green with a 1 MiB sendfile row", |s| {
+        s["state"] == "ok"
+            && s["ratio"]
+                .as_str()
+                .and_then(|r| r.parse::<f64>().ok())
+                .is_some_and(|r| r > 0.9)
+            && s["rows"].as_array().is_some_and(|rows| {
+                rows.iter()
+                    .any(|r| r["active"] == "false" && r["sf"] == "1048576")
+            })
+    })
+    .await;
+    let ratio: f64 = s["ratio"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .expect("ratio");
+    assert!(ratio > 0.9, "{s}");
+    let shot = browser.screenshot().await.expect("screenshot");
+    std::fs::write(artifacts().join("dashboard-zero-copy.png"), shot).expect("save");
+    stop.store(true, Ordering::Relaxed);
+    assert!(hits.join().expect("hits") > 0);
+
+    // Misses only: every body copied: the page turns red.
+    let stop = Arc::new(AtomicBool::new(false));
+    let misses = traffic(proxy.addr, stop.clone(), true);
+    wait_for(&browser, "red", |s| s["state"] == "bad").await;
+    let shot = browser.screenshot().await.expect("screenshot");
+    std::fs::write(artifacts().join("dashboard-copied.png"), shot).expect("save");
+    stop.store(true, Ordering::Relaxed);
+    assert!(misses.join().expect("misses") > 0);
+    let _ = browser
+        .find(Locator::Id("probe"))
+        .await
+        .expect("probe pill");
+    browser.close().await.expect("close browser");
+}
+
+#[test]
+fn the_page_turns_red_with_the_request_on_the_planted_bug() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            probe: true,
+            extra_yaml: "debug:\n  copy_hits: true\n".into(),
+            ..Opts::default()
+        },
+    );
+    proxy.get("/obj/1048576");
+    let stop = Arc::new(AtomicBool::new(false));
+    let hits = traffic(proxy.addr, stop.clone(), false);
+    // The API side of the same page: violations named with their request.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = proxy.api("/api/stats");
+        if s["violations_recent"].as_u64().unwrap_or(0) > 0 {
+            assert_eq!(s["recent_violations"][0]["request"], "GET /obj/1048576");
+            assert!(
+                s["body_zero_copy_ratio_recent"]
+                    .as_f64()
+                    .is_some_and(|r| r < 0.1),
+                "{s}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no violation reported: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    hits.join().expect("hits");
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+}
+
+#[test]
+fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            probe: true,
+            ..Opts::default()
+        },
+    );
+    let idle = proxy.metrics();
+    for family in [
+        "zerocache_syscalls_total{fd_class=\"socket\",process=\"zerocache\",syscall=\"sendfile\"} 0",
+        "zerocache_syscall_bytes_total{fd_class=\"socket\",process=\"zerocache\",syscall=\"writev\"} 0",
+        "zerocache_response_body_bytes_total{cache_status=\"HIT\",path=\"zerocopy\"} 0",
+        "zerocache_zero_copy_violations_total 0",
+        "zerocache_requests_total{cache_status=\"MISS\"} 0",
+        "zerocache_cache_size_bytes 0",
+        "zerocache_cache_objects 0",
+        "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"origin\"} 0",
+        "zerocache_probe_up 1",
+        "zerocache_request_duration_seconds_count 0",
+    ] {
+        assert!(
+            idle.contains(family),
+            "idle scrape lacks `{family}`:\n{idle}"
+        );
+    }
+    let mut c = proxy.client();
+    for s in [1000, 2000, 1000, 3000, 1000] {
+        c.get(&format!("/obj/{s}"), &[]);
+    }
+    drop(c);
+    // Let the kernel records of the closed connection arrive.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.api("/api/stats")["kernel_body"]["connections"]
+        .as_u64()
+        .unwrap_or(0)
+        < 1
+    {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = proxy.metrics();
+    let stats = proxy.api("/api/stats");
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut p| {
+            use std::io::Write;
+            p.stdin.take().expect("stdin").write_all(text.as_bytes())?;
+            p.wait_with_output()
+        })
+        .expect("promtool (Debian prometheus, installed by cargo xtask setup)");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        metric(&text, "zerocache_requests_total{cache_status=\"HIT\"}"),
+        2
+    );
+    assert_eq!(
+        metric(&text, "zerocache_requests_total{cache_status=\"MISS\"}"),
+        3
+    );
+    for (status, v) in stats["requests"].as_object().expect("requests") {
+        assert_eq!(
+            metric(
+                &text,
+                &format!("zerocache_requests_total{{cache_status=\"{status}\"}}")
+            ),
+            v.as_u64().expect("n")
+        );
+    }
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_response_body_bytes_total{cache_status=\"HIT\",path=\"zerocopy\"}"
+        ),
+        2000
+    );
+    assert_eq!(stats["body_bytes"]["HIT/zerocopy"], 2000);
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_response_body_bytes_total{cache_status=\"MISS\",path=\"copy\"}"
+        ),
+        6000
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_kernel_body_bytes_total{path=\"zerocopy\"}"
+        ),
+        stats["kernel_body"]["zerocopy_bytes"].as_u64().expect("n")
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_kernel_body_bytes_total{path=\"zerocopy\"}"
+        ),
+        2000
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_syscall_bytes_total{fd_class=\"socket\",process=\"zerocache\",syscall=\"sendfile\"}"
+        ),
+        stats["syscalls"]["sendfile"]["bytes"].as_u64().expect("n")
+    );
+    assert_eq!(
+        metric(&text, "zerocache_cache_objects"),
+        stats["cache"]["objects"].as_u64().expect("n")
+    );
+    assert_eq!(metric(&text, "zerocache_cache_objects"), 3);
+    assert_eq!(metric(&text, "zerocache_zero_copy_violations_total"), 0);
+    assert_eq!(metric(&text, "zerocache_request_duration_seconds_count"), 5);
+}
+
+#[test]
+fn a_token_guards_the_page_and_api_and_optionally_metrics() {
+    let (origin, _rt) = origin();
+    for require_metrics in [false, true] {
+        let proxy = Proxy::start(
+            origin.addr(),
+            Opts {
+                extra_yaml: String::new(),
+                dashboard_yaml: format!(
+                    "  token: s3cret\n  metrics_require_token: {require_metrics}\n"
+                ),
+                ..Opts::default()
+            },
+        );
+        let get = |path: &str, auth: Option<&str>| {
+            let mut c = Client::connect(proxy.dashboard);
+            let mut h = vec![("Connection", "close")];
+            if let Some(a) = auth {
+                h.push(("Authorization", a));
+            }
+            c.get(path, &h).status
+        };
+        assert_eq!(get("/api/stats", None), 401);
+        assert_eq!(get("/", None), 401);
+        assert_eq!(get("/api/stats", Some("Bearer wrong")), 401);
+        assert_eq!(get("/api/stats", Some("Bearer s3cret")), 200);
+        assert_eq!(get("/?token=s3cret", None), 200);
+        assert_eq!(
+            get("/metrics", None),
+            if require_metrics { 401 } else { 200 }
+        );
+        assert_eq!(get("/metrics", Some("Bearer s3cret")), 200);
+    }
+}
