@@ -374,3 +374,43 @@ fn a_token_guards_the_page_and_api_and_optionally_metrics() {
         assert_eq!(get("/metrics", Some("Bearer s3cret")), 200);
     }
 }
+
+#[test]
+fn the_grafana_dashboard_and_scrape_config_use_only_real_metrics() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let metrics = proxy.metrics();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboard/grafana");
+    let dash: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("zerocache.json")).expect("read"))
+            .expect("json");
+    let mut exprs = 0;
+    for panel in dash["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            exprs += 1;
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("zerocache_"))
+            {
+                let base = name.trim_end_matches("_bucket");
+                assert!(
+                    metrics.contains(&format!("# TYPE {base} ")),
+                    "panel {} uses unknown metric {name}",
+                    panel["title"]
+                );
+            }
+        }
+    }
+    assert!(exprs >= 12);
+    let out = Command::new("promtool")
+        .args(["check", "config"])
+        .arg(root.join("prometheus.yml"))
+        .output()
+        .expect("promtool");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
