@@ -28,9 +28,52 @@ pub struct Config {
     /// Limits on client requests.
     #[serde(default)]
     pub limits: Limits,
+    /// Log level and access log.
+    #[serde(default)]
+    pub logging: LoggingConfig,
     /// Switches for demonstrations and tests; never on in production.
     #[serde(default)]
     pub debug: DebugConfig,
+}
+
+/// Logging.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// `error`, `warn`, `info`, `debug` or `trace` (or a tracing filter); `RUST_LOG` overrides it.
+    #[serde(default = "default_level")]
+    pub level: String,
+    /// Where the access log goes: a file path, `stdout`, `stderr`, or unset for none.
+    #[serde(default)]
+    pub access_log: Option<String>,
+    /// Access log line format.
+    #[serde(default)]
+    pub access_log_format: AccessLogFormat,
+}
+
+fn default_level() -> String {
+    "info".into()
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            level: default_level(),
+            access_log: None,
+            access_log_format: AccessLogFormat::default(),
+        }
+    }
+}
+
+/// Access log line formats.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// One space-separated line.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// The disk cache.
@@ -89,6 +132,10 @@ pub struct Route {
     /// Whether responses on this route may be cached.
     #[serde(default = "default_true")]
     pub cache: bool,
+    /// Freshness lifetime for responses that carry none (like nginx `proxy_cache_valid`); unset:
+    /// such responses are not stored. Never overrides `no-store`, `private` or explicit freshness.
+    #[serde(default, with = "humantime_serde")]
+    pub default_ttl: Option<Duration>,
 }
 
 /// A route's request matcher.
@@ -173,7 +220,7 @@ impl Default for ProbeConfig {
 }
 
 /// One `probe.watch` entry: `self`, `{pid: N}` or `{comm: NAME}`.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum WatchEntry {
     /// `self`.
@@ -188,6 +235,40 @@ pub enum WatchEntry {
         /// The process name as in /proc/PID/comm.
         comm: String,
     },
+}
+
+impl<'de> Deserialize<'de> for WatchEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        // Parsed by hand: serde's untagged enums only say "did not match any variant".
+        let v = serde_yaml::Value::deserialize(d)?;
+        let expected = "expected `self`, `{pid: N}` or `{comm: NAME}`";
+        match &v {
+            serde_yaml::Value::String(s) if s == "self" => {
+                Ok(WatchEntry::Keyword(Keyword::SelfProcess))
+            }
+            serde_yaml::Value::Mapping(m) if m.len() == 1 => {
+                let (k, val) = m.iter().next().ok_or_else(|| D::Error::custom(expected))?;
+                match (k.as_str(), val) {
+                    (Some("pid"), serde_yaml::Value::Number(n)) => n
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .map(|pid| WatchEntry::Pid { pid })
+                        .ok_or_else(|| D::Error::custom("pid must be a positive integer")),
+                    (Some("comm"), serde_yaml::Value::String(c))
+                        if !c.is_empty() && c.len() <= 15 =>
+                    {
+                        Ok(WatchEntry::Comm { comm: c.clone() })
+                    }
+                    (Some("comm"), _) => Err(D::Error::custom(
+                        "comm must be a process name of 1 to 15 characters (as in /proc/PID/comm)",
+                    )),
+                    _ => Err(D::Error::custom(expected)),
+                }
+            }
+            _ => Err(D::Error::custom(expected)),
+        }
+    }
 }
 
 /// Bare-word watch entries.
@@ -217,6 +298,19 @@ pub struct Limits {
     /// Largest request body accepted; larger gets 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: ByteSize,
+    /// Most client connections open at once; further connections are closed on accept.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// On SIGTERM/SIGINT, how long in-flight responses may run before the process exits anyway.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+fn default_max_connections() -> usize {
+    100_000
+}
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_max_body() -> ByteSize {
@@ -244,6 +338,8 @@ impl Default for Limits {
             header_timeout: default_header_timeout(),
             idle_timeout: default_idle_timeout(),
             max_body_bytes: default_max_body(),
+            max_connections: default_max_connections(),
+            drain_timeout: default_drain_timeout(),
         }
     }
 }

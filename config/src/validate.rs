@@ -93,6 +93,12 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             }
         }
     }
+    if config.limits.max_connections == 0 {
+        return Err(invalid("limits.max_connections", "must be positive".into()));
+    }
+    if let Err(e) = tracing_filter_ok(&config.logging.level) {
+        return Err(invalid("logging.level", e));
+    }
     if config.routes.is_empty() {
         return Err(invalid("routes", "at least one route is needed".into()));
     }
@@ -132,5 +138,20 @@ pub fn check_cache_dir(config: &Config) -> Result<(), Invalid> {
     let probe = dir.join(format!(".zerocache-write-test-{}", std::process::id()));
     std::fs::write(&probe, b"").map_err(|e| fail("write into", e))?;
     let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Accepts the level names and simple `target=level` lists a tracing filter understands.
+fn tracing_filter_ok(level: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for directive in level.split(',').map(str::trim) {
+        let lvl = directive.rsplit('=').next().unwrap_or("");
+        if !LEVELS.contains(&lvl.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "`{directive}` is not a log level; use one of {} (optionally as target=level)",
+                LEVELS.join(", ")
+            ));
+        }
+    }
     Ok(())
 }

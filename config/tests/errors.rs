@@ -37,7 +37,7 @@ fn unknown_keys_are_rejected_with_a_suggestion() {
     let text = GOOD.replace("    upstream: origin", "    upstrem: origin");
     assert_eq!(
         err(&text),
-        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`; did you mean `upstream`?"
+        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`, `default_ttl`; did you mean `upstream`?"
     );
 }
 
@@ -114,4 +114,49 @@ fn collect_keys(v: &serde_json::Value, out: &mut Vec<String>) {
         serde_json::Value::Array(a) => a.iter().for_each(|v| collect_keys(v, out)),
         _ => {}
     }
+}
+
+#[test]
+fn more_error_classes_name_their_key() {
+    assert_eq!(
+        err(&format!("{GOOD}logging:\n  level: loud\n")),
+        "zc.yaml:14:3: logging.level: `loud` is not a log level; use one of off, error, warn, info, debug, trace (optionally as target=level)"
+    );
+    assert_eq!(
+        err(&format!("{GOOD}dashboard:\n  listen: 0.0.0.0:9180\n")),
+        "zc.yaml:14:3: dashboard.listen: `0.0.0.0:9180` is not loopback: set `dashboard.token` so the dashboard and its API need a bearer token"
+    );
+    assert_eq!(
+        err(&format!("{GOOD}limits:\n  drain_timeout: soon\n")),
+        "zc.yaml:14:18: limits.drain_timeout: invalid value: string \"soon\", expected a duration"
+    );
+    assert_eq!(
+        err(&GOOD.replace(
+            "upstreams:\n  origin:\n    servers: [\"127.0.0.1:8081\"]\n",
+            "upstreams:\n  origin:\n    servers: []\n"
+        )),
+        "zc.yaml:7:5: upstreams.origin.servers: at least one server is needed"
+    );
+    assert_eq!(
+        err(&format!("{GOOD}probe:\n  watch: [self, {{pid: nope}}]\n")),
+        "zc.yaml:14:10: probe.watch: expected `self`, `{pid: N}` or `{comm: NAME}`"
+    );
+    assert_eq!(
+        err("listen: [unclosed\n"),
+        "zc.yaml:1:9: listen: invalid type: sequence, expected a string"
+    );
+    let e = err("listen: \"unterminated\n");
+    assert!(e.starts_with("zc.yaml:"), "{e}");
+}
+
+#[test]
+fn environment_overrides_apply_per_host() {
+    let mut c = parse(GOOD, "zc.yaml").expect("valid");
+    zerocache_config::apply_env(&mut c, |k| match k {
+        "ZEROCACHE_LISTEN" => Some("127.0.0.1:9999".into()),
+        "ZEROCACHE_CACHE_PATH" => Some("/srv/cache".into()),
+        _ => None,
+    });
+    assert_eq!(c.listen, "127.0.0.1:9999");
+    assert_eq!(c.cache.path, std::path::PathBuf::from("/srv/cache"));
 }

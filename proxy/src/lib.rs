@@ -2,6 +2,7 @@
 //! with an eBPF probe. This crate is the data plane and the process around it; the probe, the
 //! dashboard and the config schema live in their own crates.
 
+pub mod accesslog;
 pub mod cache;
 pub mod http;
 pub mod routing;

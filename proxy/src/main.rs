@@ -31,68 +31,84 @@ enum Command {
     },
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Logs to stderr at `RUST_LOG` if set, else at `level` (the config's `logging.level`).
+fn init_logging(level: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
     match cli.command {
-        Command::Check { config, json } => match zerocache_config::load_and_check_dirs(&config) {
-            Ok(c) => {
-                let out = if json {
-                    serde_json::to_string_pretty(&c).map_err(|e| e.to_string())
-                } else {
-                    serde_yaml::to_string(&c).map_err(|e| e.to_string())
-                };
-                match out {
-                    Ok(s) => {
-                        println!("{s}");
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        ExitCode::FAILURE
-                    }
+        Command::Check { config, json } => {
+            init_logging("warn");
+            check(&config, json)
+        }
+        Command::Run { config: path } => run(path),
+    }
+}
+
+fn check(config: &std::path::Path, json: bool) -> ExitCode {
+    match zerocache_config::load_and_check_dirs(config) {
+        Ok(c) => {
+            let out = if json {
+                serde_json::to_string_pretty(&c).map_err(|e| e.to_string())
+            } else {
+                serde_yaml::to_string(&c).map_err(|e| e.to_string())
+            };
+            match out {
+                Ok(s) => {
+                    println!("{s}");
+                    ExitCode::SUCCESS
                 }
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Run { config } => {
-            let config = match zerocache_config::load_and_check_dirs(&config) {
-                Ok(c) => c,
                 Err(e) => {
                     eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let threads = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2);
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(zerocache::run::run(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
                     ExitCode::FAILURE
                 }
             }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(path: PathBuf) -> ExitCode {
+    let config = match zerocache_config::load_and_check_dirs(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&config.logging.level);
+    // One worker per core: the data plane is syscall-bound, and more threads than cores only add
+    // context switches.
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(zerocache::run::run(config, path)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -14,6 +14,8 @@ pub struct Route {
     pub upstream: Arc<Group>,
     /// Whether responses may be stored and hits served.
     pub cache: bool,
+    /// Freshness for storable responses that carry none.
+    pub default_ttl: Option<std::time::Duration>,
 }
 
 /// All routes, in config order.
@@ -40,6 +42,7 @@ impl Routes {
                     prefix: r.matcher.path_prefix.clone(),
                     upstream: groups.get(&r.upstream)?.clone(),
                     cache: r.cache,
+                    default_ttl: r.default_ttl,
                 })
             })
             .collect();

@@ -1,15 +1,18 @@
-//! Start-up and shut-down of the whole process: config → cache rebuild → probe → dashboard →
-//! listener, and the signals that end it.
+//! Start-up, reload and shut-down of the whole process: config → cache rebuild → probe →
+//! dashboard → listener; SIGHUP reloads, SIGTERM/SIGINT drain and exit.
 
+use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
 use crate::cache::store::Store;
 use crate::http::request::Limits;
 use crate::routing::Routes;
-use crate::server::{self, Ctx};
+use crate::server::{self, Ctx, Shared};
 use anyhow::Context;
 use parking_lot::Mutex;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
 use zerocache_config::{Config, Keyword, WatchEntry};
 use zerocache_dashboard::{Accounting, CacheStats, DashboardState};
 use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
@@ -47,8 +50,37 @@ fn watch_targets(config: &Config) -> Vec<WatchTarget> {
         .collect()
 }
 
-/// Runs the proxy until SIGINT or SIGTERM.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+/// The parts of a context that survive reloads.
+struct Kept {
+    store: Arc<Store>,
+    locks: Arc<FillLocks>,
+    accounting: Arc<Accounting>,
+    access_log: Option<Arc<AccessLog>>,
+}
+
+fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
+    Ctx {
+        routes: Routes::new(config),
+        store: kept.store.clone(),
+        locks: kept.locks.clone(),
+        accounting: kept.accounting.clone(),
+        access_log: kept.access_log.clone(),
+        limits: Limits {
+            max_head: config.limits.max_header_bytes.as_u64() as usize,
+            max_uri: config.limits.max_uri_bytes.as_u64() as usize,
+        },
+        header_timeout: config.limits.header_timeout,
+        idle_timeout: config.limits.idle_timeout,
+        max_body: config.limits.max_body_bytes.as_u64(),
+        max_connections: config.limits.max_connections,
+        sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
+        hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
+        copy_hits: config.debug.copy_hits,
+    }
+}
+
+/// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
+pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let nofile = raise_nofile();
     let store = Arc::new(
         Store::open(&config.cache.path, config.cache.max_size.as_u64())
@@ -74,6 +106,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )
     } else {
         None
+    };
+    let access_log = match &config.logging.access_log {
+        Some(target) => Some(Arc::new(
+            AccessLog::open(target, config.logging.access_log_format)
+                .with_context(|| format!("opening the access log {target} (logging.access_log)"))?,
+        )),
+        None => None,
     };
 
     let probe = Probe::start(ProbeOptions {
@@ -111,36 +150,85 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!(%addr, "dashboard listening");
     }
 
-    let ctx = Arc::new(Ctx {
-        routes: Routes::new(&config),
-        store: store.clone(),
+    let kept = Kept {
+        store,
         locks: Arc::new(FillLocks::default()),
         accounting,
-        limits: Limits {
-            max_head: config.limits.max_header_bytes.as_u64() as usize,
-            max_uri: config.limits.max_uri_bytes.as_u64() as usize,
-        },
-        header_timeout: config.limits.header_timeout,
-        idle_timeout: config.limits.idle_timeout,
-        max_body: config.limits.max_body_bytes.as_u64(),
-        sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
-        hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
-        copy_hits: config.debug.copy_hits,
-    });
-    if ctx.copy_hits {
+        access_log,
+    };
+    let shared = Shared::new(build_ctx(&config, &kept));
+    if config.debug.copy_hits {
         tracing::warn!(
             "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
         );
     }
     let addr = listener.local_addr()?;
     tracing::info!(%addr, nofile, probe = ?probe.status(), "zerocache listening");
-    let accept = tokio::spawn(server::accept_loop(listener, ctx));
+    let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut current = config;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break }
+            _ = term.recv() => { tracing::info!("SIGTERM: draining"); break }
+            _ = hup.recv() => {
+                if let Some(next) = reload(&path, &current, &kept, &shared, &probe) {
+                    current = next;
+                }
+            }
+        }
     }
-    accept.abort();
+    // Stop accepting (the listener closes with the accept loop) and close idle connections;
+    // responses in flight run to their end or to the drain timeout.
+    let _ = shared.shutdown.send(true);
+    let _ = accept.await;
+    let open = shared.open_connections();
+    if shared.drain(current.limits.drain_timeout).await {
+        tracing::info!(drained = open, "all connections finished; exiting");
+    } else {
+        tracing::warn!(
+            left = shared.open_connections(),
+            timeout = ?current.limits.drain_timeout,
+            "drain timeout reached; exiting with connections still open"
+        );
+    }
     Ok(())
+}
+
+/// SIGHUP: re-reads the config; a valid one replaces routes, upstreams, limits and the probe's
+/// watch list for new requests, an invalid one is logged and the old one kept.
+fn reload(
+    path: &Path,
+    old: &Config,
+    kept: &Kept,
+    shared: &Shared,
+    probe: &Probe,
+) -> Option<Config> {
+    let new = match zerocache_config::load_and_check_dirs(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "reload rejected; keeping the running config");
+            return None;
+        }
+    };
+    for (what, changed) in [
+        ("listen", new.listen != old.listen),
+        ("cache", new.cache != old.cache),
+        ("dashboard", new.dashboard != old.dashboard),
+        ("logging", new.logging != old.logging),
+        ("probe.enabled", new.probe.enabled != old.probe.enabled),
+    ] {
+        if changed {
+            tracing::warn!(
+                setting = what,
+                "changed in the config but only takes effect on restart"
+            );
+        }
+    }
+    shared.ctx.store(Arc::new(build_ctx(&new, kept)));
+    probe.set_targets(watch_targets(&new));
+    tracing::info!(path = %path.display(), routes = new.routes.len(), upstreams = new.upstreams.len(), "config reloaded");
+    Some(new)
 }

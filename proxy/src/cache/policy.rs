@@ -85,12 +85,16 @@ impl NotStored {
     }
 }
 
+/// Statuses RFC 9110 §15.1 lets a cache store without explicit freshness.
+const HEURISTIC_STATUSES: [u16; 12] = [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501];
+
 /// Decides storability and returns the freshness lifetime and the corrected initial age.
 pub fn storable(
     req: &RequestHead,
     res: &ResponseHead,
     request_time: SystemTime,
     response_time: SystemTime,
+    default_ttl: Option<Duration>,
 ) -> Result<(Duration, Duration), NotStored> {
     if req.method != "GET" {
         return Err(NotStored::Method);
@@ -127,6 +131,10 @@ pub fn storable(
                 .unwrap_or_default(),
             Err(_) => Duration::ZERO,
         }
+    } else if let Some(ttl) = default_ttl.filter(|_| HEURISTIC_STATUSES.contains(&res.status)) {
+        // The operator's default (a route's `default_ttl`), only for statuses RFC 9110 §15.1
+        // calls heuristically cacheable.
+        ttl
     } else {
         return Err(NotStored::NoFreshness);
     };
@@ -191,6 +199,7 @@ mod tests {
             &res("Cache-Control: max-age=60, s-maxage=10\r\nAge: 3\r\n"),
             t,
             t,
+            None,
         )
         .expect("storable");
         assert_eq!(
@@ -204,6 +213,7 @@ mod tests {
             &res(&format!("Date: {date}\r\nExpires: {exp}\r\n")),
             t,
             t,
+            None,
         )
         .expect("storable");
         assert_eq!(
@@ -211,7 +221,7 @@ mod tests {
             (Duration::from_secs(100), Duration::from_secs(7))
         );
         let (life, _) =
-            storable(&req(""), &res("Expires: 0\r\n"), t, t).expect("storable but stale");
+            storable(&req(""), &res("Expires: 0\r\n"), t, t, None).expect("storable but stale");
         assert_eq!(life, Duration::ZERO);
     }
 
@@ -219,15 +229,25 @@ mod tests {
     fn refusals() {
         let t = SystemTime::now();
         assert_eq!(
-            storable(&req(""), &res(""), t, t),
+            storable(&req(""), &res(""), t, t, None),
             Err(NotStored::NoFreshness)
+        );
+        let ttl = Some(Duration::from_secs(60));
+        assert_eq!(
+            storable(&req(""), &res(""), t, t, ttl).map(|x| x.0),
+            Ok(Duration::from_secs(60))
+        );
+        assert_eq!(
+            storable(&req(""), &res("Cache-Control: no-store\r\n"), t, t, ttl),
+            Err(NotStored::Directive)
         );
         assert_eq!(
             storable(
                 &req(""),
                 &res("Cache-Control: no-store, max-age=5\r\n"),
                 t,
-                t
+                t,
+                None,
             ),
             Err(NotStored::Directive)
         );
@@ -236,7 +256,8 @@ mod tests {
                 &req(""),
                 &res("Cache-Control: private, max-age=5\r\n"),
                 t,
-                t
+                t,
+                None,
             ),
             Err(NotStored::Directive)
         );
@@ -245,7 +266,8 @@ mod tests {
                 &req("Authorization: x\r\n"),
                 &res("Cache-Control: max-age=5\r\n"),
                 t,
-                t
+                t,
+                None,
             ),
             Err(NotStored::Authorization)
         );
@@ -254,7 +276,8 @@ mod tests {
                 &req("Authorization: x\r\n"),
                 &res("Cache-Control: s-maxage=5\r\n"),
                 t,
-                t
+                t,
+                None,
             )
             .is_ok()
         );
@@ -263,7 +286,8 @@ mod tests {
                 &req("Cache-Control: no-store\r\n"),
                 &res("Cache-Control: max-age=5\r\n"),
                 t,
-                t
+                t,
+                None,
             ),
             Err(NotStored::RequestNoStore)
         );
@@ -272,7 +296,8 @@ mod tests {
                 &req(""),
                 &res("Cache-Control: max-age=5\r\nVary: Accept\r\n"),
                 t,
-                t
+                t,
+                None,
             ),
             Err(NotStored::Vary)
         );

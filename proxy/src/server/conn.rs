@@ -2,9 +2,9 @@
 //! dispatching each request through route → cache lookup → hit or fetch, and answering malformed
 //! input with its 4xx before closing.
 
-use super::Ctx;
 use super::fetch::Fetch;
 use super::hit::HitOutcome;
+use super::{Ctx, Shared};
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{self, Role};
 use crate::http::chunked::ChunkedDecoder;
@@ -33,8 +33,10 @@ pub struct Conn {
     pub buf: BytesMut,
     /// Reused buffer for response heads.
     pub head: Vec<u8>,
-    /// Shared state.
+    /// The context current when this request started.
     pub ctx: Arc<Ctx>,
+    /// What outlives reloads: the current context and the shutdown signal.
+    pub shared: Arc<Shared>,
 }
 
 /// Why a connection must end without (further) response.
@@ -49,7 +51,8 @@ pub enum ConnError {
 }
 
 /// Runs the connection to its end.
-pub async fn serve(sock: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let ctx = shared.ctx.load_full();
     // Small heads followed by sendfile bodies: without NODELAY, Nagle can hold a body's last
     // partial segment behind a delayed ACK (the ~40 ms stall nginx shows with tcp_nopush).
     let _ = sock.set_nodelay(true);
@@ -62,6 +65,7 @@ pub async fn serve(sock: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
         buf: BytesMut::with_capacity(8 * 1024),
         head: Vec::with_capacity(1024),
         ctx: ctx.clone(),
+        shared,
     };
     if let Err(e) = conn.run().await {
         tracing::debug!(conn = id, %peer, error = %e, "connection ended");
@@ -79,8 +83,12 @@ enum Head {
 
 impl Conn {
     async fn run(&mut self) -> Result<(), ConnError> {
+        let mut stop = self.shared.shutdown.subscribe();
         loop {
-            let req = match self.read_head().await? {
+            // Each request runs under the context current when it starts (reloads apply to new
+            // requests; responses in flight finish under the old one).
+            self.ctx = self.shared.ctx.load_full();
+            let req = match self.read_head(&mut stop).await? {
                 Head::Request(r) => r,
                 Head::Closed => return Ok(()),
                 Head::Reject(status) => {
@@ -95,9 +103,16 @@ impl Conn {
         }
     }
 
-    async fn read_head(&mut self) -> Result<Head, ConnError> {
+    async fn read_head(
+        &mut self,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Head, ConnError> {
         let mut deadline: Option<Instant> = None;
         loop {
+            if *stop.borrow() && self.buf.is_empty() {
+                // Shutting down: an idle keep-alive connection is closed between requests.
+                return Ok(Head::Closed);
+            }
             if !self.buf.is_empty() {
                 match request::parse(&self.buf, self.ctx.limits) {
                     Ok(Some((head, n))) => {
@@ -119,7 +134,11 @@ impl Conn {
             if self.buf.capacity() - self.buf.len() < 4096 {
                 self.buf.reserve(8192);
             }
-            match tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)).await {
+            let read = tokio::select! {
+                r = tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)) => r,
+                _ = stop.changed(), if self.buf.is_empty() => continue,
+            };
+            match read {
                 Ok(Ok(0)) => return Ok(Head::Closed),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(e.into()),
@@ -212,6 +231,9 @@ impl Conn {
     /// Records a response in the accounting (the proxy's "intent" side of the ledger).
     pub fn record(&self, r: &ResponseRecord<'_>) {
         self.ctx.accounting.response(self.id, r);
+        if let Some(log) = &self.ctx.access_log {
+            log.log(&self.peer, r);
+        }
     }
 
     /// Reads the request body, sending `100 Continue` first when asked. `Ok(None)`: the body was
@@ -287,6 +309,7 @@ impl Conn {
                 .await;
         };
         let upstream = route.upstream.clone();
+        let default_ttl = route.default_ttl;
         let cacheable_method = req.method == "GET" || req.method == "HEAD";
         if !route.cache || !cacheable_method {
             let detail = if route.cache { "method" } else { "bypass" };
@@ -344,6 +367,7 @@ impl Conn {
             Some((key, guard)),
             started,
         )
+        .default_ttl(default_ttl)
         .run(self)
         .await
     }

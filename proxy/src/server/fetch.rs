@@ -33,6 +33,7 @@ pub struct Fetch<'a> {
     /// The key to fill and the coalescing guard, when the response may be stored.
     fill: Option<(CacheKey, Option<LeaderGuard>)>,
     started: Instant,
+    default_ttl: Option<std::time::Duration>,
 }
 
 /// Fields of a stored or forwarded response that the proxy itself controls.
@@ -67,7 +68,14 @@ impl<'a> Fetch<'a> {
             detail,
             fill,
             started,
+            default_ttl: None,
         }
+    }
+
+    /// The route's `default_ttl`: freshness for storable responses that carry none.
+    pub fn default_ttl(mut self, ttl: Option<std::time::Duration>) -> Self {
+        self.default_ttl = ttl;
+        self
     }
 
     fn upstream_request(&self, peer: IpAddr) -> Vec<u8> {
@@ -210,7 +218,7 @@ impl<'a> Fetch<'a> {
         if let Some((key, _)) = &self.fill {
             // An unwritable cache is retried on every storable miss (one failed open(2)), so a
             // freed disk or fixed permission brings the cache back without a restart.
-            match policy::storable(req, &head, request_time, response_time) {
+            match policy::storable(req, &head, request_time, response_time, self.default_ttl) {
                 Ok((lifetime, initial_age)) => {
                     let mut fields = Vec::with_capacity(512);
                     for (k, v) in &head.fields {

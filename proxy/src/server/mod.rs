@@ -1,30 +1,40 @@
 //! The client side: accepting connections and running each one's request loop. A request flows one
 //! way: parse → route → cache lookup → hit (sendfile, [`hit`]) or fetch (upstream → client + file,
 //! [`fetch`]) → accounting.
+//!
+//! [`Shared`] is what outlives a config reload: the current [`Ctx`] is swapped atomically on
+//! SIGHUP and each request picks up the one current when it starts, so a reload changes routes for
+//! new requests while responses in flight finish on the old ones.
 
 pub mod conn;
 pub mod fetch;
 pub mod hit;
 
+use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
 use crate::cache::store::Store;
 use crate::http::request::Limits;
 use crate::routing::Routes;
+use arc_swap::ArcSwap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
 use zerocache_dashboard::Accounting;
 
-/// Everything a connection needs, shared by all of them.
+/// Everything a request needs; replaced whole on reload.
 pub struct Ctx {
     /// Routes and upstream groups.
     pub routes: Routes,
-    /// The disk cache.
+    /// The disk cache (kept across reloads).
     pub store: Arc<Store>,
-    /// Miss coalescing.
+    /// Miss coalescing (kept across reloads).
     pub locks: Arc<FillLocks>,
-    /// What was served, for the dashboard and metrics.
+    /// What was served, for the dashboard and metrics (kept across reloads).
     pub accounting: Arc<Accounting>,
+    /// The access log, if configured.
+    pub access_log: Option<Arc<AccessLog>>,
     /// Parsing limits.
     pub limits: Limits,
     /// Time allowed for a request head once it has started.
@@ -33,6 +43,8 @@ pub struct Ctx {
     pub idle_timeout: Duration,
     /// Largest request body accepted (413 beyond).
     pub max_body: u64,
+    /// Most open client connections.
+    pub max_connections: usize,
     /// Largest single sendfile call.
     pub sendfile_max_chunk: u64,
     /// Bits of the key hash used (128 except in collision tests).
@@ -41,18 +53,84 @@ pub struct Ctx {
     pub copy_hits: bool,
 }
 
-/// Accepts connections until the listener fails; each runs on its own task.
-pub async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
+/// State shared by the accept loop, every connection and the signal handlers.
+pub struct Shared {
+    /// The current context.
+    pub ctx: ArcSwap<Ctx>,
+    /// Set to true to stop accepting and close idle connections.
+    pub shutdown: watch::Sender<bool>,
+    open: AtomicUsize,
+    closed_all: Notify,
+}
+
+impl Shared {
+    /// Wraps the first context.
+    pub fn new(ctx: Ctx) -> Arc<Shared> {
+        Arc::new(Shared {
+            ctx: ArcSwap::from_pointee(ctx),
+            shutdown: watch::channel(false).0,
+            open: AtomicUsize::new(0),
+            closed_all: Notify::new(),
+        })
+    }
+
+    /// Open client connections.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every connection has ended, or `timeout`; true if they all ended.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.open_connections() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let _ = tokio::time::timeout(
+                left.min(Duration::from_millis(100)),
+                self.closed_all.notified(),
+            )
+            .await;
+        }
+        true
+    }
+}
+
+/// Accepts connections until shutdown; the listener is closed when this returns, so new
+/// connections are refused from then on.
+pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut stop = shared.shutdown.subscribe();
+    let mut last_full_warning: Option<Instant> = None;
     loop {
-        match listener.accept().await {
-            Ok((sock, peer)) => {
-                tokio::spawn(conn::serve(sock, peer, ctx.clone()));
-            }
-            Err(e) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((sock, peer)) => {
+                    let max = shared.ctx.load().max_connections;
+                    if shared.open.load(Ordering::Relaxed) >= max {
+                        if last_full_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                            tracing::warn!(max, "limits.max_connections reached; closing new connections");
+                            last_full_warning = Some(Instant::now());
+                        }
+                        drop(sock);
+                        continue;
+                    }
+                    shared.open.fetch_add(1, Ordering::Relaxed);
+                    let s = shared.clone();
+                    tokio::spawn(async move {
+                        conn::serve(sock, peer, s.clone()).await;
+                        if s.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+                            s.closed_all.notify_waiters();
+                        }
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = stop.changed() => return,
         }
     }
 }

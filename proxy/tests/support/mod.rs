@@ -36,7 +36,10 @@ pub struct Opts {
     pub upstream_yaml: String,
     pub dashboard_yaml: String,
     pub probe: bool,
+    /// Run as nobody with no capabilities at all.
     pub run_as: Option<&'static str>,
+    /// Run as nobody with exactly these capabilities (setpriv syntax: `+bpf,+perfmon`).
+    pub run_as_caps: Option<String>,
 }
 
 impl Proxy {
@@ -65,8 +68,21 @@ impl Proxy {
         );
         std::fs::write(&config, yaml).expect("write config");
         let bin = env!("CARGO_BIN_EXE_zerocache");
-        let mut cmd = match opts.run_as {
-            Some(user) => {
+        let mut cmd = match (opts.run_as, &opts.run_as_caps) {
+            (None, Some(caps)) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    "--reuid=nobody",
+                    "--regid=nogroup",
+                    "--clear-groups",
+                    &format!("--inh-caps=-all,{caps}"),
+                    &format!("--ambient-caps=-all,{caps}"),
+                    &format!("--bounding-set=-all,{caps}"),
+                    bin,
+                ]);
+                c
+            }
+            (Some(user), _) => {
                 let mut c = Command::new("setpriv");
                 c.args([
                     &format!("--reuid={user}"),
@@ -78,7 +94,7 @@ impl Proxy {
                 ]);
                 c
             }
-            None => Command::new(bin),
+            (None, None) => Command::new(bin),
         };
         let child = cmd
             .args(["run", "--config"])

@@ -1,0 +1,245 @@
+//! Operations: SIGHUP reload, graceful shutdown, the access log, connection limits and the
+//! systemd unit's capabilities.
+
+mod support;
+use std::io::Read;
+use std::time::{Duration, Instant};
+use support::*;
+
+const BIG: usize = 64 * 1024 * 1024;
+
+fn signal(proxy: &Proxy, sig: i32) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, sig) };
+}
+
+/// Starts a 64 MiB hit and reads it slowly on a thread; returns the bytes received in total
+/// (head included) once the server has sent it all.
+fn slow_hit(proxy: &Proxy) -> std::thread::JoinHandle<Vec<u8>> {
+    let mut c = proxy.client();
+    c.send(b"GET /obj/67108864 HTTP/1.1\r\nHost: test.example\r\nConnection: close\r\n\r\n");
+    std::thread::spawn(move || {
+        let mut all = Vec::with_capacity(BIG + 1024);
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            let n = c.sock.read(&mut chunk).expect("read");
+            if n == 0 {
+                return all;
+            }
+            all.extend_from_slice(&chunk[..n]);
+            std::thread::sleep(Duration::from_millis(8));
+        }
+    })
+}
+
+fn check_big(all: &[u8]) {
+    let head_end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
+    let head = String::from_utf8_lossy(&all[..head_end]);
+    assert!(head.contains("X-Cache: HIT"), "{head}");
+    assert_eq!(
+        all.len() - head_end,
+        BIG,
+        "the in-flight transfer must finish intact"
+    );
+    assert!(all[head_end..] == body(BIG)[..], "body bytes differ");
+}
+
+#[test]
+fn sighup_reload_changes_routes_for_new_requests_while_a_64mib_hit_finishes() {
+    let (a, _rta) = origin();
+    let (b, _rtb) = origin();
+    a.script(
+        "/which",
+        Reply::ok(b"A".to_vec()).headers(&[("Cache-Control", "no-store")]),
+    );
+    b.script(
+        "/which",
+        Reply::ok(b"B".to_vec()).headers(&[("Cache-Control", "no-store")]),
+    );
+    let proxy = Proxy::start(a.addr(), Opts::default());
+    assert_eq!(proxy.get("/obj/67108864").body.len(), BIG);
+    assert_eq!(proxy.get("/which").body, b"A");
+    let inflight = slow_hit(&proxy);
+    std::thread::sleep(Duration::from_millis(100));
+
+    let text = std::fs::read_to_string(&proxy.config).expect("config");
+    std::fs::write(
+        &proxy.config,
+        text.replace(&a.addr().to_string(), &b.addr().to_string()),
+    )
+    .expect("rewrite");
+    signal(&proxy, libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.get("/which").body != b"B" {
+        assert!(Instant::now() < deadline, "reload did not take effect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The cache survived the reload, and the transfer in flight finished intact.
+    assert_eq!(proxy.get("/obj/67108864").x_cache(), "HIT");
+    check_big(&inflight.join().expect("in-flight hit"));
+}
+
+#[test]
+fn a_bad_reload_keeps_the_running_config() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    assert_eq!(proxy.get("/obj/10").status, 200);
+    let text = std::fs::read_to_string(&proxy.config).expect("config");
+    std::fs::write(
+        &proxy.config,
+        text.replace("upstream: origin", "upstream: nowhere"),
+    )
+    .expect("rewrite");
+    signal(&proxy, libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    let r = proxy.get("/obj/20");
+    assert_eq!((r.status, r.body.clone()), (200, body(20)));
+    assert_eq!(proxy.get("/obj/10").x_cache(), "HIT");
+}
+
+#[test]
+fn sigterm_finishes_the_transfer_in_flight_refuses_new_connections_and_exits_0() {
+    let (origin, _rt) = origin();
+    let mut proxy = Proxy::start(origin.addr(), Opts::default());
+    assert_eq!(proxy.get("/obj/67108864").body.len(), BIG);
+    // An idle keep-alive connection, which the drain closes without waiting for it.
+    let mut idle = proxy.client();
+    assert_eq!(idle.get("/obj/10", &[]).status, 200);
+    let inflight = slow_hit(&proxy);
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&proxy, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match std::net::TcpStream::connect(proxy.addr) {
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+                break;
+            }
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    assert!(
+        idle.is_closed(),
+        "idle keep-alive connections are closed by the drain"
+    );
+    check_big(&inflight.join().expect("in-flight hit"));
+    let status = proxy.child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn the_access_log_has_one_exact_line_per_response() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("access.log");
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("logging:\n  access_log: {}\n", log.display()),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    c.get("/obj/1000", &[]);
+    c.get("/obj/1000", &[]);
+    let peer = c.sock.local_addr().expect("addr").to_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 2 {
+            break text.lines().map(str::to_string).collect::<Vec<_>>();
+        }
+        assert!(Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(lines.len(), 2);
+    let fields = |l: &str| l.split(' ').skip(1).take(7).collect::<Vec<_>>().join(" ");
+    assert_eq!(
+        fields(&lines[0]),
+        format!("{peer} \"GET /obj/1000\" 200 1000 MISS copy")
+    );
+    assert_eq!(
+        fields(&lines[1]),
+        format!("{peer} \"GET /obj/1000\" 200 1000 HIT sendfile")
+    );
+}
+
+#[test]
+fn connections_beyond_max_connections_are_closed() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "limits:\n  max_connections: 2\n".into(),
+            ..Opts::default()
+        },
+    );
+    // Let the readiness probe's connection close first.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut a = proxy.client();
+    let mut b = proxy.client();
+    assert_eq!(a.get("/obj/1", &[]).status, 200);
+    assert_eq!(b.get("/obj/1", &[]).status, 200);
+    let mut c = proxy.client();
+    c.send(b"GET /obj/1 HTTP/1.1\r\nHost: a\r\n\r\n");
+    let mut buf = [0u8; 64];
+    assert!(
+        matches!(c.sock.read(&mut buf), Ok(0) | Err(_)),
+        "a third connection is closed without an answer"
+    );
+    drop(a);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(proxy.get("/obj/1").status, 200);
+}
+
+/// The capabilities named in the systemd unit, as setpriv wants them (`+bpf,+perfmon,...`).
+fn unit_caps() -> String {
+    let unit = include_str!("../../config/zerocache.service");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities in the unit");
+    line.split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_ascii_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn the_systemd_units_capabilities_are_enough_for_the_probe() {
+    let (origin, _rt) = origin();
+    let caps = unit_caps();
+    assert_eq!(caps, "+bpf,+perfmon,+dac_read_search,+net_bind_service");
+    let tmp = tempfile::tempdir().expect("tmp");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let proxy = Proxy::start_in(
+        origin.addr(),
+        &tmp.path().join("cache"),
+        tmp.path(),
+        Opts {
+            probe: true,
+            run_as_caps: Some(caps),
+            ..Opts::default()
+        },
+    );
+    let stats = proxy.api("/api/stats");
+    assert_eq!(stats["probe"]["state"], "attached", "{stats}");
+    // And it works as a probe, not just as a load: a hit is counted through sendfile.
+    proxy.get("/obj/4096");
+    let mut c = proxy.client();
+    c.get("/obj/4096", &[("Connection", "close")]);
+    assert!(c.is_closed());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = proxy.api("/api/stats");
+        if s["kernel_body"]["zerocopy_bytes"].as_u64() == Some(4096) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
