@@ -1,6 +1,7 @@
 //! `cargo xtask setup|demo|test|bench`: everything a fresh machine needs, in the project's own
 //! code, so CI and the next developer start from the same place with no manual step.
 
+mod bench;
 mod demo;
 mod setup;
 
@@ -27,8 +28,22 @@ enum Task {
     },
     /// Setup, then formatting, lints and the whole test suite (eBPF tests need root).
     Test,
-    /// Benchmark zerocache against nginx (see `bench/`).
-    Bench,
+    /// Benchmark zerocache against nginx proxy_cache on this machine; writes
+    /// xtask/bench/results/latest.md.
+    Bench {
+        /// Seconds per wrk run.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Repetitions, in rotated server order (medians are reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Pin wrk to CPU 1 and the servers to CPU 0.
+        #[arg(long)]
+        pin: bool,
+        /// Only these object sizes in bytes (comma-separated); all by default.
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+    },
 }
 
 /// The workspace root.
@@ -54,9 +69,19 @@ fn main() -> ExitCode {
         Task::Setup => setup::setup(),
         Task::Demo { duration } => setup::setup().and_then(|_| demo::demo(duration)),
         Task::Test => setup::setup().and_then(|_| test()),
-        Task::Bench => Err(anyhow::anyhow!(
-            "the benchmark against nginx is not built yet (issue: data plane speed)"
-        )),
+        Task::Bench {
+            duration,
+            reps,
+            pin,
+            sizes,
+        } => setup::setup().and_then(|_| {
+            bench::bench(bench::Options {
+                duration,
+                reps,
+                pin,
+                sizes,
+            })
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

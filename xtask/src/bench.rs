@@ -1,0 +1,605 @@
+//! `cargo xtask bench`: zerocache against nginx on the same machine, in the same run, as ratios.
+//!
+//! Servers: zerocache (probe attached), nginx `proxy_cache` with `tcp_nopush on` and with it off,
+//! and nginx serving the objects as static files (the bare-sendfile ceiling), each with as many
+//! workers as cores. Every cache is warmed and every warm body checked byte for byte first. Then
+//! wrk drives each server on loopback for a bounded time, in rotated order over several
+//! repetitions, and the medians go into one table. zerocache runs only during its own slots: the
+//! probe's tracepoints tax every process on the machine, and nginx must not pay for them.
+//!
+//! CPU is read from `/proc/PID/task/*/schedstat` (nanoseconds on CPU), summed over the server's
+//! processes and threads; the 250 Hz tick accounting of `/proc/PID/stat` is too coarse. With
+//! `--pin`, wrk runs on CPU 1 and the servers on CPU 0, which steadies the CPU-per-GB figure.
+
+use crate::{root, run};
+use anyhow::{Context, bail};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use zerocache_origin::client::SimpleClient;
+
+/// Object sizes measured.
+const SIZES: [usize; 7] = [
+    1024,
+    65_536,
+    65_537,
+    1_000_000,
+    1_048_576,
+    16 << 20,
+    64 << 20,
+];
+
+/// Benchmark settings.
+pub struct Options {
+    /// Seconds per wrk run.
+    pub duration: u64,
+    /// Repetitions (medians are reported).
+    pub reps: usize,
+    /// Pin wrk to CPU 1 and the servers to CPU 0.
+    pub pin: bool,
+    /// Only these sizes (all when empty).
+    pub sizes: Vec<usize>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Server {
+    Zerocache,
+    NginxNopush,
+    NginxNoNopush,
+    NginxStatic,
+}
+
+impl Server {
+    const ALL: [Server; 4] = [
+        Server::Zerocache,
+        Server::NginxNopush,
+        Server::NginxNoNopush,
+        Server::NginxStatic,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Server::Zerocache => "zerocache",
+            Server::NginxNopush => "nginx proxy_cache (tcp_nopush on)",
+            Server::NginxNoNopush => "nginx proxy_cache (tcp_nopush off)",
+            Server::NginxStatic => "nginx static",
+        }
+    }
+    fn short(self) -> &'static str {
+        match self {
+            Server::Zerocache => "zc",
+            Server::NginxNopush => "ngx-np",
+            Server::NginxNoNopush => "ngx",
+            Server::NginxStatic => "static",
+        }
+    }
+}
+
+/// One wrk run's figures.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    rps: f64,
+    mbps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+    cpu_s_per_gb: f64,
+}
+
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("{what} exited before listening ({status})");
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{what} did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn nginx_conf(dir: &Path, port: u16, origin: SocketAddr, server: Server, workers: usize) -> String {
+    let d = dir.display();
+    let common = format!(
+        "user root root; worker_processes {workers}; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
+  client_body_temp_path {d}/cb; proxy_temp_path {d}/pt; fastcgi_temp_path {d}/ft; uwsgi_temp_path {d}/ut; scgi_temp_path {d}/st;
+"
+    );
+    let body = match server {
+        Server::NginxStatic => {
+            format!("  server {{ listen 127.0.0.1:{port}; root {d}/www; tcp_nopush off; }}\n}}\n")
+        }
+        _ => {
+            let nopush = if server == Server::NginxNopush {
+                "on"
+            } else {
+                "off"
+            };
+            format!(
+                "  tcp_nopush {nopush};
+  proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
+  upstream origin {{ server {origin}; keepalive 32; }}
+  server {{ listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";
+      proxy_cache zc; proxy_cache_valid 200 60m; add_header X-Cache $upstream_cache_status; }} }}
+}}
+"
+            )
+        }
+    };
+    common + &body
+}
+
+fn start_nginx(
+    base: &Path,
+    origin: SocketAddr,
+    server: Server,
+    workers: usize,
+) -> anyhow::Result<Running> {
+    let dir = base.join(server.short());
+    std::fs::create_dir_all(dir.join("www/obj"))?;
+    if server == Server::NginxStatic {
+        for s in SIZES {
+            let f = dir.join(format!("www/obj/{s}"));
+            if !f.exists() {
+                std::fs::write(&f, zerocache_origin::body(s))?;
+            }
+        }
+    }
+    let port = free_port()?;
+    let conf = dir.join("nginx.conf");
+    std::fs::write(&conf, nginx_conf(&dir, port, origin, server, workers))?;
+    let mut child = Command::new("nginx")
+        .args(["-e", &format!("{}/error.log", dir.display()), "-p"])
+        .arg(&dir)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting nginx (installed by cargo xtask setup)")?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    wait_listening(addr, &mut child, server.name())?;
+    Ok(Running { child, addr })
+}
+
+fn start_zerocache(base: &Path, port: u16, origin: SocketAddr) -> anyhow::Result<Running> {
+    let dir = base.join("zc");
+    std::fs::create_dir_all(&dir)?;
+    let dport = free_port()?;
+    let conf = dir.join("zerocache.yaml");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: true\nlogging:\n  level: warn\n",
+            dir.join("cache").display()
+        ),
+    )?;
+    let mut child = Command::new(root().join("target/release/zerocache"))
+        .args(["run", "--config"])
+        .arg(&conf)
+        .spawn()
+        .context("starting zerocache")?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    wait_listening(addr, &mut child, "zerocache")?;
+    Ok(Running { child, addr })
+}
+
+/// Warms `addr` for every size and checks the warm bodies byte for byte.
+fn warm(addr: SocketAddr, server: Server, sizes: &[usize]) -> anyhow::Result<()> {
+    let mut c = SimpleClient::connect(addr)?;
+    for &s in sizes {
+        let path = format!("/obj/{s}");
+        let expected = zerocache_origin::body(s);
+        for attempt in 0..3 {
+            let r = c.get("bench", &path, false)?;
+            anyhow::ensure!(
+                r.status == 200,
+                "{}: {path} answered {}",
+                server.name(),
+                r.status
+            );
+            anyhow::ensure!(
+                r.body == expected,
+                "{}: {path} body differs from the origin's",
+                server.name()
+            );
+            let hit = server == Server::NginxStatic || r.header("x-cache") == Some("HIT");
+            if hit {
+                break;
+            }
+            anyhow::ensure!(
+                attempt < 2,
+                "{}: {path} is not a cache hit when warm",
+                server.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// PIDs of a server: the process and (for nginx) its workers.
+fn pids(root_pid: u32) -> Vec<u32> {
+    let mut out = vec![root_pid];
+    if let Ok(children) =
+        std::fs::read_to_string(format!("/proc/{root_pid}/task/{root_pid}/children"))
+    {
+        out.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
+/// Nanoseconds on CPU of all threads of these processes.
+fn cpu_ns(pids: &[u32]) -> u64 {
+    let mut total = 0;
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                total += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn pin(pids: &[u32], cpu: &str) {
+    for pid in pids {
+        let _ = Command::new("taskset")
+            .args(["-a", "-p", "-c", cpu, &pid.to_string()])
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+fn parse_duration_ms(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let (num, mult) = if let Some(v) = s.strip_suffix("us") {
+        (v, 0.001)
+    } else if let Some(v) = s.strip_suffix("ms") {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1000.0)
+    } else {
+        (s, 1.0)
+    };
+    num.parse::<f64>().ok().map(|v| v * mult)
+}
+
+fn connections(size: usize) -> usize {
+    if size < 1_000_000 { 32 } else { 8 }
+}
+
+fn wrk(
+    addr: SocketAddr,
+    size: usize,
+    secs: u64,
+    pin_cpu: bool,
+    server_pids: &[u32],
+) -> anyhow::Result<Sample> {
+    let conns = connections(size);
+    let mut cmd = if pin_cpu {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "1", "wrk"]);
+        c
+    } else {
+        Command::new("wrk")
+    };
+    let url = format!("http://{addr}/obj/{size}");
+    let before = cpu_ns(server_pids);
+    let out = cmd
+        .args([
+            "-t2",
+            &format!("-c{conns}"),
+            &format!("-d{secs}s"),
+            "--latency",
+            "--timeout",
+            "10s",
+            &url,
+        ])
+        .output()
+        .context("running wrk (installed by cargo xtask setup)")?;
+    let cpu = cpu_ns(server_pids).saturating_sub(before) as f64 / 1e9;
+    let text = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "wrk failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut s = Sample::default();
+    let mut total_bytes = 0f64;
+    for line in text.lines() {
+        let l = line.trim();
+        if let Some(v) = l.strip_prefix("Requests/sec:") {
+            s.rps = v.trim().parse().unwrap_or(0.0);
+        } else if let Some(v) = l.strip_prefix("50%") {
+            s.p50_ms = parse_duration_ms(v).unwrap_or(0.0);
+        } else if let Some(v) = l.strip_prefix("99%") {
+            s.p99_ms = parse_duration_ms(v).unwrap_or(0.0);
+        } else if let Some(v) = l.strip_prefix("Non-2xx or 3xx responses:") {
+            s.errors += v.trim().parse::<u64>().unwrap_or(0);
+        } else if let Some(v) = l.strip_prefix("Socket errors:") {
+            s.errors += v
+                .split(',')
+                .filter_map(|p| p.split_whitespace().last()?.parse::<u64>().ok())
+                .sum::<u64>();
+        } else if l.contains("requests in") && l.contains(" read") {
+            // "123 requests in 10.00s, 1.23GB read"
+            if let Some(read) = l.split(", ").nth(1).and_then(|r| r.strip_suffix(" read")) {
+                total_bytes = parse_bytes(read);
+            }
+        }
+    }
+    s.mbps = total_bytes / secs as f64 / 1e6;
+    s.cpu_s_per_gb = if total_bytes > 0.0 {
+        cpu / (total_bytes / 1e9)
+    } else {
+        0.0
+    };
+    Ok(s)
+}
+
+fn parse_bytes(s: &str) -> f64 {
+    let s = s.trim();
+    for (suffix, mult) in [
+        ("GB", 1024f64.powi(3)),
+        ("MB", 1024f64.powi(2)),
+        ("KB", 1024.0),
+        ("B", 1.0),
+    ] {
+        if let Some(v) = s.strip_suffix(suffix) {
+            return v.parse::<f64>().unwrap_or(0.0) * mult;
+        }
+    }
+    0.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+fn size_name(s: usize) -> String {
+    match s {
+        1024 => "1 KiB".into(),
+        65_536 => "64 KiB".into(),
+        1_048_576 => "1 MiB".into(),
+        x if x == 16 << 20 => "16 MiB".into(),
+        x if x == 64 << 20 => "64 MiB".into(),
+        x => format!("{x} B"),
+    }
+}
+
+/// Runs the benchmark and writes `xtask/bench/results/latest.md`.
+pub fn bench(opts: Options) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo).args([
+        "build",
+        "--release",
+        "-p",
+        "zerocache",
+        "-p",
+        "zerocache-origin",
+    ]))?;
+    let sizes: Vec<usize> = if opts.sizes.is_empty() {
+        SIZES.to_vec()
+    } else {
+        opts.sizes.clone()
+    };
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let base = root().join("target/bench");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base)?;
+
+    let origin_port = free_port()?;
+    let mut origin_child = Command::new(root().join("target/release/zerocache-origin"))
+        .arg(format!("127.0.0.1:{origin_port}"))
+        .stdout(Stdio::null())
+        .spawn()?;
+    let origin: SocketAddr = format!("127.0.0.1:{origin_port}").parse()?;
+    wait_listening(origin, &mut origin_child, "origin")?;
+    let _origin = Running {
+        child: origin_child,
+        addr: origin,
+    };
+
+    let nginx: Vec<(Server, Running)> = [
+        Server::NginxNopush,
+        Server::NginxNoNopush,
+        Server::NginxStatic,
+    ]
+    .into_iter()
+    .map(|s| start_nginx(&base, origin, s, workers).map(|r| (s, r)))
+    .collect::<anyhow::Result<_>>()?;
+    for (s, r) in &nginx {
+        warm(r.addr, *s, &sizes)?;
+        println!("xtask: bench: {} warm, bodies checked", s.name());
+    }
+    let zc_port = free_port()?;
+    {
+        let z = start_zerocache(&base, zc_port, origin)?;
+        warm(z.addr, Server::Zerocache, &sizes)?;
+        println!("xtask: bench: zerocache warm, bodies checked");
+    }
+
+    // results[server][size] = samples
+    let mut results: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); sizes.len()]; Server::ALL.len()];
+    let started = Instant::now();
+    for rep in 0..opts.reps {
+        let mut order = Server::ALL.to_vec();
+        order.rotate_left(rep % Server::ALL.len());
+        for server in order {
+            let zc_guard;
+            let (addr, server_pids) = match server {
+                Server::Zerocache => {
+                    zc_guard = Some(start_zerocache(&base, zc_port, origin)?);
+                    let z = zc_guard.as_ref().context("zerocache")?;
+                    (z.addr, pids(z.child.id()))
+                }
+                s => {
+                    zc_guard = None;
+                    let r = &nginx.iter().find(|(n, _)| *n == s).context("nginx")?.1;
+                    (r.addr, pids(r.child.id()))
+                }
+            };
+            if opts.pin {
+                pin(&server_pids, "0");
+            }
+            for (i, &size) in sizes.iter().enumerate() {
+                // One second of warm-up per run: connection set-up, page cache, open-file cache.
+                wrk(addr, size, 1, opts.pin, &server_pids)?;
+                let s = wrk(addr, size, opts.duration, opts.pin, &server_pids)?;
+                println!(
+                    "xtask: bench: rep {} {:<36} {:>8}  {:>10.0} req/s {:>9.1} MB/s  p99 {:>7.2} ms  {:.3} CPU-s/GB  errors {}",
+                    rep + 1,
+                    server.name(),
+                    size_name(size),
+                    s.rps,
+                    s.mbps,
+                    s.p99_ms,
+                    s.cpu_s_per_gb,
+                    s.errors
+                );
+                results[Server::ALL.iter().position(|x| *x == server).unwrap_or(0)][i].push(s);
+            }
+            drop(zc_guard);
+        }
+    }
+    let report = report(&opts, &sizes, &results, started.elapsed())?;
+    let out = root().join("xtask/bench/results");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("latest.md"), &report)?;
+    println!("\n{report}");
+    println!("xtask: bench: written to xtask/bench/results/latest.md");
+    Ok(())
+}
+
+fn med(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
+    median(samples.iter().map(f).collect())
+}
+
+fn report(
+    opts: &Options,
+    sizes: &[usize],
+    results: &[Vec<Vec<Sample>>],
+    took: Duration,
+) -> anyhow::Result<String> {
+    let mut r = String::new();
+    writeln!(r, "# zerocache vs nginx: `cargo xtask bench`\n")?;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let nginx_v = Command::new("nginx")
+        .arg("-v")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+        .unwrap_or_default();
+    writeln!(
+        r,
+        "Machine: {} cores, kernel {}, {}. wrk -t2, {} s per run, {} repetitions in rotated order, medians; {} connections below 1 MB, {} from 1 MB up. Mode: {}. zerocache runs with the probe attached and is stopped while nginx is measured. CPU from /proc/PID/task/*/schedstat. Took {:.0} s.\n",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        kernel.trim(),
+        nginx_v,
+        opts.duration,
+        opts.reps,
+        connections(1024),
+        connections(1 << 20),
+        if opts.pin {
+            "pinned (wrk on CPU 1, servers on CPU 0)"
+        } else {
+            "shared (wrk and servers on both cores)"
+        },
+        took.as_secs_f64()
+    )?;
+    writeln!(
+        r,
+        "| size | server | req/s | MB/s | p50 ms | p99 ms | errors | CPU-s/GB |"
+    )?;
+    writeln!(r, "|---|---|---|---|---|---|---|---|")?;
+    for (i, &size) in sizes.iter().enumerate() {
+        for (k, server) in Server::ALL.iter().enumerate() {
+            let s = &results[k][i];
+            writeln!(
+                r,
+                "| {} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {} | {:.3} |",
+                size_name(size),
+                server.name(),
+                med(s, |x| x.rps),
+                med(s, |x| x.mbps),
+                med(s, |x| x.p50_ms),
+                med(s, |x| x.p99_ms),
+                s.iter().map(|x| x.errors).sum::<u64>(),
+                med(s, |x| x.cpu_s_per_gb),
+            )?;
+        }
+    }
+    writeln!(r, "\n## zerocache against the better nginx proxy_cache\n")?;
+    writeln!(
+        r,
+        "| size | req/s ratio | CPU-s/GB ratio (lower is better) | p99 zerocache / better nginx |"
+    )?;
+    writeln!(r, "|---|---|---|---|")?;
+    for (i, &size) in sizes.iter().enumerate() {
+        let zc = &results[0][i];
+        let a = &results[1][i];
+        let b = &results[2][i];
+        let best_rps = med(a, |x| x.rps).max(med(b, |x| x.rps));
+        let best_cpu = med(a, |x| x.cpu_s_per_gb).min(med(b, |x| x.cpu_s_per_gb));
+        let best_p99 = med(a, |x| x.p99_ms).min(med(b, |x| x.p99_ms));
+        writeln!(
+            r,
+            "| {} | {:.2}× | {:.2}× | {:.2} ms / {:.2} ms |",
+            size_name(size),
+            med(zc, |x| x.rps) / best_rps.max(1e-9),
+            med(zc, |x| x.cpu_s_per_gb) / best_cpu.max(1e-12),
+            med(zc, |x| x.p99_ms),
+            best_p99
+        )?;
+    }
+    Ok(r)
+}
