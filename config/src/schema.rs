@@ -87,6 +87,26 @@ pub struct CacheConfig {
     /// Largest single sendfile(2) call, so one huge transfer cannot starve other connections.
     #[serde(default = "default_sendfile_max_chunk")]
     pub sendfile_max_chunk: ByteSize,
+    /// Directory levels between `path` and the files (0 to 3, two hex digits each), so no
+    /// directory holds millions of files.
+    #[serde(default = "default_levels")]
+    pub levels: u8,
+    /// Most entries in the in-memory index; beyond it the least recently used are evicted.
+    #[serde(default = "default_max_entries")]
+    pub max_entries: usize,
+    /// Most cache files kept open, so hot hits cost no open(2).
+    #[serde(default = "default_open_files")]
+    pub open_files: usize,
+}
+
+fn default_levels() -> u8 {
+    2
+}
+fn default_max_entries() -> usize {
+    1_000_000
+}
+fn default_open_files() -> usize {
+    10_000
 }
 
 fn default_sendfile_max_chunk() -> ByteSize {
@@ -136,6 +156,31 @@ pub struct Route {
     /// such responses are not stored. Never overrides `no-store`, `private` or explicit freshness.
     #[serde(default, with = "humantime_serde")]
     pub default_ttl: Option<Duration>,
+    /// What goes into the cache key beyond method, scheme, host and path.
+    #[serde(default)]
+    pub cache_key: CacheKeyConfig,
+}
+
+/// Cache key options of a route.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheKeyConfig {
+    /// Include the query string (as received). Turning it off makes `/a?x=1` and `/a?x=2` one
+    /// entry: only for origins that ignore the query.
+    #[serde(default = "default_true")]
+    pub query: bool,
+    /// Request header fields whose values are part of the key (e.g. `Accept-Encoding`).
+    #[serde(default)]
+    pub headers: Vec<String>,
+}
+
+impl Default for CacheKeyConfig {
+    fn default() -> Self {
+        CacheKeyConfig {
+            query: true,
+            headers: Vec::new(),
+        }
+    }
 }
 
 /// A route's request matcher.
@@ -295,6 +340,9 @@ pub struct Limits {
     /// Time a keep-alive connection may sit idle between requests.
     #[serde(default = "default_idle_timeout", with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Time allowed between reads of a request body; slower clients are disconnected.
+    #[serde(default = "default_client_read_timeout", with = "humantime_serde")]
+    pub read_timeout: Duration,
     /// Largest request body accepted; larger gets 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: ByteSize,
@@ -329,6 +377,9 @@ fn default_header_timeout() -> Duration {
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(60)
 }
+fn default_client_read_timeout() -> Duration {
+    Duration::from_secs(30)
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -337,6 +388,7 @@ impl Default for Limits {
             max_uri_bytes: default_max_uri(),
             header_timeout: default_header_timeout(),
             idle_timeout: default_idle_timeout(),
+            read_timeout: default_client_read_timeout(),
             max_body_bytes: default_max_body(),
             max_connections: default_max_connections(),
             drain_timeout: default_drain_timeout(),

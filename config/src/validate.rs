@@ -93,6 +93,15 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             }
         }
     }
+    if config.cache.levels > 3 {
+        return Err(invalid(
+            "cache.levels",
+            format!("{} levels: use 0 to 3", config.cache.levels),
+        ));
+    }
+    if config.cache.max_entries == 0 {
+        return Err(invalid("cache.max_entries", "must be positive".into()));
+    }
     if config.limits.max_connections == 0 {
         return Err(invalid("limits.max_connections", "must be positive".into()));
     }

@@ -95,6 +95,12 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     g.set(cache.objects as i64);
     r.register(Box::new(g))?;
     let g = IntGauge::new(
+        "zerocache_cache_open_files",
+        "Cache files held open so hot hits cost no open(2).",
+    )?;
+    g.set(cache.open_files as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new(
         "zerocache_cache_writable",
         "1 while cache writes succeed; 0 after a failed write (serving pass-through).",
     )?;

@@ -47,6 +47,8 @@ pub struct CacheStats {
     pub write_errors: u64,
     /// False while writes fail.
     pub writable: bool,
+    /// Files held open by the open-file cache.
+    pub open_files: u64,
 }
 
 static INDEX: &str = include_str!("../assets/index.html");

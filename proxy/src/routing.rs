@@ -16,6 +16,10 @@ pub struct Route {
     pub cache: bool,
     /// Freshness for storable responses that carry none.
     pub default_ttl: Option<std::time::Duration>,
+    /// Whether the query string is part of the cache key.
+    pub key_query: bool,
+    /// Request header fields whose values are part of the cache key.
+    pub key_headers: Vec<String>,
 }
 
 /// All routes, in config order.
@@ -43,6 +47,8 @@ impl Routes {
                     upstream: groups.get(&r.upstream)?.clone(),
                     cache: r.cache,
                     default_ttl: r.default_ttl,
+                    key_query: r.cache_key.query,
+                    key_headers: r.cache_key.headers.clone(),
                 })
             })
             .collect();

@@ -71,6 +71,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         },
         header_timeout: config.limits.header_timeout,
         idle_timeout: config.limits.idle_timeout,
+        read_timeout: config.limits.read_timeout,
         max_body: config.limits.max_body_bytes.as_u64(),
         max_connections: config.limits.max_connections,
         sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
@@ -83,8 +84,16 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let nofile = raise_nofile();
     let store = Arc::new(
-        Store::open(&config.cache.path, config.cache.max_size.as_u64())
-            .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?,
+        Store::open(
+            &config.cache.path,
+            crate::cache::store::StoreLimits {
+                max_size: config.cache.max_size.as_u64(),
+                max_entries: config.cache.max_entries,
+                levels: config.cache.levels,
+                open_files: config.cache.open_files,
+            },
+        )
+        .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?,
     );
     let rebuilt = store.rebuild().context("rebuilding the cache index")?;
     tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, dir = %config.cache.path.display(), "cache index rebuilt");
@@ -135,6 +144,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                     objects,
                     write_errors: st.write_errors.load(std::sync::atomic::Ordering::Relaxed),
                     writable: st.is_writable(),
+                    open_files: st.open_files() as u64,
                 }
             }),
             upstreams: config.upstreams.keys().cloned().collect(),

@@ -216,12 +216,24 @@ pub struct Entry {
 }
 
 /// An open entry file and when its link count was last checked.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct OpenFile {
     /// The file.
     pub file: Arc<File>,
     /// When `st_nlink` was last checked.
     pub checked: std::time::Instant,
+    /// This file's place in the open-file cache's count, given back on drop.
+    pub _slot: OpenSlot,
+}
+
+/// One unit of the open-file cache's count; dropping it frees the slot.
+#[derive(Debug)]
+pub struct OpenSlot(pub Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Entry {

@@ -37,13 +37,41 @@ impl CacheKey {
         format!("{hash:032x}")
     }
 
-    /// The two-level shard directories (`ab/cd`), from the hash's low bytes so they stay spread
-    /// even when a test masks the high bits away.
-    pub fn shard(hash: u128) -> (String, String) {
-        (
-            format!("{:02x}", hash & 0xff),
-            format!("{:02x}", (hash >> 8) & 0xff),
-        )
+    /// The shard directories (`ab/cd` for two levels), from the hash's low bytes so they stay
+    /// spread even when a test masks the high bits away.
+    pub fn shard(hash: u128, levels: u8) -> std::path::PathBuf {
+        (0..levels)
+            .map(|i| format!("{:02x}", (hash >> (8 * i as u32)) & 0xff))
+            .collect()
+    }
+
+    /// Appends the key parts a route adds: the values of `headers` in the request (an absent
+    /// field is marked apart from an empty one).
+    pub fn with_headers(
+        mut self,
+        headers: &[String],
+        value: impl Fn(&str) -> Option<String>,
+        hash_bits: u32,
+    ) -> CacheKey {
+        if headers.is_empty() {
+            return self;
+        }
+        for h in headers {
+            self.text.push('|');
+            self.text.push_str(&h.to_ascii_lowercase());
+            match value(h) {
+                Some(v) => {
+                    self.text.push('=');
+                    self.text.push_str(&v);
+                }
+                None => self.text.push('!'),
+            }
+        }
+        self.hash = xxh3_128(self.text.as_bytes());
+        if hash_bits < 128 {
+            self.hash &= (1u128 << hash_bits) - 1;
+        }
+        self
     }
 }
 
@@ -77,8 +105,15 @@ mod tests {
             "000000000000000000000000000000ab"
         );
         assert_eq!(
-            CacheKey::shard(0x1234),
-            ("34".to_string(), "12".to_string())
+            CacheKey::shard(0x1234, 2),
+            std::path::PathBuf::from("34/12")
         );
+        assert_eq!(CacheKey::shard(0x1234, 0), std::path::PathBuf::new());
+        let k = CacheKey::new("GET", "http", "h", "/a", 128).with_headers(
+            &["Accept-Encoding".into(), "X-Absent".into()],
+            |h| (h == "Accept-Encoding").then(|| "gzip".into()),
+            128,
+        );
+        assert_eq!(k.text, "GET|http|h|/a|accept-encoding=gzip|x-absent!");
     }
 }

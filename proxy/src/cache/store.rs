@@ -5,7 +5,7 @@
 //! far shorter than anything else on the request path, and on 2 cores a sharded or lock-free map
 //! would buy nothing measurable (see the bench). Files are deleted outside the lock.
 
-use super::entry::{self, Entry, OpenFile};
+use super::entry::{self, Entry, OpenFile, OpenSlot};
 use super::key::CacheKey;
 use lru::LruCache;
 use parking_lot::Mutex;
@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long an open file is trusted before its link count is checked again: a hot entry costs one
@@ -25,6 +25,10 @@ const NLINK_RECHECK: Duration = Duration::from_secs(1);
 pub struct Store {
     dir: PathBuf,
     max_size: u64,
+    max_entries: usize,
+    levels: u8,
+    open_files_max: usize,
+    open_files: Arc<AtomicUsize>,
     inner: Mutex<Inner>,
     tmp_seq: AtomicU64,
     /// False after a write failure: the cache degrades to pass-through until a write works again.
@@ -38,6 +42,19 @@ struct Inner {
     bytes: u64,
 }
 
+/// Sizes and shape of the store.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreLimits {
+    /// Bytes of all files.
+    pub max_size: u64,
+    /// Entries in the index.
+    pub max_entries: usize,
+    /// Shard directory levels.
+    pub levels: u8,
+    /// Files kept open.
+    pub open_files: usize,
+}
+
 /// Counts from a start-up rebuild.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Rebuilt {
@@ -49,11 +66,15 @@ pub struct Rebuilt {
 
 impl Store {
     /// Opens (creating) the cache directory; call [`Store::rebuild`] next.
-    pub fn open(dir: &Path, max_size: u64) -> io::Result<Store> {
+    pub fn open(dir: &Path, limits: StoreLimits) -> io::Result<Store> {
         fs::create_dir_all(dir.join("tmp"))?;
         Ok(Store {
             dir: dir.to_path_buf(),
-            max_size,
+            max_size: limits.max_size,
+            max_entries: limits.max_entries.max(1),
+            levels: limits.levels,
+            open_files_max: limits.open_files,
+            open_files: Arc::new(AtomicUsize::new(0)),
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 bytes: 0,
@@ -78,25 +99,24 @@ impl Store {
             let _ = fs::remove_file(t.path());
             out.discarded += 1;
         }
-        for a in fs::read_dir(&self.dir)? {
-            let a = a?;
-            if a.file_name() == "tmp" || !a.file_type()?.is_dir() {
-                continue;
-            }
-            for b in fs::read_dir(a.path())? {
-                let b = b?;
-                if !b.file_type()?.is_dir() {
+        // Walk every directory but tmp: a changed `levels` still finds the old entries.
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(d) = dirs.pop() {
+            for e in fs::read_dir(&d)? {
+                let e = e?;
+                let path = e.path();
+                if e.file_type()?.is_dir() {
+                    if path != self.dir.join("tmp") {
+                        dirs.push(path);
+                    }
                     continue;
                 }
-                for f in fs::read_dir(b.path())? {
-                    let path = f?.path();
-                    match self.index_file(&path) {
-                        Ok(()) => out.entries += 1,
-                        Err(e) => {
-                            tracing::warn!(path = %path.display(), error = %e, "discarding cache file");
-                            let _ = fs::remove_file(&path);
-                            out.discarded += 1;
-                        }
+                match self.index_file(&path) {
+                    Ok(()) => out.entries += 1,
+                    Err(err) => {
+                        tracing::warn!(path = %path.display(), error = %err, "discarding cache file");
+                        let _ = fs::remove_file(&path);
+                        out.discarded += 1;
                     }
                 }
             }
@@ -129,6 +149,7 @@ impl Store {
         {
             let mut slot = e.file.lock();
             if let Some(of) = slot.as_mut() {
+                // (Only entries that won a slot in the open-file cache get here.)
                 if now.duration_since(of.checked) < NLINK_RECHECK {
                     return Ok(of.file.clone());
                 }
@@ -143,10 +164,17 @@ impl Store {
         match File::open(&e.path) {
             Ok(f) => {
                 let f = Arc::new(f);
-                *e.file.lock() = Some(OpenFile {
-                    file: f.clone(),
-                    checked: now,
-                });
+                // Keep it open only while the open-file cache has room; a cold entry beyond
+                // that costs an open(2) per hit rather than an fd forever.
+                if self.open_files.fetch_add(1, Ordering::Relaxed) < self.open_files_max {
+                    *e.file.lock() = Some(OpenFile {
+                        file: f.clone(),
+                        checked: now,
+                        _slot: OpenSlot(self.open_files.clone()),
+                    });
+                } else {
+                    self.open_files.fetch_sub(1, Ordering::Relaxed);
+                }
                 Ok(f)
             }
             Err(err) => {
@@ -158,10 +186,14 @@ impl Store {
 
     /// Path of the final file for `hash`, creating its shard directories.
     pub fn entry_path(&self, hash: u128) -> io::Result<PathBuf> {
-        let (a, b) = CacheKey::shard(hash);
-        let dir = self.dir.join(a).join(b);
+        let dir = self.dir.join(CacheKey::shard(hash, self.levels));
         fs::create_dir_all(&dir)?;
         Ok(dir.join(CacheKey::file_name(hash)))
+    }
+
+    /// Files currently held open by the open-file cache.
+    pub fn open_files(&self) -> usize {
+        self.open_files.load(Ordering::Relaxed)
     }
 
     /// A fresh temp file path (same filesystem, so the commit is a rename).
@@ -194,8 +226,9 @@ impl Store {
     }
 
     fn entry_path_unchecked(&self, hash: u128) -> PathBuf {
-        let (a, b) = CacheKey::shard(hash);
-        self.dir.join(a).join(b).join(CacheKey::file_name(hash))
+        self.dir
+            .join(CacheKey::shard(hash, self.levels))
+            .join(CacheKey::file_name(hash))
     }
 
     /// Evicts least recently used entries until `extra` more bytes fit under `max_size`.
@@ -203,7 +236,7 @@ impl Store {
         let mut victims = Vec::new();
         {
             let mut inner = self.inner.lock();
-            while inner.bytes + extra > self.max_size {
+            while inner.bytes + extra > self.max_size || inner.lru.len() > self.max_entries {
                 match inner.lru.pop_lru() {
                     Some((_, e)) => {
                         inner.bytes -= e.disk_size();

@@ -253,7 +253,7 @@ impl Conn {
                 .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                 .await?;
         }
-        let timeout = self.ctx.header_timeout;
+        let timeout = self.ctx.read_timeout;
         let mut body = Vec::new();
         match req.body {
             BodyFraming::None => {}
@@ -325,7 +325,17 @@ impl Conn {
             .run(self)
             .await;
         }
-        let key = CacheKey::new(&req.method, "http", &req.host, &req.target, ctx.hash_bits);
+        let target = if route.key_query {
+            req.target.as_str()
+        } else {
+            req.path()
+        };
+        let key = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits)
+            .with_headers(
+                &route.key_headers,
+                |h| req.field(h).map(str::to_string),
+                ctx.hash_bits,
+            );
         let mut status = CacheStatus::Miss;
         if let Some(e) = ctx.store.lookup(&key) {
             if e.is_fresh(SystemTime::now()) {

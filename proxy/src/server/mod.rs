@@ -41,6 +41,8 @@ pub struct Ctx {
     pub header_timeout: Duration,
     /// Time a keep-alive connection may idle between requests.
     pub idle_timeout: Duration,
+    /// Time allowed between reads of a request body.
+    pub read_timeout: Duration,
     /// Largest request body accepted (413 beyond).
     pub max_body: u64,
     /// Most open client connections.

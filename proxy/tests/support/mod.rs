@@ -35,6 +35,8 @@ pub struct Opts {
     pub cache_yaml: String,
     pub upstream_yaml: String,
     pub dashboard_yaml: String,
+    /// Extra keys of the one route (indented 4 spaces).
+    pub route_yaml: String,
     pub probe: bool,
     /// Run as nobody with no capabilities at all.
     pub run_as: Option<&'static str>,
@@ -58,13 +60,14 @@ impl Proxy {
         let dport = free_port();
         let config = config_dir.join(format!("zerocache-{port}.yaml"));
         let yaml = format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\n{extra}",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\n{extra}",
             dir = dir.display(),
             cache = opts.cache_yaml,
             up = opts.upstream_yaml,
             probe = opts.probe,
             extra = opts.extra_yaml,
             dash = opts.dashboard_yaml,
+            route = opts.route_yaml,
         );
         std::fs::write(&config, yaml).expect("write config");
         let bin = env!("CARGO_BIN_EXE_zerocache");
