@@ -215,6 +215,7 @@ pub struct Accounting {
     body_bytes: [[AtomicU64; 2]; 8],
     violations: AtomicU64,
     violation_bytes: AtomicU64,
+    cold_offloads: AtomicU64,
     next_conn: AtomicU64,
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
     durations: prometheus::Histogram,
@@ -258,6 +259,7 @@ impl Accounting {
             body_bytes: Default::default(),
             violations: AtomicU64::new(0),
             violation_bytes: AtomicU64::new(0),
+            cold_offloads: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
             durations,
@@ -328,6 +330,16 @@ impl Accounting {
                 DataPath::Copy => c.copy_body_bytes += r.body_bytes,
             }
         }
+    }
+
+    /// A hit's pages were not in the page cache and were read in on the blocking pool.
+    pub fn cold_offload(&self) {
+        self.cold_offloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Hits whose pages had to be read in first.
+    pub fn cold_offloads(&self) -> u64 {
+        self.cold_offloads.load(Ordering::Relaxed)
     }
 
     /// An upstream exchange failed.

@@ -55,6 +55,15 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .with_label_values(&[] as &[&str])
         .inc_by(acc.violations());
 
+    let cold = counter_vec(
+        &r,
+        "zerocache_cold_hit_offloads_total",
+        "Hits whose pages were not in the page cache and were read in on the blocking pool first.",
+        &[],
+    )?;
+    cold.with_label_values(&[] as &[&str])
+        .inc_by(acc.cold_offloads());
+
     let kernel_body = counter_vec(
         &r,
         "zerocache_kernel_body_bytes_total",

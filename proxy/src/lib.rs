@@ -5,6 +5,7 @@
 pub mod accesslog;
 pub mod cache;
 pub mod http;
+pub mod residency;
 pub mod routing;
 pub mod run;
 pub mod sendfile;

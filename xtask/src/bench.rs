@@ -49,18 +49,21 @@ enum Server {
     NginxNopush,
     NginxNoNopush,
     NginxStatic,
+    ZerocacheNoProbe,
 }
 
 impl Server {
-    const ALL: [Server; 4] = [
+    const ALL: [Server; 5] = [
         Server::Zerocache,
         Server::NginxNopush,
         Server::NginxNoNopush,
         Server::NginxStatic,
+        Server::ZerocacheNoProbe,
     ];
     fn name(self) -> &'static str {
         match self {
             Server::Zerocache => "zerocache",
+            Server::ZerocacheNoProbe => "zerocache (probe off)",
             Server::NginxNopush => "nginx proxy_cache (tcp_nopush on)",
             Server::NginxNoNopush => "nginx proxy_cache (tcp_nopush off)",
             Server::NginxStatic => "nginx static",
@@ -69,6 +72,7 @@ impl Server {
     fn short(self) -> &'static str {
         match self {
             Server::Zerocache => "zc",
+            Server::ZerocacheNoProbe => "zc",
             Server::NginxNopush => "ngx-np",
             Server::NginxNoNopush => "ngx",
             Server::NginxStatic => "static",
@@ -85,6 +89,10 @@ struct Sample {
     p99_ms: f64,
     errors: u64,
     cpu_s_per_gb: f64,
+    /// Server CPU per request, ns.
+    cpu_ns_per_req: f64,
+    /// BPF program run time per request, ns (0 when no probe).
+    probe_ns_per_req: f64,
 }
 
 struct Running {
@@ -193,7 +201,12 @@ fn start_nginx(
     Ok(Running { child, addr })
 }
 
-fn start_zerocache(base: &Path, port: u16, origin: SocketAddr) -> anyhow::Result<Running> {
+fn start_zerocache(
+    base: &Path,
+    port: u16,
+    origin: SocketAddr,
+    probe: bool,
+) -> anyhow::Result<Running> {
     let dir = base.join("zc");
     std::fs::create_dir_all(&dir)?;
     let dport = free_port()?;
@@ -201,7 +214,7 @@ fn start_zerocache(base: &Path, port: u16, origin: SocketAddr) -> anyhow::Result
     std::fs::write(
         &conf,
         format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: true\nlogging:\n  level: warn\n",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\nlogging:\n  level: warn\n",
             dir.join("cache").display()
         ),
     )?;
@@ -213,6 +226,34 @@ fn start_zerocache(base: &Path, port: u16, origin: SocketAddr) -> anyhow::Result
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     wait_listening(addr, &mut child, "zerocache")?;
     Ok(Running { child, addr })
+}
+
+/// Sum of `run_time_ns` over the BPF programs `pid` holds (from /proc/PID/fdinfo; needs
+/// `kernel.bpf_stats_enabled=1`).
+fn bpf_run_ns(pid: u32) -> u64 {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    let mut total = 0;
+    for fd in fds.flatten() {
+        let is_prog = std::fs::read_link(fd.path())
+            .map(|t| t.to_string_lossy() == "anon_inode:bpf-prog")
+            .unwrap_or(false);
+        if !is_prog {
+            continue;
+        }
+        if let Ok(info) = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        )) {
+            total += info
+                .lines()
+                .find_map(|l| l.strip_prefix("run_time_ns:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
 }
 
 /// Warms `addr` for every size and checks the warm bodies byte for byte.
@@ -327,6 +368,7 @@ fn wrk(
     };
     let url = format!("http://{addr}/obj/{size}");
     let before = cpu_ns(server_pids);
+    let probe_before = bpf_run_ns(server_pids[0]);
     let out = cmd
         .args([
             "-t2",
@@ -340,6 +382,7 @@ fn wrk(
         .output()
         .context("running wrk (installed by cargo xtask setup)")?;
     let cpu = cpu_ns(server_pids).saturating_sub(before) as f64 / 1e9;
+    let probe_ns = bpf_run_ns(server_pids[0]).saturating_sub(probe_before) as f64;
     let text = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
@@ -371,6 +414,9 @@ fn wrk(
         }
     }
     s.mbps = total_bytes / secs as f64 / 1e6;
+    let requests = (s.rps * secs as f64).max(1.0);
+    s.cpu_ns_per_req = cpu * 1e9 / requests;
+    s.probe_ns_per_req = probe_ns / requests;
     s.cpu_s_per_gb = if total_bytes > 0.0 {
         cpu / (total_bytes / 1e9)
     } else {
@@ -462,10 +508,14 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     }
     let zc_port = free_port()?;
     {
-        let z = start_zerocache(&base, zc_port, origin)?;
+        let z = start_zerocache(&base, zc_port, origin, true)?;
         warm(z.addr, Server::Zerocache, &sizes)?;
         println!("xtask: bench: zerocache warm, bodies checked");
     }
+    // Per-program BPF run time, for the probe's own cost; restored afterwards.
+    let stats_path = "/proc/sys/kernel/bpf_stats_enabled";
+    let stats_before = std::fs::read_to_string(stats_path).unwrap_or_default();
+    let _ = std::fs::write(stats_path, "1");
 
     // results[server][size] = samples
     let mut results: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); sizes.len()]; Server::ALL.len()];
@@ -476,8 +526,9 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         for server in order {
             let zc_guard;
             let (addr, server_pids) = match server {
-                Server::Zerocache => {
-                    zc_guard = Some(start_zerocache(&base, zc_port, origin)?);
+                Server::Zerocache | Server::ZerocacheNoProbe => {
+                    let probe = server == Server::Zerocache;
+                    zc_guard = Some(start_zerocache(&base, zc_port, origin, probe)?);
                     let z = zc_guard.as_ref().context("zerocache")?;
                     (z.addr, pids(z.child.id()))
                 }
@@ -509,6 +560,9 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
             }
             drop(zc_guard);
         }
+    }
+    if !stats_before.trim().is_empty() {
+        let _ = std::fs::write(stats_path, stats_before.trim());
     }
     let report = report(&opts, &sizes, &results, started.elapsed())?;
     let out = root().join("xtask/bench/results");
@@ -599,6 +653,31 @@ fn report(
             med(zc, |x| x.cpu_s_per_gb) / best_cpu.max(1e-12),
             med(zc, |x| x.p99_ms),
             best_p99
+        )?;
+    }
+    writeln!(r, "\n## The probe's own cost\n")?;
+    writeln!(
+        r,
+        "BPF program run time per request (kernel.bpf_stats_enabled, run_time_ns summed over the probe's programs, which also run, and return early, for every other process's syscalls) against zerocache's CPU time per request; and the throughput with the probe off.\n"
+    )?;
+    writeln!(
+        r,
+        "| size | probe ns/request | zerocache CPU ns/request | probe share | req/s probe on / off |"
+    )?;
+    writeln!(r, "|---|---|---|---|---|")?;
+    for (i, &size) in sizes.iter().enumerate() {
+        let on = &results[0][i];
+        let off = &results[4][i];
+        let probe = med(on, |x| x.probe_ns_per_req);
+        let cpu = med(on, |x| x.cpu_ns_per_req);
+        writeln!(
+            r,
+            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} |",
+            size_name(size),
+            probe,
+            cpu,
+            100.0 * probe / cpu.max(1.0),
+            med(on, |x| x.rps) / med(off, |x| x.rps).max(1e-9)
         )?;
     }
     Ok(r)

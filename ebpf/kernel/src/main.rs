@@ -4,7 +4,11 @@
 //!
 //! Why tracepoints on syscalls: they are stable ABI (the argument offsets below come from
 //! `/sys/kernel/tracing/events/syscalls/*/format`), this kernel has no kprobes, and a syscall is
-//! exactly the unit at which user space chooses between copying and not copying.
+//! exactly the unit at which user space chooses between copying and not copying. Their price:
+//! while any syscall tracepoint is enabled, every syscall of every task takes the kernel's slower
+//! tracing path. fentry/fexit trampolines on the `__x64_sys_*` wrappers would avoid that, but
+//! loading tracing programs fails with EPERM on this kind of machine (lockdown), so the probe
+//! keeps the tracepoints and the benchmark reports what they cost.
 //!
 //! The shape: an enter program checks the process against `WATCHED` (the only work an unwatched
 //! process pays for), stashes the fd and requested length per thread, and the shared exit program

@@ -1,10 +1,12 @@
 //! The BPF programs and maps. See the crate documentation for the design.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_smp_processor_id},
-    macros::{map, tracepoint},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated::bpf_get_smp_processor_id,
+    },
+    macros::{fentry, fexit, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::TracePointContext,
+    programs::{FEntryContext, FExitContext, TracePointContext},
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{
@@ -162,15 +164,24 @@ pub fn exit_output(ctx: TracePointContext) -> u32 {
         None => return 0,
     };
     let _ = INFLIGHT.remove(id);
-    let ret = arg(&ctx, RET) as i64;
-    let k = inflight.kind as usize;
-    if k >= kind::COUNT {
-        return 0;
-    }
-    let key = FdKey {
+    count(
         tgid,
-        fd: inflight.fd,
-    };
+        inflight.fd,
+        inflight.kind,
+        inflight.requested,
+        arg(&ctx, RET) as i64,
+    );
+    0
+}
+
+/// Adds one completed output syscall to the fd's record and the process totals.
+#[inline(always)]
+fn count(tgid: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
+    let k = k32 as usize;
+    if k >= kind::COUNT {
+        return;
+    }
+    let key = FdKey { tgid, fd };
     let record = match FD_RECORDS.get_ptr_mut(key) {
         Some(p) => p,
         None => {
@@ -188,20 +199,29 @@ pub fn exit_output(ctx: TracePointContext) -> u32 {
             }
             match FD_RECORDS.get_ptr_mut(key) {
                 Some(p) => p,
-                None => return 0,
+                None => return,
             }
         }
     };
     // SAFETY: record points at a live map value; k < kind::COUNT was checked above.
     let (counts, flags) = unsafe { (&raw mut (*record).counts[k], (*record).info.flags) };
-    let (bytes, short, err, again) = classify(ret, inflight.requested, inflight.kind);
-    // SAFETY: fields of the map value above.
+    let (bytes, short, err, again) = classify(ret, requested, k32);
+    // SAFETY: fields of the map value above. Atomic because two threads may write one fd; the
+    // rare counters are only touched when non-zero.
     unsafe {
         add(&raw mut (*counts).calls, 1);
-        add(&raw mut (*counts).bytes, bytes);
-        add(&raw mut (*counts).short, short);
-        add(&raw mut (*counts).errors, err);
-        add(&raw mut (*counts).eagain, again);
+        if bytes != 0 {
+            add(&raw mut (*counts).bytes, bytes);
+        }
+        if short != 0 {
+            add(&raw mut (*counts).short, short);
+        }
+        if err != 0 {
+            add(&raw mut (*counts).errors, err);
+        }
+        if again != 0 {
+            add(&raw mut (*counts).eagain, again);
+        }
     }
     let class = if flags & fd_flags::SOCKET != 0 {
         FD_CLASS_SOCKET
@@ -219,7 +239,6 @@ pub fn exit_output(ctx: TracePointContext) -> u32 {
             c.eagain += again;
         }
     }
-    0
 }
 
 /// (bytes, short, error, eagain) for one return value.
@@ -312,12 +331,11 @@ fn lifecycle_event(kind_: u32, tgid: u32, fd: u32, fd_last: u32) {
 }
 
 #[inline(always)]
-fn created(ctx: &TracePointContext, flags: u32) -> u32 {
+fn created(ret: i64, flags: u32) -> u32 {
     let (_, tgid) = current();
     if !watched(tgid) {
         return 0;
     }
-    let ret = arg(ctx, RET) as i64;
     if ret < 0 {
         return 0;
     }
@@ -346,21 +364,26 @@ fn created(ctx: &TracePointContext, flags: u32) -> u32 {
 /// Attached to `sys_exit_accept` and `sys_exit_accept4`: a new inbound connection.
 #[tracepoint]
 pub fn exit_accept(ctx: TracePointContext) -> u32 {
-    created(&ctx, fd_flags::SOCKET | fd_flags::ACCEPTED)
+    created(arg(&ctx, RET) as i64, fd_flags::SOCKET | fd_flags::ACCEPTED)
 }
 
 /// Attached to `sys_exit_socket`: an outbound (or listening) socket.
 #[tracepoint]
 pub fn exit_socket(ctx: TracePointContext) -> u32 {
-    created(&ctx, fd_flags::SOCKET)
+    created(arg(&ctx, RET) as i64, fd_flags::SOCKET)
 }
 
 /// `close(fd)`: Linux releases the fd number even when close reports an error, so flush on enter.
 #[tracepoint]
 pub fn enter_close(ctx: TracePointContext) -> u32 {
+    closing(arg(&ctx, ARG0) as u32)
+}
+
+#[inline(always)]
+fn closing(fd: u32) -> u32 {
     let (_, tgid) = current();
     if watched(tgid) {
-        flush(tgid, arg(&ctx, ARG0) as u32);
+        flush(tgid, fd);
     }
     0
 }
@@ -368,12 +391,13 @@ pub fn enter_close(ctx: TracePointContext) -> u32 {
 /// `dup2(oldfd, newfd)` / `dup3(oldfd, newfd, flags)` close `newfd` first when it differs.
 #[tracepoint]
 pub fn enter_dup(ctx: TracePointContext) -> u32 {
+    duping(arg(&ctx, ARG0) as u32, arg(&ctx, ARG1) as u32)
+}
+
+#[inline(always)]
+fn duping(old: u32, new: u32) -> u32 {
     let (_, tgid) = current();
-    if !watched(tgid) {
-        return 0;
-    }
-    let (old, new) = (arg(&ctx, ARG0) as u32, arg(&ctx, ARG1) as u32);
-    if old != new {
+    if watched(tgid) && old != new {
         flush(tgid, new);
     }
     0
@@ -382,14 +406,14 @@ pub fn enter_dup(ctx: TracePointContext) -> u32 {
 /// `close_range(fd, max_fd, flags)`: a loop over the range would not verify, so user space flushes.
 #[tracepoint]
 pub fn enter_close_range(ctx: TracePointContext) -> u32 {
+    closing_range(arg(&ctx, ARG0) as u32, arg(&ctx, ARG1) as u32)
+}
+
+#[inline(always)]
+fn closing_range(first: u32, last: u32) -> u32 {
     let (_, tgid) = current();
     if watched(tgid) {
-        lifecycle_event(
-            event::CLOSE_RANGE,
-            tgid,
-            arg(&ctx, ARG0) as u32,
-            arg(&ctx, ARG1) as u32,
-        );
+        lifecycle_event(event::CLOSE_RANGE, tgid, first, last);
     }
     0
 }
@@ -397,6 +421,11 @@ pub fn enter_close_range(ctx: TracePointContext) -> u32 {
 /// `io_uring_enter`: counted so the dashboard can say there is I/O the probe cannot classify.
 #[tracepoint]
 pub fn enter_io_uring(_ctx: TracePointContext) -> u32 {
+    uring()
+}
+
+#[inline(always)]
+fn uring() -> u32 {
     let (_, tgid) = current();
     if watched(tgid)
         && let Some(t) = totals(tgid, FD_CLASS_OTHER)

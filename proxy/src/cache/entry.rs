@@ -213,6 +213,9 @@ pub struct Entry {
     /// Open-file cache: the file stays open while the entry is indexed, so a hot hit costs no
     /// open(2). Replaced when the file turns out to be deleted underneath.
     pub file: parking_lot::Mutex<Option<OpenFile>>,
+    /// Milliseconds since the process epoch of the last hit; an entry hit within the last second
+    /// is taken as resident in the page cache without asking the kernel.
+    pub last_hit_ms: std::sync::atomic::AtomicU64,
 }
 
 /// An open entry file and when its link count was last checked.
@@ -255,6 +258,7 @@ impl Entry {
             body_offset,
             body_len,
             file: parking_lot::Mutex::new(None),
+            last_hit_ms: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

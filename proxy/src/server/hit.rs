@@ -98,6 +98,18 @@ impl Conn {
         let mut sent = 0;
         if let Some(file) = file.as_ref().filter(|_| len > 0) {
             let offset = e.body_offset + start;
+            // Cold pages are read in on the blocking pool, so sendfile never waits for the disk
+            // on a runtime thread (see `residency`). Entries hit in the last second skip the check.
+            let now_ms = crate::server::uptime_ms();
+            let last = e
+                .last_hit_ms
+                .swap(now_ms, std::sync::atomic::Ordering::Relaxed);
+            if (last == 0 || now_ms.saturating_sub(last) > 1000)
+                && !crate::residency::resident(file, offset, len)
+            {
+                ctx.accounting.cold_offload();
+                crate::residency::warm(file.clone(), offset, len).await;
+            }
             let result = if ctx.copy_hits {
                 sendfile::send_by_copy(&self.sock, file, offset, len).await
             } else {

@@ -55,6 +55,12 @@ pub struct Ctx {
     pub copy_hits: bool,
 }
 
+/// Milliseconds since the first call: a cheap monotonic clock for "recently hit" checks.
+pub fn uptime_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
 /// State shared by the accept loop, every connection and the signal handlers.
 pub struct Shared {
     /// The current context.
