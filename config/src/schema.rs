@@ -97,6 +97,14 @@ pub struct CacheConfig {
     /// Most cache files kept open, so hot hits cost no open(2).
     #[serde(default = "default_open_files")]
     pub open_files: usize,
+    /// Cap of heuristic freshness: responses without explicit freshness but with
+    /// `Last-Modified` stay fresh for 10% of their age, at most this long (RFC 9111 §4.2.2).
+    #[serde(default = "default_heuristic_max", with = "humantime_serde")]
+    pub heuristic_max: Duration,
+}
+
+fn default_heuristic_max() -> Duration {
+    Duration::from_secs(24 * 3600)
 }
 
 fn default_levels() -> u8 {

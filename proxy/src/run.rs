@@ -75,6 +75,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         max_body: config.limits.max_body_bytes.as_u64(),
         max_connections: config.limits.max_connections,
         sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
+        heuristic_max: config.cache.heuristic_max,
         hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
         copy_hits: config.debug.copy_hits,
     }

@@ -21,7 +21,7 @@ fn miss_then_hit_is_byte_exact_at_every_size() {
         assert_eq!(miss.body, body(size), "miss body {size}");
         let hit = c.get(&path, &[]);
         assert_eq!(hit.x_cache(), "HIT", "{size}");
-        assert_eq!(hit.header("cache-status"), Some("zerocache; hit"));
+        assert_eq!(hit.cache_status().as_deref(), Some("zerocache; hit"));
         assert_eq!(
             hit.header("content-length"),
             Some(size.to_string().as_str())
@@ -90,7 +90,7 @@ fn concurrent_misses_are_coalesced() {
     assert_eq!(
         responses
             .iter()
-            .filter(|r| r.header("cache-status") == Some("zerocache; hit; detail=coalesced"))
+            .filter(|r| r.cache_status().as_deref() == Some("zerocache; hit; detail=coalesced"))
             .count(),
         7
     );

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// File magic, versioned.
-pub const MAGIC: &[u8; 8] = b"ZCENTRY1";
+pub const MAGIC: &[u8; 8] = b"ZCENTRY2";
 /// Bytes before the meta block.
 pub const FIXED: usize = 32;
 /// Body alignment.
@@ -52,6 +52,8 @@ pub struct Meta {
     pub reason: String,
     /// Stored header fields as `Name: value\r\n` lines, without hop-by-hop and framing fields.
     pub fields: Vec<u8>,
+    /// Lower-cased names of the request fields the response varies on (`Vary`).
+    pub vary: Vec<String>,
 }
 
 fn millis(t: SystemTime) -> u64 {
@@ -75,6 +77,7 @@ impl Meta {
         out.extend_from_slice(&self.status.to_le_bytes());
         put_bytes(&mut out, self.reason.as_bytes());
         put_bytes(&mut out, &self.fields);
+        put_bytes(&mut out, self.vary.join(",").as_bytes());
         out
     }
 
@@ -102,6 +105,12 @@ impl Meta {
         let status = u16::from_le_bytes(take(&mut b, 2)?.try_into().ok()?);
         let reason = String::from_utf8(bytes(&mut b)?.to_vec()).ok()?;
         let fields = bytes(&mut b)?.to_vec();
+        let vary_text = String::from_utf8(bytes(&mut b)?.to_vec()).ok()?;
+        let vary = vary_text
+            .split(',')
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .collect();
         Some(Meta {
             key,
             stored_at,
@@ -110,6 +119,7 @@ impl Meta {
             status,
             reason,
             fields,
+            vary,
         })
     }
 }
@@ -119,9 +129,14 @@ pub fn body_offset(meta_len: usize) -> u64 {
     ((FIXED + meta_len) as u64).div_ceil(ALIGN) * ALIGN
 }
 
-/// The fixed part and meta block, ready to write at offset 0.
+/// The fixed part and meta block, ready to write at offset 0, for a body at the smallest
+/// aligned offset after them.
 pub fn encode_header(meta: &[u8], body_len: u64) -> Vec<u8> {
-    let offset = body_offset(meta.len());
+    encode_header_at(meta, body_len, body_offset(meta.len()))
+}
+
+/// Like [`encode_header`] for a body at `offset` (a rewritten header keeps its body in place).
+pub fn encode_header_at(meta: &[u8], body_len: u64, offset: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(FIXED + meta.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
@@ -177,7 +192,7 @@ pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
     let sum = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]);
     let body_len = u64::from_le_bytes(fixed[16..24].try_into().map_err(|_| CorruptEntry::Meta)?);
     let offset = u64::from_le_bytes(fixed[24..32].try_into().map_err(|_| CorruptEntry::Meta)?);
-    if meta_len > 1 << 20 || offset != body_offset(meta_len) {
+    if meta_len > 1 << 20 || offset < body_offset(meta_len) || offset % ALIGN != 0 {
         return Err(CorruptEntry::Meta);
     }
     let mut meta = vec![0u8; meta_len];
@@ -216,6 +231,16 @@ pub struct Entry {
     /// Milliseconds since the process epoch of the last hit; an entry hit within the last second
     /// is taken as resident in the page cache without asking the kernel.
     pub last_hit_ms: std::sync::atomic::AtomicU64,
+    /// What the stored response's directives demand of its reuse.
+    pub reuse: crate::cache::freshness::Reuse,
+    /// Stored `ETag`, for validation and conditional requests.
+    pub etag: Option<String>,
+    /// Stored `Last-Modified`.
+    pub last_modified: Option<String>,
+    /// `stale-if-error` of the stored response.
+    pub stale_if_error: Option<Duration>,
+    /// `stale-while-revalidate` of the stored response.
+    pub stale_while_revalidate: Option<Duration>,
 }
 
 /// An open entry file and when its link count was last checked.
@@ -250,7 +275,33 @@ impl Entry {
         head.extend_from_slice(b"\r\n");
         head.extend_from_slice(&meta.fields);
         crate::http::headers::put_num(&mut head, "Content-Length", body_len);
+        let field = |name: &str| -> Option<String> {
+            meta.fields.split(|b| *b == b'\n').find_map(|line| {
+                let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+                let (k, v) = line.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case(name)
+                    .then(|| v.trim().to_string())
+            })
+        };
+        let cc: Vec<String> = meta
+            .fields
+            .split(|b| *b == b'\n')
+            .filter_map(|line| {
+                let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+                let (k, v) = line.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("cache-control")
+                    .then(|| v.trim().to_string())
+            })
+            .collect();
+        let d = crate::cache::directives::response(Some(&cc.join(", ")));
         Entry {
+            reuse: crate::cache::freshness::Reuse::of(&d),
+            etag: field("etag"),
+            last_modified: field("last-modified"),
+            stale_if_error: d.stale_if_error.map(Duration::from_secs),
+            stale_while_revalidate: d.stale_while_revalidate.map(Duration::from_secs),
             hash,
             hit_head: Bytes::from(head),
             meta,
@@ -271,11 +322,6 @@ impl Entry {
     pub fn age(&self, now: SystemTime) -> Duration {
         self.meta.initial_age + now.duration_since(self.meta.stored_at).unwrap_or_default()
     }
-
-    /// Fresh at `now`.
-    pub fn is_fresh(&self, now: SystemTime) -> bool {
-        self.age(now) < self.meta.lifetime
-    }
 }
 
 #[cfg(test)]
@@ -292,6 +338,7 @@ mod tests {
             status: 200,
             reason: "OK".into(),
             fields: b"Cache-Control: max-age=3600\r\n".to_vec(),
+            vary: vec!["accept-encoding".into()],
         }
     }
 
@@ -299,7 +346,7 @@ mod tests {
     fn meta_round_trips_and_body_is_page_aligned() {
         let m = meta();
         let enc = m.encode();
-        assert_eq!(enc.len(), 4 + 13 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29);
+        assert_eq!(enc.len(), 4 + 13 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29 + 4 + 15);
         assert_eq!(Meta::decode(&enc), Some(m));
         assert_eq!(body_offset(10), 4096);
         assert_eq!(body_offset(4096 - 32), 4096);

@@ -32,6 +32,15 @@ impl CacheKey {
         CacheKey { text, hash }
     }
 
+    /// A key from its full text (secondary keys are built as text).
+    pub fn from_text(text: String, hash_bits: u32) -> CacheKey {
+        let mut hash = xxh3_128(text.as_bytes());
+        if hash_bits < 128 {
+            hash &= (1u128 << hash_bits) - 1;
+        }
+        CacheKey { text, hash }
+    }
+
     /// The file name: the hash in hex, 32 characters.
     pub fn file_name(hash: u128) -> String {
         format!("{hash:032x}")

@@ -1,9 +1,15 @@
 //! The disk cache: one file per stored response, an in-memory index with LRU eviction, fills that
-//! become entries only when complete, and the locks that coalesce concurrent misses.
+//! become entries only when complete, the locks that coalesce concurrent misses, and the HTTP
+//! caching rules (RFC 9111) that decide what is stored, for how long, and how it is reused.
 
+pub mod conditional;
+pub mod directives;
 pub mod entry;
 pub mod fill;
+pub mod freshness;
 pub mod key;
 pub mod lock;
 pub mod policy;
 pub mod store;
+pub mod validation;
+pub mod variance;

@@ -1,55 +1,13 @@
-//! Whether a response may be stored, and for how long it is fresh, as RFC 9111 says for a shared
-//! cache. This stage stores GET responses with explicit freshness (`s-maxage`, `max-age`,
-//! `Expires`) of any status; heuristic freshness, validation and `Vary` variants come later, so a
-//! response with `Vary` is not stored rather than risk serving the wrong variant.
+//! Whether a response may be stored, what of it is stored, and for how long it is fresh, as RFC
+//! 9111 §3 says for a shared cache. The smallest config behaves as the RFC says; the only widening
+//! is a route's explicit `default_ttl`.
 
+use super::directives;
+use super::freshness::{self, Heuristics, Source};
+use crate::http::headers;
 use crate::http::request::RequestHead;
 use crate::http::response::ResponseHead;
 use std::time::{Duration, SystemTime};
-
-/// Cache-Control directives that matter here, parsed once.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Directives {
-    /// `no-store`.
-    pub no_store: bool,
-    /// `no-cache` (this stage: not stored).
-    pub no_cache: bool,
-    /// `private`.
-    pub private: bool,
-    /// `public`.
-    pub public: bool,
-    /// `must-revalidate`.
-    pub must_revalidate: bool,
-    /// `max-age`.
-    pub max_age: Option<u64>,
-    /// `s-maxage`.
-    pub s_maxage: Option<u64>,
-}
-
-/// Parses a `Cache-Control` value. The first occurrence of a duplicated directive wins (§4.2.1);
-/// quoted numbers are accepted (§5.2); unknown directives are ignored.
-pub fn directives(value: Option<&str>) -> Directives {
-    let mut d = Directives::default();
-    let Some(value) = value else { return d };
-    for part in value.split(',') {
-        let (name, arg) = match part.split_once('=') {
-            Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
-            None => (part.trim(), None),
-        };
-        let num = || arg.and_then(|a| a.parse::<u64>().ok());
-        match name.to_ascii_lowercase().as_str() {
-            "no-store" => d.no_store = true,
-            "no-cache" => d.no_cache = true,
-            "private" => d.private = true,
-            "public" => d.public = true,
-            "must-revalidate" | "proxy-revalidate" => d.must_revalidate = true,
-            "max-age" if d.max_age.is_none() => d.max_age = num(),
-            "s-maxage" if d.s_maxage.is_none() => d.s_maxage = num(),
-            _ => {}
-        }
-    }
-    d
-}
 
 /// Why a response was not stored, for `Cache-Status` and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,14 +16,14 @@ pub enum NotStored {
     Method,
     /// Request `no-store`.
     RequestNoStore,
-    /// Response `no-store`, `no-cache` or `private`.
+    /// Response `no-store` or unqualified `private`.
     Directive,
-    /// Request carried `Authorization` and the response did not allow sharing.
+    /// Request carried `Authorization` and the response did not allow sharing (§3.5).
     Authorization,
-    /// No explicit freshness.
+    /// No explicit freshness and no heuristic allowed.
     NoFreshness,
-    /// `Vary` (variants are not stored yet).
-    Vary,
+    /// `Vary: *`: no request can ever match it.
+    VaryStar,
     /// 1xx, 206 or 304: partial or bodiless answers that are not the resource.
     Status,
 }
@@ -79,35 +37,94 @@ impl NotStored {
             NotStored::Directive => "response-directive",
             NotStored::Authorization => "authorization",
             NotStored::NoFreshness => "no-freshness",
-            NotStored::Vary => "vary",
+            NotStored::VaryStar => "vary-star",
             NotStored::Status => "status",
         }
     }
 }
 
-/// Statuses RFC 9110 §15.1 lets a cache store without explicit freshness.
-const HEURISTIC_STATUSES: [u16; 12] = [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501];
+/// What to store of a storable response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storable {
+    /// Freshness lifetime.
+    pub lifetime: Duration,
+    /// Where the lifetime came from.
+    pub source: Source,
+    /// Corrected initial age.
+    pub initial_age: Duration,
+    /// The stored header block (`Name: value\r\n` lines).
+    pub fields: Vec<u8>,
+    /// Lower-cased field names of `Vary`, in order.
+    pub vary: Vec<String>,
+}
 
-/// Decides storability and returns the freshness lifetime and the corrected initial age.
+/// Fields the proxy itself controls: never stored, always recomputed.
+pub fn proxy_owned(name: &str) -> bool {
+    [
+        "content-length",
+        "transfer-encoding",
+        "age",
+        "x-cache",
+        "cache-status",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The stored header block of `res`: as received, minus hop-by-hop fields, fields the proxy
+/// recomputes, and fields `private="..."` or `no-cache="..."` name (a shared cache must not
+/// store the former, and must not send the latter unrevalidated: not storing them does both).
+pub fn stored_fields(res: &ResponseHead, drop: &[String]) -> Vec<u8> {
+    let tokens =
+        headers::connection_tokens(res.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+    let mut out = Vec::with_capacity(512);
+    for (k, v) in &res.fields {
+        if headers::is_hop_by_hop(k, &tokens)
+            || proxy_owned(k)
+            || drop.iter().any(|d| k.eq_ignore_ascii_case(d))
+        {
+            continue;
+        }
+        headers::put(&mut out, k, v);
+    }
+    out
+}
+
+/// Lower-cased `Vary` field names; `None` for `Vary: *`.
+pub fn vary_names(res: &ResponseHead) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    if let Some(v) = res.joined("vary") {
+        for n in v.split(',').map(|n| n.trim().to_ascii_lowercase()) {
+            if n == "*" {
+                return None;
+            }
+            if !n.is_empty() && !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    Some(names)
+}
+
+/// Decides storability (§3, §3.5) and what to store.
 pub fn storable(
     req: &RequestHead,
     res: &ResponseHead,
     request_time: SystemTime,
     response_time: SystemTime,
-    default_ttl: Option<Duration>,
-) -> Result<(Duration, Duration), NotStored> {
+    heuristics: Heuristics,
+) -> Result<Storable, NotStored> {
     if req.method != "GET" {
         return Err(NotStored::Method);
     }
     if res.status < 200 || res.status == 206 || res.status == 304 {
         return Err(NotStored::Status);
     }
-    if directives(req.field("cache-control")).no_store {
+    if freshness::request_directives(req).no_store {
         return Err(NotStored::RequestNoStore);
     }
-    let cc = res.joined("cache-control");
-    let d = directives(cc.as_deref());
-    if d.no_store || d.private || d.no_cache {
+    let d = directives::response(res.joined("cache-control").as_deref());
+    if d.no_store || d.private {
         return Err(NotStored::Directive);
     }
     if req.field("authorization").is_some()
@@ -115,59 +132,29 @@ pub fn storable(
     {
         return Err(NotStored::Authorization);
     }
-    if res.field("vary").is_some_and(|v| !v.trim().is_empty()) {
-        return Err(NotStored::Vary);
-    }
-    let date = res
-        .field("date")
-        .and_then(|v| httpdate::parse_http_date(v).ok());
-    let lifetime = if let Some(s) = d.s_maxage.or(d.max_age) {
-        Duration::from_secs(s)
-    } else if let Some(expires) = res.field("expires") {
-        // An invalid Expires (including "0") means already expired (§5.3).
-        match httpdate::parse_http_date(expires) {
-            Ok(exp) => exp
-                .duration_since(date.unwrap_or(response_time))
-                .unwrap_or_default(),
-            Err(_) => Duration::ZERO,
+    let vary = vary_names(res).ok_or(NotStored::VaryStar)?;
+    let (lifetime, source) = match freshness::lifetime(res, &d, response_time, heuristics) {
+        Some(l) => l,
+        // no-cache: stored, but revalidated on every use, so its lifetime does not matter.
+        None if d.no_cache && freshness::HEURISTIC_STATUSES.contains(&res.status) => {
+            (Duration::ZERO, Source::Explicit)
         }
-    } else if let Some(ttl) = default_ttl.filter(|_| HEURISTIC_STATUSES.contains(&res.status)) {
-        // The operator's default (a route's `default_ttl`), only for statuses RFC 9110 §15.1
-        // calls heuristically cacheable.
-        ttl
-    } else {
-        return Err(NotStored::NoFreshness);
+        None => return Err(NotStored::NoFreshness),
     };
-    // §4.2.3: corrected initial age from the received Age and the apparent age from Date.
-    let age_value = res
-        .field("age")
-        .and_then(|a| a.trim().parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or_default();
-    let apparent = date
-        .and_then(|d| response_time.duration_since(d).ok())
-        .unwrap_or_default();
-    let delay = response_time
-        .duration_since(request_time)
-        .unwrap_or_default();
-    let initial_age = apparent.max(age_value + delay);
-    Ok((lifetime, initial_age))
+    let mut drop = d.private_fields.clone();
+    drop.extend(d.no_cache_fields.iter().cloned());
+    Ok(Storable {
+        lifetime,
+        source,
+        initial_age: freshness::initial_age(res, request_time, response_time),
+        fields: stored_fields(res, &drop),
+        vary,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn directives_parse_leniently() {
-        let d = directives(Some(
-            "public, max-age=\"60\", s-maxage=30, max-age=5, X-Unknown",
-        ));
-        assert_eq!(d.max_age, Some(60));
-        assert_eq!(d.s_maxage, Some(30));
-        assert!(d.public && !d.no_store);
-        assert!(directives(Some("No-Store")).no_store);
-    }
 
     fn req(extra: &str) -> RequestHead {
         let s = format!("GET /x HTTP/1.1\r\nHost: h\r\n{extra}\r\n");
@@ -183,123 +170,108 @@ mod tests {
         .0
     }
 
-    fn res(extra: &str) -> ResponseHead {
-        let s = format!("HTTP/1.1 200 OK\r\n{extra}\r\n");
+    fn res(status: u16, extra: &str) -> ResponseHead {
+        let s = format!("HTTP/1.1 {status} X\r\n{extra}\r\n");
         crate::http::response::parse(s.as_bytes())
             .expect("ok")
             .expect("complete")
             .0
     }
 
-    #[test]
-    fn lifetime_precedence_and_age() {
+    const H: Heuristics = Heuristics {
+        max: Duration::from_secs(86_400),
+        default_ttl: None,
+    };
+
+    fn st(req_extra: &str, status: u16, res_extra: &str) -> Result<Storable, NotStored> {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let (life, age) = storable(
-            &req(""),
-            &res("Cache-Control: max-age=60, s-maxage=10\r\nAge: 3\r\n"),
-            t,
-            t,
-            None,
-        )
-        .expect("storable");
-        assert_eq!(
-            (life, age),
-            (Duration::from_secs(10), Duration::from_secs(3))
-        );
-        let date = httpdate::fmt_http_date(t - Duration::from_secs(7));
-        let exp = httpdate::fmt_http_date(t + Duration::from_secs(93));
-        let (life, age) = storable(
-            &req(""),
-            &res(&format!("Date: {date}\r\nExpires: {exp}\r\n")),
-            t,
-            t,
-            None,
-        )
-        .expect("storable");
-        assert_eq!(
-            (life, age),
-            (Duration::from_secs(100), Duration::from_secs(7))
-        );
-        let (life, _) =
-            storable(&req(""), &res("Expires: 0\r\n"), t, t, None).expect("storable but stale");
-        assert_eq!(life, Duration::ZERO);
+        storable(&req(req_extra), &res(status, res_extra), t, t, H)
     }
 
     #[test]
-    fn refusals() {
-        let t = SystemTime::now();
+    fn rfc9111_3_any_final_status_with_explicit_freshness() {
         assert_eq!(
-            storable(&req(""), &res(""), t, t, None),
-            Err(NotStored::NoFreshness)
-        );
-        let ttl = Some(Duration::from_secs(60));
-        assert_eq!(
-            storable(&req(""), &res(""), t, t, ttl).map(|x| x.0),
-            Ok(Duration::from_secs(60))
+            st("", 404, "Cache-Control: max-age=5\r\n").map(|s| s.lifetime),
+            Ok(Duration::from_secs(5))
         );
         assert_eq!(
-            storable(&req(""), &res("Cache-Control: no-store\r\n"), t, t, ttl),
+            st("", 500, "Cache-Control: max-age=5\r\n").map(|s| s.lifetime),
+            Ok(Duration::from_secs(5))
+        );
+        assert_eq!(st("", 500, ""), Err(NotStored::NoFreshness));
+        assert_eq!(
+            st("", 206, "Cache-Control: max-age=5\r\n"),
+            Err(NotStored::Status)
+        );
+    }
+
+    #[test]
+    fn rfc9111_3_refusals() {
+        assert_eq!(
+            st("", 200, "Cache-Control: no-store, max-age=5\r\n"),
             Err(NotStored::Directive)
         );
         assert_eq!(
-            storable(
-                &req(""),
-                &res("Cache-Control: no-store, max-age=5\r\n"),
-                t,
-                t,
-                None,
-            ),
+            st("", 200, "Cache-Control: private, max-age=5\r\n"),
             Err(NotStored::Directive)
         );
         assert_eq!(
-            storable(
-                &req(""),
-                &res("Cache-Control: private, max-age=5\r\n"),
-                t,
-                t,
-                None,
-            ),
-            Err(NotStored::Directive)
-        );
-        assert_eq!(
-            storable(
-                &req("Authorization: x\r\n"),
-                &res("Cache-Control: max-age=5\r\n"),
-                t,
-                t,
-                None,
-            ),
+            st("Authorization: x\r\n", 200, "Cache-Control: max-age=5\r\n"),
             Err(NotStored::Authorization)
         );
+        assert!(st("Authorization: x\r\n", 200, "Cache-Control: s-maxage=5\r\n").is_ok());
         assert!(
-            storable(
-                &req("Authorization: x\r\n"),
-                &res("Cache-Control: s-maxage=5\r\n"),
-                t,
-                t,
-                None,
+            st(
+                "Authorization: x\r\n",
+                200,
+                "Cache-Control: public, max-age=5\r\n"
             )
             .is_ok()
         );
         assert_eq!(
-            storable(
-                &req("Cache-Control: no-store\r\n"),
-                &res("Cache-Control: max-age=5\r\n"),
-                t,
-                t,
-                None,
+            st(
+                "Cache-Control: no-store\r\n",
+                200,
+                "Cache-Control: max-age=5\r\n"
             ),
             Err(NotStored::RequestNoStore)
         );
         assert_eq!(
-            storable(
-                &req(""),
-                &res("Cache-Control: max-age=5\r\nVary: Accept\r\n"),
-                t,
-                t,
-                None,
-            ),
-            Err(NotStored::Vary)
+            st("", 200, "Cache-Control: max-age=5\r\nVary: Accept, *\r\n"),
+            Err(NotStored::VaryStar)
         );
+    }
+
+    #[test]
+    fn rfc9111_5_2_2_qualified_private_and_no_cache_fields_are_not_stored() {
+        let s = st(
+            "",
+            200,
+            "Cache-Control: max-age=5, private=\"X-Secret\", no-cache=\"Set-Cookie\"\r\nX-Secret: 1\r\nSet-Cookie: a=b\r\nX-Kept: 2\r\nConnection: X-Hop\r\nX-Hop: 3\r\nAge: 7\r\n",
+        )
+        .expect("storable");
+        let text = String::from_utf8(s.fields).expect("utf8");
+        assert_eq!(
+            text,
+            "Cache-Control: max-age=5, private=\"X-Secret\", no-cache=\"Set-Cookie\"\r\nX-Kept: 2\r\n"
+        );
+        assert_eq!(s.initial_age, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn rfc9111_5_2_2_4_no_cache_is_stored_for_revalidation() {
+        let s = st("", 200, "Cache-Control: no-cache\r\nETag: \"a\"\r\n").expect("stored");
+        assert_eq!(s.lifetime, Duration::ZERO);
+        assert_eq!(
+            st("", 200, "Set-Cookie: a=b\r\nCache-Control: max-age=9\r\n")
+                .map(|s| !s.fields.is_empty()),
+            Ok(true)
+        );
+    }
+
+    #[test]
+    fn vary_names_are_normalised() {
+        let s = st("", 200, "Cache-Control: max-age=5\r\nVary: Accept-Encoding, accept-language\r\nVary: ACCEPT-ENCODING\r\n").expect("ok");
+        assert_eq!(s.vary, vec!["accept-encoding", "accept-language"]);
     }
 }

@@ -40,6 +40,8 @@ pub struct Store {
 struct Inner {
     lru: LruCache<u128, Arc<Entry>>,
     bytes: u64,
+    /// Per URL key text: the request fields its stored responses vary on (RFC 9111 §4.1).
+    vary: std::collections::HashMap<String, Vec<String>>,
 }
 
 /// Sizes and shape of the store.
@@ -78,6 +80,7 @@ impl Store {
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 bytes: 0,
+                vary: std::collections::HashMap::new(),
             }),
             tmp_seq: AtomicU64::new(0),
             writable: AtomicBool::new(true),
@@ -133,6 +136,48 @@ impl Store {
         let e = Entry::new(hash, meta, path.to_path_buf(), offset, len);
         self.insert_entry(Arc::new(e));
         Ok(())
+    }
+
+    /// The request fields that responses for the URL key `primary` vary on, if any.
+    pub fn vary_for(&self, primary: &str) -> Option<Vec<String>> {
+        self.inner.lock().vary.get(primary).cloned()
+    }
+
+    /// Rewrites `e`'s metadata (after a 304 updated its header fields) and indexes the updated
+    /// entry in its place. The header is rewritten in the file when it still fits before the body
+    /// (it nearly always does: the body starts at the next 4 KiB boundary); otherwise only the
+    /// index is updated and the file keeps its older fields until the next fill.
+    pub fn replace_meta(&self, e: &Arc<Entry>, meta: entry::Meta) -> Arc<Entry> {
+        let encoded = meta.encode();
+        if entry::FIXED + encoded.len() <= e.body_offset as usize {
+            let header = entry::encode_header_at(&encoded, e.body_len, e.body_offset);
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&e.path)
+                .and_then(|f| {
+                    use std::os::unix::fs::FileExt;
+                    f.write_all_at(&header, 0)
+                });
+            if let Err(err) = written {
+                tracing::warn!(path = %e.path.display(), error = %err, "could not rewrite cache header after revalidation");
+            }
+        }
+        let updated = Arc::new(Entry::new(
+            e.hash,
+            meta,
+            e.path.clone(),
+            e.body_offset,
+            e.body_len,
+        ));
+        {
+            let mut inner = self.inner.lock();
+            if let Some(cur) = inner.lru.peek_mut(&e.hash)
+                && Arc::ptr_eq(cur, e)
+            {
+                *cur = updated.clone();
+            }
+        }
+        updated
     }
 
     /// The entry for `key`, if stored and its full key matches (a hash collision is a miss).
@@ -209,6 +254,13 @@ impl Store {
         let size = e.disk_size();
         let replaced = {
             let mut inner = self.inner.lock();
+            let primary = crate::cache::variance::primary_text(&e.meta.key);
+            if !e.meta.vary.is_empty() {
+                inner.vary.insert(primary.to_string(), e.meta.vary.clone());
+            } else if primary.len() == e.meta.key.len() {
+                // A response without Vary for this URL: it no longer varies.
+                inner.vary.remove(primary);
+            }
             inner.bytes += size;
             let old = inner.lru.push(e.hash, e);
             if let Some((_, old)) = &old {

@@ -72,6 +72,21 @@ impl ResponseHead {
         (!values.is_empty()).then(|| values.join(", "))
     }
 
+    /// This head with its fields replaced by a stored `Name: value\r\n` block.
+    pub fn with_stored_fields(mut self, block: &[u8]) -> ResponseHead {
+        self.fields = block
+            .split(|b| *b == b'\n')
+            .filter_map(|line| {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let colon = line.iter().position(|b| *b == b':')?;
+                let name = String::from_utf8_lossy(&line[..colon]).trim().to_string();
+                let value = line[colon + 1..].trim_ascii().to_vec();
+                Some((name, value))
+            })
+            .collect();
+        self
+    }
+
     /// The body framing, or why the response cannot be trusted (answered 502, never stored).
     pub fn framing(&self, request_was_head: bool) -> Result<BodyFraming, &'static str> {
         let mut content_length: Option<u64> = None;

@@ -3,10 +3,13 @@
 //! input with its 4xx before closing.
 
 use super::fetch::Fetch;
-use super::hit::HitOutcome;
+use super::hit::{HitKind, HitOutcome};
 use super::{Ctx, Shared};
+use crate::cache::entry::Entry;
+use crate::cache::freshness::{self, Use};
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{self, Role};
+use crate::cache::variance;
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::headers::put_num;
 use crate::http::request::{self, BodyFraming, RequestHead};
@@ -330,22 +333,48 @@ impl Conn {
         } else {
             req.path()
         };
-        let key = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits)
+        let primary = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits)
             .with_headers(
                 &route.key_headers,
                 |h| req.field(h).map(str::to_string),
                 ctx.hash_bits,
             );
+        // A URL whose responses vary is looked up under the secondary key of this request.
+        let lookup_key = |store: &crate::cache::store::Store| match store.vary_for(&primary.text) {
+            Some(names) => variance::variant(&primary, &names, &req, ctx.hash_bits),
+            None => primary.clone(),
+        };
+        let directives = freshness::request_directives(&req);
         let mut status = CacheStatus::Miss;
-        if let Some(e) = ctx.store.lookup(&key) {
-            if e.is_fresh(SystemTime::now()) {
-                match self.serve_hit(&req, &e, false, started).await? {
+        let mut stale: Option<Arc<Entry>> = None;
+        if let Some(e) = ctx.store.lookup(&lookup_key(&ctx.store)) {
+            let now = SystemTime::now();
+            match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
+                Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
                     HitOutcome::Served(keep) => return Ok(keep),
                     HitOutcome::Gone => {}
+                },
+                Use::Stale => match self.serve_hit(&req, &e, HitKind::Stale, started).await? {
+                    HitOutcome::Served(keep) => return Ok(keep),
+                    HitOutcome::Gone => {}
+                },
+                Use::Revalidate => {
+                    status = CacheStatus::Expired;
+                    stale = Some(e);
                 }
-            } else {
-                status = CacheStatus::Expired;
             }
+        }
+        if directives.only_if_cached {
+            // §5.2.1.7: nothing usable stored, and the client forbids going to the origin.
+            return self
+                .respond_simple(
+                    &req,
+                    504,
+                    CacheStatus::Miss,
+                    &[("X-Cache", "MISS")],
+                    started,
+                )
+                .await;
         }
         if req.method == "HEAD" {
             // A HEAD cannot fill a GET entry; forward it without taking the fill lock.
@@ -353,15 +382,21 @@ impl Conn {
                 .run(self)
                 .await;
         }
-        let guard = match ctx.locks.acquire(key.hash) {
+        let guard = match ctx.locks.acquire(primary.hash) {
             Role::Leader(g) => Some(g),
             Role::Follower(rx) => {
                 let waited = tokio::time::timeout(upstream.read_timeout, lock::wait(rx)).await;
                 if waited.is_ok()
-                    && let Some(e) = ctx.store.lookup(&key)
-                    && e.is_fresh(SystemTime::now())
-                    && let HitOutcome::Served(keep) =
-                        self.serve_hit(&req, &e, true, started).await?
+                    && let Some(e) = ctx.store.lookup(&lookup_key(&ctx.store))
+                    && freshness::decide(
+                        e.age(SystemTime::now()),
+                        e.meta.lifetime,
+                        e.reuse,
+                        &directives,
+                    ) == Use::Fresh
+                    && let HitOutcome::Served(keep) = self
+                        .serve_hit(&req, &e, HitKind::Coalesced, started)
+                        .await?
                 {
                     return Ok(keep);
                 }
@@ -374,9 +409,10 @@ impl Conn {
             upstream,
             status,
             "miss",
-            Some((key, guard)),
+            Some((primary, guard)),
             started,
         )
+        .revalidating(stale)
         .default_ttl(default_ttl)
         .run(self)
         .await

@@ -7,14 +7,21 @@
 //! client connection closed, never a short response followed by keep-alive.
 
 use super::conn::{Conn, ConnError};
+use super::hit::{HitKind, HitOutcome};
+use crate::cache::directives;
+use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::fill::Fill;
+use crate::cache::freshness::{self, Heuristics};
 use crate::cache::key::CacheKey;
 use crate::cache::lock::LeaderGuard;
 use crate::cache::policy;
+use crate::cache::validation;
+use crate::cache::variance;
 use crate::http::headers::{self, put, put_num};
 use crate::http::request::RequestHead;
 use crate::http::response::BodyFraming;
+use crate::http::response::ResponseHead;
 use crate::upstream::Group;
 use crate::upstream::body::BodyReader;
 use std::net::IpAddr;
@@ -34,20 +41,11 @@ pub struct Fetch<'a> {
     fill: Option<(CacheKey, Option<LeaderGuard>)>,
     started: Instant,
     default_ttl: Option<std::time::Duration>,
+    /// The stored response being revalidated: its validators go upstream, and a 304 serves it.
+    revalidating: Option<Arc<Entry>>,
 }
 
-/// Fields of a stored or forwarded response that the proxy itself controls.
-fn proxy_owned(name: &str) -> bool {
-    [
-        "content-length",
-        "transfer-encoding",
-        "age",
-        "x-cache",
-        "cache-status",
-    ]
-    .iter()
-    .any(|h| name.eq_ignore_ascii_case(h))
-}
+use crate::cache::policy::proxy_owned;
 
 impl<'a> Fetch<'a> {
     /// Prepares a fetch.
@@ -69,7 +67,14 @@ impl<'a> Fetch<'a> {
             fill,
             started,
             default_ttl: None,
+            revalidating: None,
         }
+    }
+
+    /// Revalidate `stale` instead of fetching unconditionally (RFC 9111 §4.3.1).
+    pub fn revalidating(mut self, stale: Option<Arc<Entry>>) -> Self {
+        self.revalidating = stale;
+        self
     }
 
     /// The route's `default_ttl`: freshness for storable responses that carry none.
@@ -91,12 +96,21 @@ impl<'a> Fetch<'a> {
         let mut xff: Option<String> = None;
         let mut forwarded: Option<String> = None;
         let mut via: Option<String> = None;
+        // When revalidating a stored response, the cache's own validators replace the client's
+        // conditionals: the client's are answered from the stored response afterwards.
+        let validators = self
+            .revalidating
+            .as_ref()
+            .map(|e| validation::conditional_fields(e))
+            .unwrap_or_default();
+        let ours = !validators.is_empty();
         for (name, value) in &req.fields {
             let n = name.as_str();
             if headers::is_hop_by_hop(n, &tokens)
                 || headers::is_unkeyed_override(n)
                 || n.eq_ignore_ascii_case("content-length")
                 || n.eq_ignore_ascii_case("expect")
+                || (ours && n.len() > 3 && n[..3].eq_ignore_ascii_case("if-"))
             {
                 continue;
             }
@@ -114,6 +128,9 @@ impl<'a> Fetch<'a> {
         }
         if !host_sent {
             put(&mut out, "Host", req.host.as_bytes());
+        }
+        for (k, v) in &validators {
+            put(&mut out, k, v.as_bytes());
         }
         let ip = peer.to_string();
         let append = |prev: Option<String>, new: String| match prev {
@@ -210,30 +227,87 @@ impl<'a> Fetch<'a> {
             }
         };
 
+        // A 304 to our revalidation: update the stored fields and serve it through sendfile.
+        if head.status == 304
+            && let Some(stale) = self.revalidating.clone()
+        {
+            let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
+            let mut sink = Vec::new();
+            while !reader.is_done() {
+                if reader.next(&mut up, &mut sink).await.is_err() {
+                    break;
+                }
+            }
+            if reader.reusable() {
+                self.upstream.release(up);
+            }
+            let fields = validation::merge_304(&stale.meta.fields, &head);
+            let merged = ResponseHead {
+                status: stale.meta.status,
+                reason: stale.meta.reason.clone(),
+                http10: false,
+                fields: Vec::new(),
+            }
+            .with_stored_fields(&fields);
+            let d = directives::response(merged.joined("cache-control").as_deref());
+            let lifetime = freshness::lifetime(&merged, &d, response_time, self.heuristics(&ctx))
+                .map(|(l, _)| l)
+                .unwrap_or_default();
+            let meta = Meta {
+                key: stale.meta.key.clone(),
+                stored_at: response_time,
+                initial_age: freshness::initial_age(&head, request_time, response_time),
+                lifetime,
+                status: stale.meta.status,
+                reason: stale.meta.reason.clone(),
+                fields,
+                vary: stale.meta.vary.clone(),
+            };
+            let updated = ctx.store.replace_meta(&stale, meta);
+            self.fill = None;
+            return match conn
+                .serve_hit(req, &updated, HitKind::Revalidated, self.started)
+                .await?
+            {
+                HitOutcome::Served(keep) => Ok(keep),
+                HitOutcome::Gone => {
+                    conn.respond_simple(req, 502, CacheStatus::Error, &[], self.started)
+                        .await
+                }
+            };
+        }
+
         // Decide storage.
         let tokens =
             headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         let mut fill: Option<Fill> = None;
         let mut not_stored: Option<&'static str> = None;
-        if let Some((key, _)) = &self.fill {
+        if let Some((primary, _)) = &self.fill {
             // An unwritable cache is retried on every storable miss (one failed open(2)), so a
             // freed disk or fixed permission brings the cache back without a restart.
-            match policy::storable(req, &head, request_time, response_time, self.default_ttl) {
-                Ok((lifetime, initial_age)) => {
-                    let mut fields = Vec::with_capacity(512);
-                    for (k, v) in &head.fields {
-                        if !headers::is_hop_by_hop(k, &tokens) && !proxy_owned(k) {
-                            put(&mut fields, k, v);
-                        }
-                    }
+            match policy::storable(
+                req,
+                &head,
+                request_time,
+                response_time,
+                self.heuristics(&ctx),
+            ) {
+                Ok(st) => {
+                    // A varying response is stored under this request's secondary key.
+                    let key = if st.vary.is_empty() {
+                        primary.clone()
+                    } else {
+                        variance::variant(primary, &st.vary, req, ctx.hash_bits)
+                    };
                     let meta = Meta {
                         key: key.text.clone(),
                         stored_at: response_time,
-                        initial_age,
-                        lifetime,
+                        initial_age: st.initial_age,
+                        lifetime: st.lifetime,
                         status: head.status,
                         reason: head.reason.clone(),
-                        fields,
+                        fields: st.fields,
+                        vary: st.vary,
                     };
                     match Fill::create(ctx.store.clone(), key.hash, meta) {
                         Ok(f) => {
@@ -386,6 +460,13 @@ impl<'a> Fetch<'a> {
         self.fill = None;
         self.record(conn, head.status, head_bytes, body_bytes);
         Ok(!close_after)
+    }
+
+    fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics {
+        Heuristics {
+            max: ctx.heuristic_max,
+            default_ttl: self.default_ttl,
+        }
     }
 
     fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64) {

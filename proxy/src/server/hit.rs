@@ -4,6 +4,7 @@
 //! file's header, no open(2) when the open-file cache holds the file.
 
 use super::conn::{Conn, ConnError};
+use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
 use crate::http::headers::{put, put_num};
 use crate::http::range::{self, RangeAnswer};
@@ -13,6 +14,40 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::io::AsyncWriteExt;
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+
+/// Why a stored response is being served, for `X-Cache` and `Cache-Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitKind {
+    /// Fresh.
+    Hit,
+    /// Fresh, after waiting for another request's fill.
+    Coalesced,
+    /// Stale, allowed by the client's `max-stale` (or the stale rules).
+    Stale,
+    /// Stale, then confirmed by a 304 from the origin.
+    Revalidated,
+}
+
+impl HitKind {
+    fn cache_status(self) -> CacheStatus {
+        match self {
+            HitKind::Hit | HitKind::Coalesced => CacheStatus::Hit,
+            HitKind::Stale => CacheStatus::Stale,
+            HitKind::Revalidated => CacheStatus::Revalidated,
+        }
+    }
+}
+
+/// Fields a 304 from the cache carries (RFC 9110 §15.4.5): those that guide cache updates.
+const NOT_MODIFIED_FIELDS: &[&str] = &[
+    "cache-control",
+    "content-location",
+    "date",
+    "etag",
+    "expires",
+    "vary",
+    "last-modified",
+];
 
 /// What became of a hit attempt.
 pub enum HitOutcome {
@@ -28,10 +63,58 @@ impl Conn {
         &mut self,
         req: &RequestHead,
         e: &Arc<Entry>,
-        coalesced: bool,
+        kind: HitKind,
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
         let ctx = self.ctx.clone();
+        let now = SystemTime::now();
+        let age = e.age(now).as_secs();
+        let ttl = e.meta.lifetime.as_secs() as i64 - age as i64;
+        // Conditional requests are answered from the stored validators (RFC 9110 §13.2.2).
+        match conditional::evaluate(req, e.etag.as_deref(), e.last_modified.as_deref()) {
+            Precondition::Proceed => {}
+            Precondition::Failed => {
+                let keep = self
+                    .respond_simple(
+                        req,
+                        412,
+                        kind.cache_status(),
+                        &[("X-Cache", kind_token(kind))],
+                        started,
+                    )
+                    .await?;
+                return Ok(HitOutcome::Served(keep));
+            }
+            Precondition::NotModified => {
+                let h = &mut self.head;
+                h.clear();
+                h.extend_from_slice(b"HTTP/1.1 304 Not Modified\r\n");
+                for line in e.meta.fields.split(|b| *b == b'\n') {
+                    let name = line.split(|b| *b == b':').next().unwrap_or(b"");
+                    let name = String::from_utf8_lossy(name);
+                    if NOT_MODIFIED_FIELDS
+                        .iter()
+                        .any(|f| name.trim().eq_ignore_ascii_case(f))
+                    {
+                        h.extend_from_slice(line);
+                        h.push(b'\n');
+                    }
+                }
+                self.dynamic_fields(kind, age, ttl, req.close);
+                self.sock.write_all(&self.head).await?;
+                self.record(&ResponseRecord {
+                    method: &req.method,
+                    target: &req.target,
+                    status: 304,
+                    cache_status: kind.cache_status(),
+                    head_bytes: self.head.len() as u64,
+                    body_bytes: 0,
+                    path: DataPath::Zerocopy,
+                    duration: started.elapsed(),
+                });
+                return Ok(HitOutcome::Served(!req.close));
+            }
+        }
         let head_only = req.method == "HEAD";
         // Open before sending anything, so a vanished file can still become a miss.
         let file = if head_only {
@@ -45,12 +128,14 @@ impl Conn {
                 }
             }
         };
-        let answer = if req.method == "GET" && e.meta.status == 200 {
+        let answer = if req.method == "GET"
+            && e.meta.status == 200
+            && conditional::if_range_holds(req, e.etag.as_deref(), e.last_modified.as_deref())
+        {
             range::answer(req.field("range"), e.body_len)
         } else {
             RangeAnswer::Full
         };
-        let age = e.age(SystemTime::now()).as_secs();
         let h = &mut self.head;
         h.clear();
         let (start, len, status) = match answer {
@@ -81,18 +166,7 @@ impl Conn {
                 (0, 0, 416)
             }
         };
-        put_num(h, "Age", age);
-        h.extend_from_slice(b"X-Cache: HIT\r\n");
-        if coalesced {
-            h.extend_from_slice(b"Cache-Status: zerocache; hit; detail=coalesced\r\n");
-        } else {
-            h.extend_from_slice(b"Cache-Status: zerocache; hit\r\n");
-        }
-        h.extend_from_slice(b"Via: 1.1 zerocache\r\n");
-        if req.close {
-            h.extend_from_slice(b"Connection: close\r\n");
-        }
-        h.extend_from_slice(b"\r\n");
+        self.dynamic_fields(kind, age, ttl, req.close);
         self.sock.write_all(&self.head).await?;
         let head_bytes = self.head.len() as u64;
         let mut sent = 0;
@@ -120,22 +194,52 @@ impl Conn {
                 Err(SendfileError::Truncated { sent: s, expected }) => {
                     tracing::warn!(path = %e.path.display(), sent = s, expected, "cache file truncated underneath; dropping entry and closing");
                     ctx.store.remove_if_same(e);
-                    self.record_hit(req, status, head_bytes, s, started);
+                    self.record_hit(req, kind, status, head_bytes, s, started);
                     return Err(ConnError::Aborted("truncated cache file".into()));
                 }
                 Err(SendfileError::Io(err)) => return Err(err.into()),
             }
         }
-        self.record_hit(req, status, head_bytes, sent, started);
+        self.record_hit(req, kind, status, head_bytes, sent, started);
         Ok(HitOutcome::Served(!req.close))
     }
 
-    fn record_hit(&self, req: &RequestHead, status: u16, head: u64, body: u64, started: Instant) {
+    /// Appends `Age`, `X-Cache`, `Cache-Status` (RFC 9211, with `ttl`), `Via`, `Connection` and
+    /// the blank line to the head being built.
+    fn dynamic_fields(&mut self, kind: HitKind, age: u64, ttl: i64, close: bool) {
+        let h = &mut self.head;
+        put_num(h, "Age", age);
+        h.extend_from_slice(b"X-Cache: ");
+        h.extend_from_slice(kind_token(kind).as_bytes());
+        h.extend_from_slice(b"\r\n");
+        let status = match kind {
+            HitKind::Hit => format!("zerocache; hit; ttl={ttl}"),
+            HitKind::Coalesced => format!("zerocache; hit; ttl={ttl}; detail=coalesced"),
+            HitKind::Stale => format!("zerocache; hit; ttl={ttl}; detail=stale"),
+            HitKind::Revalidated => format!("zerocache; fwd=stale; fwd-status=304; ttl={ttl}"),
+        };
+        put(h, "Cache-Status", status.as_bytes());
+        h.extend_from_slice(b"Via: 1.1 zerocache\r\n");
+        if close {
+            h.extend_from_slice(b"Connection: close\r\n");
+        }
+        h.extend_from_slice(b"\r\n");
+    }
+
+    fn record_hit(
+        &self,
+        req: &RequestHead,
+        kind: HitKind,
+        status: u16,
+        head: u64,
+        body: u64,
+        started: Instant,
+    ) {
         self.record(&ResponseRecord {
             method: &req.method,
             target: &req.target,
             status,
-            cache_status: CacheStatus::Hit,
+            cache_status: kind.cache_status(),
             head_bytes: head,
             body_bytes: body,
             // The planted bug still *declares* zero-copy: that is what makes it a violation.
@@ -143,4 +247,8 @@ impl Conn {
             duration: started.elapsed(),
         });
     }
+}
+
+fn kind_token(kind: HitKind) -> &'static str {
+    kind.cache_status().as_str()
 }

@@ -49,6 +49,8 @@ pub struct Ctx {
     pub max_connections: usize,
     /// Largest single sendfile call.
     pub sendfile_max_chunk: u64,
+    /// Cap of heuristic freshness (10% of the time since Last-Modified).
+    pub heuristic_max: Duration,
     /// Bits of the key hash used (128 except in collision tests).
     pub hash_bits: u32,
     /// The planted zero-copy bug: hits sent by read+write.

@@ -227,6 +227,16 @@ impl Response {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
+    /// `Cache-Status` without its `ttl` parameter (which moves with the clock).
+    pub fn cache_status(&self) -> Option<String> {
+        self.header("cache-status").map(|v| {
+            v.split("; ")
+                .filter(|p| !p.starts_with("ttl="))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
     pub fn x_cache(&self) -> &str {
         self.header("x-cache").unwrap_or("")
     }

@@ -153,9 +153,14 @@ impl Received {
     }
 }
 
+/// A header name and the reply for each of its values (`None`: header absent).
+type ByHeader = (String, HashMap<Option<String>, Reply>);
+
 #[derive(Default)]
 struct State {
     scripts: Mutex<HashMap<String, Reply>>,
+    /// Per path: a request header whose value picks the reply (`None` key: header absent).
+    by_header: Mutex<HashMap<String, ByHeader>>,
     received: Mutex<Vec<Received>>,
     requests: AtomicU64,
     connections: AtomicU64,
@@ -212,6 +217,19 @@ impl Origin {
     /// Answer `path` (the full request target, query included) with `reply` from now on.
     pub fn script(&self, path: &str, reply: Reply) {
         self.state.scripts.lock().insert(path.to_string(), reply);
+    }
+
+    /// Answer `path` with the reply chosen by the value of request header `header` (exactly as
+    /// sent; `None` for an absent header), falling back to the plain script.
+    pub fn script_by_header(&self, path: &str, header: &str, replies: Vec<(Option<&str>, Reply)>) {
+        let map = replies
+            .into_iter()
+            .map(|(k, v)| (k.map(str::to_string), v))
+            .collect();
+        self.state
+            .by_header
+            .lock()
+            .insert(path.to_string(), (header.to_string(), map));
     }
 
     /// Closes keep-alive connections that stay idle for `d` (like a real server's keep-alive
@@ -287,7 +305,13 @@ async fn serve(mut sock: TcpStream, state: Arc<State>) {
         let close = req
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        let reply = state.scripts.lock().get(&req.path).cloned();
+        let reply = {
+            let by_header = state.by_header.lock();
+            by_header
+                .get(&req.path)
+                .and_then(|(h, map)| map.get(&req.header(h).map(str::to_string)).cloned())
+        }
+        .or_else(|| state.scripts.lock().get(&req.path).cloned());
         let method = req.method.clone();
         let path = req.path.clone();
         {
@@ -349,6 +373,7 @@ async fn write_reply(sock: &mut TcpStream, reply: &Reply, head_only: bool) -> st
         head.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }
     match reply.framing {
+        _ if reply.status == 304 || reply.status == 204 => {}
         Framing::Length | Framing::Truncate(_) => {
             head.extend_from_slice(format!("Content-Length: {}\r\n", reply.body.len()).as_bytes())
         }
@@ -357,7 +382,7 @@ async fn write_reply(sock: &mut TcpStream, reply: &Reply, head_only: bool) -> st
     }
     head.extend_from_slice(b"\r\n");
     sock.write_all(&head).await?;
-    if head_only {
+    if head_only || reply.status == 304 || reply.status == 204 {
         return Ok(());
     }
     if let (Some((size, pause)), Framing::Length | Framing::Close) = (reply.trickle, &reply.framing)

@@ -1,0 +1,208 @@
+//! `Cache-Control` directives (RFC 9111 §5.2), parsed once per message. Values are read leniently
+//! where §5.2 allows (quoted or unquoted numbers); for a duplicated directive the first
+//! occurrence wins (§4.2.1); unknown directives are ignored. The qualified forms `no-cache="a, b"`
+//! and `private="a"` keep their field names.
+
+/// Response directives.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ResponseDirectives {
+    /// `no-store`.
+    pub no_store: bool,
+    /// Unqualified `no-cache`: store, but revalidate before every use.
+    pub no_cache: bool,
+    /// Field names of a qualified `no-cache="..."`: never sent without revalidation.
+    pub no_cache_fields: Vec<String>,
+    /// Unqualified `private`: a shared cache must not store.
+    pub private: bool,
+    /// Field names of a qualified `private="..."`: a shared cache must not store those fields.
+    pub private_fields: Vec<String>,
+    /// `public`.
+    pub public: bool,
+    /// `must-revalidate`.
+    pub must_revalidate: bool,
+    /// `proxy-revalidate`.
+    pub proxy_revalidate: bool,
+    /// `immutable` (RFC 8246).
+    pub immutable: bool,
+    /// `max-age`.
+    pub max_age: Option<u64>,
+    /// `s-maxage`.
+    pub s_maxage: Option<u64>,
+    /// `stale-while-revalidate` (RFC 5861).
+    pub stale_while_revalidate: Option<u64>,
+    /// `stale-if-error` (RFC 5861).
+    pub stale_if_error: Option<u64>,
+}
+
+/// Request directives.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RequestDirectives {
+    /// `max-age`: the client wants a response no older than this.
+    pub max_age: Option<u64>,
+    /// `max-stale`: the client accepts a response stale by up to this (`None` inside: any).
+    pub max_stale: Option<Option<u64>>,
+    /// `min-fresh`: the response must stay fresh at least this much longer.
+    pub min_fresh: Option<u64>,
+    /// `no-cache` (or `Pragma: no-cache` without `Cache-Control`): revalidate before use.
+    pub no_cache: bool,
+    /// `no-store`: do not store the response.
+    pub no_store: bool,
+    /// `only-if-cached`: answer from the cache or with 504.
+    pub only_if_cached: bool,
+}
+
+/// Splits a field value into `(name, argument)` pairs, respecting quoted strings (a quoted
+/// `no-cache="a, b"` contains a comma).
+fn parts(value: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in value.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                cur.push(c);
+            }
+            ',' if !quoted => {
+                out.push(std::mem::take(&mut cur));
+            }
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out.into_iter()
+        .filter_map(|p| {
+            let p = p.trim();
+            if p.is_empty() {
+                return None;
+            }
+            Some(match p.split_once('=') {
+                Some((n, a)) => (
+                    n.trim().to_ascii_lowercase(),
+                    Some(a.trim().trim_matches('"').to_string()),
+                ),
+                None => (p.to_ascii_lowercase(), None),
+            })
+        })
+        .collect()
+}
+
+fn seconds(arg: &Option<String>) -> Option<u64> {
+    // A delta-seconds too large to represent is treated as the largest value (§1.2.2).
+    let a = arg.as_deref()?.trim();
+    if a.is_empty() || !a.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(a.parse::<u64>().unwrap_or(u64::MAX / 4))
+}
+
+fn field_list(arg: &Option<String>) -> Vec<String> {
+    arg.as_deref()
+        .map(|a| {
+            a.split(',')
+                .map(|f| f.trim().to_ascii_lowercase())
+                .filter(|f| !f.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Parses a response's (joined) `Cache-Control`.
+pub fn response(value: Option<&str>) -> ResponseDirectives {
+    let mut d = ResponseDirectives::default();
+    let mut seen: Vec<String> = Vec::new();
+    for (name, arg) in parts(value.unwrap_or("")) {
+        if seen.contains(&name) {
+            continue; // §4.2.1: the first occurrence wins.
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "no-store" => d.no_store = true,
+            "no-cache" if arg.is_some() => d.no_cache_fields = field_list(&arg),
+            "no-cache" => d.no_cache = true,
+            "private" if arg.is_some() => d.private_fields = field_list(&arg),
+            "private" => d.private = true,
+            "public" => d.public = true,
+            "must-revalidate" => d.must_revalidate = true,
+            "proxy-revalidate" => d.proxy_revalidate = true,
+            "immutable" => d.immutable = true,
+            "max-age" => d.max_age = seconds(&arg),
+            "s-maxage" => d.s_maxage = seconds(&arg),
+            "stale-while-revalidate" => d.stale_while_revalidate = seconds(&arg),
+            "stale-if-error" => d.stale_if_error = seconds(&arg),
+            _ => {}
+        }
+    }
+    d
+}
+
+/// Parses a request's `Cache-Control`, falling back to `Pragma: no-cache` when there is none
+/// (§5.4).
+pub fn request(cache_control: Option<&str>, pragma: Option<&str>) -> RequestDirectives {
+    let mut d = RequestDirectives::default();
+    let Some(value) = cache_control else {
+        d.no_cache = pragma.is_some_and(|p| parts(p).iter().any(|(n, _)| n == "no-cache"));
+        return d;
+    };
+    let mut seen: Vec<String> = Vec::new();
+    for (name, arg) in parts(value) {
+        if seen.contains(&name) {
+            continue;
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "max-age" => d.max_age = seconds(&arg),
+            "max-stale" => d.max_stale = Some(seconds(&arg)),
+            "min-fresh" => d.min_fresh = seconds(&arg),
+            "no-cache" => d.no_cache = true,
+            "no-store" => d.no_store = true,
+            "only-if-cached" => d.only_if_cached = true,
+            _ => {}
+        }
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc9111_5_2_response_directives_parse_leniently() {
+        let d = response(Some(
+            "public, max-age=\"60\", s-maxage=30, max-age=5, X-Unknown, no-cache=\"Set-Cookie, X-A\", private=\"X-B\", immutable",
+        ));
+        assert_eq!((d.max_age, d.s_maxage), (Some(60), Some(30)));
+        assert!(d.public && d.immutable && !d.no_cache && !d.private);
+        assert_eq!(d.no_cache_fields, vec!["set-cookie", "x-a"]);
+        assert_eq!(d.private_fields, vec!["x-b"]);
+        assert!(response(Some("No-Store")).no_store);
+        assert_eq!(response(Some("max-age=abc")).max_age, None);
+        assert_eq!(
+            response(Some("max-age=99999999999999999999999")).max_age,
+            Some(u64::MAX / 4)
+        );
+    }
+
+    #[test]
+    fn rfc9111_5_2_1_request_directives_and_pragma() {
+        let d = request(
+            Some("max-age=0, max-stale, min-fresh=\"5\", only-if-cached"),
+            None,
+        );
+        assert_eq!(
+            (d.max_age, d.max_stale, d.min_fresh),
+            (Some(0), Some(None), Some(5))
+        );
+        assert!(d.only_if_cached && !d.no_cache);
+        assert_eq!(
+            request(Some("max-stale=10"), None).max_stale,
+            Some(Some(10))
+        );
+        assert!(request(None, Some("no-cache")).no_cache);
+        assert!(
+            !request(Some("max-age=5"), Some("no-cache")).no_cache,
+            "Pragma only without Cache-Control"
+        );
+    }
+}

@@ -1,0 +1,291 @@
+//! Freshness and age (RFC 9111 §4.2): how long a response stays fresh, how old a stored one is,
+//! and whether a request may be answered with it, given the request's own directives.
+
+use super::directives::{self, RequestDirectives, ResponseDirectives};
+use crate::http::response::ResponseHead;
+use std::time::{Duration, SystemTime};
+
+/// Statuses RFC 9110 §15.1 lets a cache store without explicit freshness.
+pub const HEURISTIC_STATUSES: [u16; 12] =
+    [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501];
+
+/// Where a freshness lifetime came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `s-maxage`, `max-age` or `Expires`.
+    Explicit,
+    /// 10% of the time since `Last-Modified`, capped (§4.2.2).
+    Heuristic,
+    /// The route's `default_ttl`.
+    Configured,
+}
+
+/// How freshness is computed where the origin gives none.
+#[derive(Debug, Clone, Copy)]
+pub struct Heuristics {
+    /// Cap of the Last-Modified heuristic.
+    pub max: Duration,
+    /// The route's `default_ttl`.
+    pub default_ttl: Option<Duration>,
+}
+
+/// The freshness lifetime of `res` (§4.2.1): `s-maxage` over `max-age` over `Expires`; an invalid
+/// `Expires` (including `0`) means already stale. Without any, a heuristic lifetime for the
+/// statuses that allow one. `None`: not storable for lack of freshness.
+pub fn lifetime(
+    res: &ResponseHead,
+    d: &ResponseDirectives,
+    response_time: SystemTime,
+    h: Heuristics,
+) -> Option<(Duration, Source)> {
+    let date = res
+        .field("date")
+        .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+        .unwrap_or(response_time);
+    if let Some(s) = d.s_maxage.or(d.max_age) {
+        return Some((Duration::from_secs(s), Source::Explicit));
+    }
+    if let Some(expires) = res.field("expires") {
+        let life = match httpdate::parse_http_date(expires.trim()) {
+            Ok(exp) => exp.duration_since(date).unwrap_or_default(),
+            Err(_) => Duration::ZERO,
+        };
+        return Some((life, Source::Explicit));
+    }
+    if !HEURISTIC_STATUSES.contains(&res.status) {
+        return None;
+    }
+    if let Some(lm) = res
+        .field("last-modified")
+        .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+        && let Ok(since) = date.duration_since(lm)
+    {
+        return Some(((since / 10).min(h.max), Source::Heuristic));
+    }
+    h.default_ttl.map(|t| (t, Source::Configured))
+}
+
+/// The corrected initial age (§4.2.3): the larger of the apparent age (`response_time − Date`)
+/// and the received `Age` plus the response delay.
+pub fn initial_age(
+    res: &ResponseHead,
+    request_time: SystemTime,
+    response_time: SystemTime,
+) -> Duration {
+    let age_value = res
+        .field("age")
+        .and_then(|a| a.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or_default();
+    let apparent = res
+        .field("date")
+        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+        .and_then(|d| response_time.duration_since(d).ok())
+        .unwrap_or_default();
+    let delay = response_time
+        .duration_since(request_time)
+        .unwrap_or_default();
+    apparent.max(age_value + delay)
+}
+
+/// What a stored response's own directives demand of its reuse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reuse {
+    /// `no-cache`: revalidate before every use.
+    pub always_revalidate: bool,
+    /// `must-revalidate` or `proxy-revalidate` (a shared cache obeys both): never serve stale.
+    pub no_stale: bool,
+    /// `immutable`: a fresh response needs no revalidation even when the client asks for one.
+    pub immutable: bool,
+}
+
+impl Reuse {
+    /// From stored response directives.
+    pub fn of(d: &ResponseDirectives) -> Reuse {
+        Reuse {
+            always_revalidate: d.no_cache,
+            no_stale: d.must_revalidate || d.proxy_revalidate,
+            immutable: d.immutable,
+        }
+    }
+}
+
+/// How a request may use a stored response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// Serve it.
+    Fresh,
+    /// Serve it although stale: the client allowed it with `max-stale`.
+    Stale,
+    /// Revalidate with the origin first.
+    Revalidate,
+}
+
+/// Decides how `req` may use a response of `age` and `lifetime` (§4, §5.2.1).
+pub fn decide(age: Duration, lifetime: Duration, reuse: Reuse, req: &RequestDirectives) -> Use {
+    let fresh = age < lifetime;
+    if reuse.always_revalidate {
+        return Use::Revalidate;
+    }
+    if req.no_cache && !(reuse.immutable && fresh) {
+        return Use::Revalidate;
+    }
+    if req.max_age.is_some_and(|m| age > Duration::from_secs(m)) {
+        return Use::Revalidate;
+    }
+    if let Some(mf) = req.min_fresh
+        && age + Duration::from_secs(mf) >= lifetime
+    {
+        return Use::Revalidate;
+    }
+    if fresh {
+        return Use::Fresh;
+    }
+    let staleness = age - lifetime;
+    match req.max_stale {
+        Some(limit)
+            if !reuse.no_stale && limit.is_none_or(|l| staleness <= Duration::from_secs(l)) =>
+        {
+            Use::Stale
+        }
+        _ => Use::Revalidate,
+    }
+}
+
+/// Parses the request's directives (Cache-Control, or Pragma without it).
+pub fn request_directives(req: &crate::http::request::RequestHead) -> RequestDirectives {
+    directives::request(req.field("cache-control"), req.field("pragma"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(extra: &str) -> ResponseHead {
+        let s = format!("HTTP/1.1 200 OK\r\n{extra}\r\n");
+        crate::http::response::parse(s.as_bytes())
+            .expect("ok")
+            .expect("complete")
+            .0
+    }
+    const H: Heuristics = Heuristics {
+        max: Duration::from_secs(86_400),
+        default_ttl: None,
+    };
+    fn life(extra: &str, t: SystemTime) -> Option<(Duration, Source)> {
+        let r = res(extra);
+        let d = directives::response(r.joined("cache-control").as_deref());
+        lifetime(&r, &d, t, H)
+    }
+
+    #[test]
+    fn rfc9111_4_2_1_precedence_and_invalid_expires() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let date = httpdate::fmt_http_date(t - Duration::from_secs(7));
+        let exp = httpdate::fmt_http_date(t + Duration::from_secs(93));
+        let both = format!("Cache-Control: max-age=60, s-maxage=10\r\nExpires: {exp}\r\n");
+        assert_eq!(
+            life(&both, t),
+            Some((Duration::from_secs(10), Source::Explicit))
+        );
+        assert_eq!(
+            life("Cache-Control: max-age=60\r\n", t),
+            Some((Duration::from_secs(60), Source::Explicit))
+        );
+        assert_eq!(
+            life(&format!("Date: {date}\r\nExpires: {exp}\r\n"), t),
+            Some((Duration::from_secs(100), Source::Explicit))
+        );
+        assert_eq!(
+            life("Expires: 0\r\n", t),
+            Some((Duration::ZERO, Source::Explicit))
+        );
+        assert_eq!(life("", t), None);
+    }
+
+    #[test]
+    fn rfc9111_4_2_2_heuristic_is_a_tenth_of_last_modified_capped() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
+        let lm = httpdate::fmt_http_date(t - Duration::from_secs(1000));
+        let date = httpdate::fmt_http_date(t);
+        assert_eq!(
+            life(&format!("Date: {date}\r\nLast-Modified: {lm}\r\n"), t),
+            Some((Duration::from_secs(100), Source::Heuristic))
+        );
+        let old = httpdate::fmt_http_date(t - Duration::from_secs(9_000_000));
+        assert_eq!(
+            life(&format!("Last-Modified: {old}\r\n"), t),
+            Some((Duration::from_secs(86_400), Source::Heuristic))
+        );
+    }
+
+    #[test]
+    fn rfc9111_4_2_3_age_calculation() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let date = httpdate::fmt_http_date(t - Duration::from_secs(30));
+        // Apparent age 30 s beats Age 10 + 2 s delay.
+        assert_eq!(
+            initial_age(
+                &res(&format!("Date: {date}\r\nAge: 10\r\n")),
+                t - Duration::from_secs(2),
+                t
+            ),
+            Duration::from_secs(30)
+        );
+        // Age 100 + 2 s delay beats apparent age 30 s.
+        assert_eq!(
+            initial_age(
+                &res(&format!("Date: {date}\r\nAge: 100\r\n")),
+                t - Duration::from_secs(2),
+                t
+            ),
+            Duration::from_secs(102)
+        );
+    }
+
+    #[test]
+    fn rfc9111_5_2_1_request_directives_decide_reuse() {
+        let s = Duration::from_secs;
+        let none = RequestDirectives::default();
+        let r = Reuse::default();
+        assert_eq!(decide(s(5), s(10), r, &none), Use::Fresh);
+        assert_eq!(decide(s(15), s(10), r, &none), Use::Revalidate);
+        let max_age = RequestDirectives {
+            max_age: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(decide(s(5), s(10), r, &max_age), Use::Revalidate);
+        let min_fresh = RequestDirectives {
+            min_fresh: Some(6),
+            ..Default::default()
+        };
+        assert_eq!(decide(s(5), s(10), r, &min_fresh), Use::Revalidate);
+        assert_eq!(decide(s(3), s(10), r, &min_fresh), Use::Fresh);
+        let stale_ok = RequestDirectives {
+            max_stale: Some(Some(10)),
+            ..Default::default()
+        };
+        assert_eq!(decide(s(15), s(10), r, &stale_ok), Use::Stale);
+        assert_eq!(decide(s(25), s(10), r, &stale_ok), Use::Revalidate);
+        let must = Reuse {
+            no_stale: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(s(15), s(10), must, &stale_ok), Use::Revalidate);
+        let no_cache = RequestDirectives {
+            no_cache: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(s(1), s(10), r, &no_cache), Use::Revalidate);
+        let immutable = Reuse {
+            immutable: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(s(1), s(10), immutable, &no_cache), Use::Fresh);
+        let always = Reuse {
+            always_revalidate: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(s(1), s(10), always, &none), Use::Revalidate);
+    }
+}

@@ -1,0 +1,84 @@
+//! Revalidating a stored response with the origin (RFC 9111 §4.3): the conditional request it
+//! sends, and how a 304 updates the stored header fields (§3.2, §4.3.4).
+
+use super::entry::Entry;
+use super::policy;
+use crate::http::headers;
+use crate::http::response::ResponseHead;
+
+/// The validators to send for `e`: `If-None-Match` with its ETag and `If-Modified-Since` with
+/// its Last-Modified, whichever it has.
+pub fn conditional_fields(e: &Entry) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(etag) = &e.etag {
+        out.push(("If-None-Match", etag.clone()));
+    }
+    if let Some(lm) = &e.last_modified {
+        out.push(("If-Modified-Since", lm.clone()));
+    }
+    out
+}
+
+/// Fields a 304 must not change in the stored response: the framing and the proxy's own.
+fn never_updated(name: &str) -> bool {
+    policy::proxy_owned(name) || name.eq_ignore_ascii_case("content-encoding")
+}
+
+/// The stored header block updated by a 304 (§3.2): every field the 304 carries replaces the
+/// stored field of that name, except hop-by-hop fields, `Content-Length` and the proxy's own.
+pub fn merge_304(stored: &[u8], not_modified: &ResponseHead) -> Vec<u8> {
+    let tokens = headers::connection_tokens(
+        not_modified
+            .fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice())),
+    );
+    let updated: Vec<&(String, Vec<u8>)> = not_modified
+        .fields
+        .iter()
+        .filter(|(k, _)| !headers::is_hop_by_hop(k, &tokens) && !never_updated(k))
+        .collect();
+    let mut out = Vec::with_capacity(stored.len() + 128);
+    for line in stored.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        let name = line.split(|b| *b == b':').next().unwrap_or(b"");
+        let name = String::from_utf8_lossy(name);
+        if updated
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case(name.trim()))
+        {
+            continue;
+        }
+        out.extend_from_slice(line);
+        out.extend_from_slice(b"\r\n");
+    }
+    for (k, v) in updated {
+        headers::put(&mut out, k, v);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc9111_3_2_a_304_replaces_stored_fields_but_not_content_length() {
+        let stored =
+            b"Cache-Control: max-age=5\r\nETag: \"a\"\r\nX-Old: 1\r\nContent-Type: text/plain\r\n";
+        let r304 = crate::http::response::parse(
+            b"HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=60\r\nETag: \"a\"\r\nX-New: 2\r\nContent-Length: 99\r\nConnection: X-Hop\r\nX-Hop: 1\r\n\r\n",
+        )
+        .expect("ok")
+        .expect("complete")
+        .0;
+        let merged = String::from_utf8(merge_304(stored, &r304)).expect("utf8");
+        assert_eq!(
+            merged,
+            "X-Old: 1\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nETag: \"a\"\r\nX-New: 2\r\n"
+        );
+    }
+}
