@@ -101,6 +101,14 @@ pub struct CacheConfig {
     /// `Last-Modified` stay fresh for 10% of their age, at most this long (RFC 9111 §4.2.2).
     #[serde(default = "default_heuristic_max", with = "humantime_serde")]
     pub heuristic_max: Duration,
+    /// Targeted cache-control fields (RFC 9213) that govern zerocache's caching in place of
+    /// `Cache-Control`, first present wins; they are not forwarded to clients.
+    #[serde(default = "default_targeted")]
+    pub targeted_fields: Vec<String>,
+}
+
+fn default_targeted() -> Vec<String> {
+    vec!["CDN-Cache-Control".into()]
 }
 
 fn default_heuristic_max() -> Duration {
@@ -167,6 +175,36 @@ pub struct Route {
     /// What goes into the cache key beyond method, scheme, host and path.
     #[serde(default)]
     pub cache_key: CacheKeyConfig,
+    /// How long past expiry a stored response may be served when the upstream fails (refused,
+    /// closed, timed out, 5xx) and the response has no `stale-if-error`. Never past
+    /// `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    #[serde(default = "default_stale_grace", with = "humantime_serde")]
+    pub stale_grace: Duration,
+    /// Requests that must never be served from, or stored in, the cache (`X-Cache: BYPASS`).
+    #[serde(default)]
+    pub bypass: BypassRules,
+}
+
+fn default_stale_grace() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// Per-route rules that bypass the cache; any one matching is enough.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BypassRules {
+    /// Names of cookies whose presence bypasses the cache (e.g. a session cookie).
+    #[serde(default)]
+    pub cookies: Vec<String>,
+    /// Request header fields whose presence bypasses the cache.
+    #[serde(default)]
+    pub headers: Vec<String>,
+    /// Methods that bypass the cache (GET and HEAD otherwise use it).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefixes that bypass the cache.
+    #[serde(default)]
+    pub paths: Vec<String>,
 }
 
 /// Cache key options of a route.

@@ -34,6 +34,29 @@ pub struct DashboardState {
     pub token: Option<String>,
     /// Whether `/metrics` needs the token too.
     pub metrics_require_token: bool,
+    /// Removes cached entries; answers how many went.
+    pub purge: PurgeFn,
+}
+
+/// The proxy's purge: removes what a [`Purge`] names and answers how many entries went.
+pub type PurgeFn = Box<dyn Fn(&Purge) -> Result<usize, String> + Send + Sync>;
+
+/// What a purge removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Purge {
+    /// One URL (`http://host/path?query`), every variant of it.
+    Url(String),
+    /// Every URL starting with this (`http://host/prefix`).
+    Prefix(String),
+}
+
+/// The body of `POST /api/purge`: exactly one of `url` and `prefix`.
+#[derive(Deserialize)]
+struct PurgeBody {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
 }
 
 /// The disk cache as the dashboard shows it.
@@ -72,6 +95,7 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/api/stats", get(stats))
         .route("/api/connections", get(connections))
         .route("/api/processes", get(processes))
+        .route("/api/purge", axum::routing::post(purge))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)
         .with_state(state);
@@ -229,6 +253,48 @@ async fn connections(
         q.sort.as_deref().unwrap_or("id"),
         q.order.as_deref() == Some("asc"),
     ))
+}
+
+/// `POST /api/purge` with `{"url": "http://host/path"}` or `{"prefix": "http://host/dir/"}`:
+/// the entries are gone from the index before the answer, so no request that arrives after it is
+/// served them; transfers already running finish from their open files.
+async fn purge(State(state): State<Arc<DashboardState>>, body: axum::body::Bytes) -> Response {
+    let parsed: Result<PurgeBody, _> = serde_json::from_slice(&body);
+    let target = match parsed {
+        Ok(PurgeBody {
+            url: Some(u),
+            prefix: None,
+        }) => Purge::Url(u),
+        Ok(PurgeBody {
+            url: None,
+            prefix: Some(p),
+        }) => Purge::Prefix(p),
+        Ok(_) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({"error": "give exactly one of `url` and `prefix`"})),
+            )
+                .into_response();
+        }
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({"error": format!("invalid JSON: {e}")})),
+            )
+                .into_response();
+        }
+    };
+    match (state.purge)(&target) {
+        Ok(n) => {
+            tracing::info!(?target, purged = n, "purge");
+            Json(serde_json::json!({ "purged": n })).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({ "error": e })),
+        )
+            .into_response(),
+    }
 }
 
 async fn processes(State(state): State<Arc<DashboardState>>) -> Json<Vec<api::Process>> {

@@ -20,6 +20,28 @@ pub struct Route {
     pub key_query: bool,
     /// Request header fields whose values are part of the cache key.
     pub key_headers: Vec<String>,
+    /// How long past expiry to serve stale when the upstream fails.
+    pub stale_grace: std::time::Duration,
+    /// Requests that bypass the cache.
+    pub bypass: zerocache_config::BypassRules,
+}
+
+impl Route {
+    /// True when `req` matches one of the route's bypass rules.
+    pub fn bypasses(&self, req: &crate::http::request::RequestHead) -> bool {
+        let b = &self.bypass;
+        b.methods
+            .iter()
+            .any(|m| m.eq_ignore_ascii_case(&req.method))
+            || b.paths.iter().any(|p| req.target.starts_with(p.as_str()))
+            || b.headers.iter().any(|h| req.field(h).is_some())
+            || (!b.cookies.is_empty()
+                && req.joined("cookie").is_some_and(|c| {
+                    c.split([';', ','])
+                        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.trim()))
+                        .any(|name| b.cookies.iter().any(|want| want == name))
+                }))
+    }
 }
 
 /// All routes, in config order.
@@ -49,6 +71,8 @@ impl Routes {
                     default_ttl: r.default_ttl,
                     key_query: r.cache_key.query,
                     key_headers: r.cache_key.headers.clone(),
+                    stale_grace: r.stale_grace,
+                    bypass: r.bypass.clone(),
                 })
             })
             .collect();

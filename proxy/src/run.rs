@@ -84,6 +84,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
 /// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let nofile = raise_nofile();
+    crate::cache::directives::set_targeted(&config.cache.targeted_fields);
     let store = Arc::new(
         Store::open(
             &config.cache.path,
@@ -135,6 +136,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
         let st = store.clone();
+        let purge_store = store.clone();
         let state = Arc::new(DashboardState {
             accounting: accounting.clone(),
             probe: probe.clone(),
@@ -152,6 +154,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             history: Mutex::new(Default::default()),
             token: config.dashboard.token.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
+            purge: Box::new(move |p| purge(&purge_store, p)),
         });
         tokio::spawn(async move {
             if let Err(e) = zerocache_dashboard::serve(l, state).await {
@@ -206,6 +209,33 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A purge from the dashboard API, by absolute URL or URL prefix. Routes that drop the query from
+/// their keys index the URL without it, so both spellings are purged.
+fn purge(store: &Store, p: &zerocache_dashboard::Purge) -> Result<usize, String> {
+    use crate::cache::invalidation::{split_absolute, url_text};
+    let (raw, prefix) = match p {
+        zerocache_dashboard::Purge::Url(u) => (u, false),
+        zerocache_dashboard::Purge::Prefix(u) => (u, true),
+    };
+    let (host, target) = split_absolute(raw)
+        .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
+    let mut texts = vec![url_text(&host, &target, true)];
+    let without_query = url_text(&host, &target, false);
+    if !prefix && without_query != texts[0] {
+        texts.push(without_query);
+    }
+    Ok(texts
+        .iter()
+        .map(|t| {
+            if prefix {
+                store.purge_prefix(t)
+            } else {
+                store.purge_url(t)
+            }
+        })
+        .sum())
 }
 
 /// SIGHUP: re-reads the config; a valid one replaces routes, upstreams, limits and the probe's

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// File magic, versioned.
-pub const MAGIC: &[u8; 8] = b"ZCENTRY2";
+pub const MAGIC: &[u8; 8] = b"ZCENTRY3";
 /// Bytes before the meta block.
 pub const FIXED: usize = 32;
 /// Body alignment.
@@ -54,6 +54,9 @@ pub struct Meta {
     pub fields: Vec<u8>,
     /// Lower-cased names of the request fields the response varies on (`Vary`).
     pub vary: Vec<String>,
+    /// The URL part of the key (`GET|scheme|host|target`), shared by every variant of a URL:
+    /// what invalidation and purge remove.
+    pub url: String,
 }
 
 fn millis(t: SystemTime) -> u64 {
@@ -78,6 +81,7 @@ impl Meta {
         put_bytes(&mut out, self.reason.as_bytes());
         put_bytes(&mut out, &self.fields);
         put_bytes(&mut out, self.vary.join(",").as_bytes());
+        put_bytes(&mut out, self.url.as_bytes());
         out
     }
 
@@ -111,6 +115,7 @@ impl Meta {
             .filter(|v| !v.is_empty())
             .map(str::to_string)
             .collect();
+        let url = String::from_utf8(bytes(&mut b)?.to_vec()).ok()?;
         Some(Meta {
             key,
             stored_at,
@@ -120,6 +125,7 @@ impl Meta {
             reason,
             fields,
             vary,
+            url,
         })
     }
 }
@@ -209,6 +215,19 @@ pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
     Ok((meta, offset, body_len))
 }
 
+/// The stored fields a client sees: all but the targeted cache-control fields (RFC 9213), which
+/// are zerocache's own policy.
+pub fn client_fields(fields: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(fields.len());
+    for line in fields.split_inclusive(|b| *b == b'\n') {
+        let name = line.split(|b| *b == b':').next().unwrap_or(b"");
+        if !crate::cache::directives::is_targeted(String::from_utf8_lossy(name).trim()) {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
 /// A stored response as the index holds it: everything a hit needs without touching the file's
 /// header (no read(2) on the hit path).
 #[derive(Debug)]
@@ -273,7 +292,7 @@ impl Entry {
         head.push(b' ');
         head.extend_from_slice(meta.reason.as_bytes());
         head.extend_from_slice(b"\r\n");
-        head.extend_from_slice(&meta.fields);
+        head.extend_from_slice(&client_fields(&meta.fields));
         crate::http::headers::put_num(&mut head, "Content-Length", body_len);
         let field = |name: &str| -> Option<String> {
             meta.fields.split(|b| *b == b'\n').find_map(|line| {
@@ -339,6 +358,7 @@ mod tests {
             reason: "OK".into(),
             fields: b"Cache-Control: max-age=3600\r\n".to_vec(),
             vary: vec!["accept-encoding".into()],
+            url: "GET|http|h|/x".into(),
         }
     }
 
@@ -346,7 +366,10 @@ mod tests {
     fn meta_round_trips_and_body_is_page_aligned() {
         let m = meta();
         let enc = m.encode();
-        assert_eq!(enc.len(), 4 + 13 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29 + 4 + 15);
+        assert_eq!(
+            enc.len(),
+            4 + 13 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29 + 4 + 15 + 4 + 13
+        );
         assert_eq!(Meta::decode(&enc), Some(m));
         assert_eq!(body_offset(10), 4096);
         assert_eq!(body_offset(4096 - 32), 4096);

@@ -35,6 +35,7 @@ pub struct Heuristics {
 pub fn lifetime(
     res: &ResponseHead,
     d: &ResponseDirectives,
+    targeted: bool,
     response_time: SystemTime,
     h: Heuristics,
 ) -> Option<(Duration, Source)> {
@@ -45,7 +46,8 @@ pub fn lifetime(
     if let Some(s) = d.s_maxage.or(d.max_age) {
         return Some((Duration::from_secs(s), Source::Explicit));
     }
-    if let Some(expires) = res.field("expires") {
+    // A targeted field (RFC 9213) replaces Expires as well as Cache-Control.
+    if let Some(expires) = res.field("expires").filter(|_| !targeted) {
         let life = match httpdate::parse_http_date(expires.trim()) {
             Ok(exp) => exp.duration_since(date).unwrap_or_default(),
             Err(_) => Duration::ZERO,
@@ -174,8 +176,8 @@ mod tests {
     };
     fn life(extra: &str, t: SystemTime) -> Option<(Duration, Source)> {
         let r = res(extra);
-        let d = directives::response(r.joined("cache-control").as_deref());
-        lifetime(&r, &d, t, H)
+        let (d, targeted) = directives::governing(|n| r.joined(n));
+        lifetime(&r, &d, targeted, t, H)
     }
 
     #[test]

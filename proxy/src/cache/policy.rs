@@ -123,7 +123,7 @@ pub fn storable(
     if freshness::request_directives(req).no_store {
         return Err(NotStored::RequestNoStore);
     }
-    let d = directives::response(res.joined("cache-control").as_deref());
+    let (d, targeted) = directives::governing(|n| res.joined(n));
     if d.no_store || d.private {
         return Err(NotStored::Directive);
     }
@@ -133,7 +133,8 @@ pub fn storable(
         return Err(NotStored::Authorization);
     }
     let vary = vary_names(res).ok_or(NotStored::VaryStar)?;
-    let (lifetime, source) = match freshness::lifetime(res, &d, response_time, heuristics) {
+    let (lifetime, source) = match freshness::lifetime(res, &d, targeted, response_time, heuristics)
+    {
         Some(l) => l,
         // no-cache: stored, but revalidated on every use, so its lifetime does not matter.
         None if d.no_cache && freshness::HEURISTIC_STATUSES.contains(&res.status) => {
@@ -256,6 +257,34 @@ mod tests {
             "Cache-Control: max-age=5, private=\"X-Secret\", no-cache=\"Set-Cookie\"\r\nX-Kept: 2\r\n"
         );
         assert_eq!(s.initial_age, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn rfc9213_targeted_cache_control_governs_and_replaces_expires() {
+        // CDN-Cache-Control: no-store wins over a permissive Cache-Control.
+        assert_eq!(
+            st(
+                "",
+                200,
+                "Cache-Control: max-age=600\r\nCDN-Cache-Control: no-store\r\n"
+            ),
+            Err(NotStored::Directive)
+        );
+        // And a permissive one wins over Cache-Control: private.
+        assert_eq!(
+            st(
+                "",
+                200,
+                "Cache-Control: private\r\nCDN-Cache-Control: max-age=30\r\n"
+            )
+            .map(|s| s.lifetime),
+            Ok(Duration::from_secs(30))
+        );
+        // Expires is ignored when the targeted field governs.
+        assert_eq!(
+            st("", 200, "Expires: 0\r\nCDN-Cache-Control: max-age=30\r\n").map(|s| s.lifetime),
+            Ok(Duration::from_secs(30))
+        );
     }
 
     #[test]

@@ -42,6 +42,35 @@ struct Inner {
     bytes: u64,
     /// Per URL key text: the request fields its stored responses vary on (RFC 9111 §4.1).
     vary: std::collections::HashMap<String, Vec<String>>,
+    /// Per URL (`Meta::url`): the hashes of its entries, every variant included, so
+    /// invalidation and purge find them without scanning the index.
+    by_url: std::collections::HashMap<String, Vec<u128>>,
+}
+
+impl Inner {
+    fn url_add(&mut self, url: &str, hash: u128) {
+        let v = self.by_url.entry(url.to_string()).or_default();
+        if !v.contains(&hash) {
+            v.push(hash);
+        }
+    }
+
+    fn url_remove(&mut self, url: &str, hash: u128) {
+        if let Some(v) = self.by_url.get_mut(url) {
+            v.retain(|h| *h != hash);
+            if v.is_empty() {
+                self.by_url.remove(url);
+            }
+        }
+    }
+
+    /// Unindexes `hash`; returns the entry if it was there.
+    fn take(&mut self, hash: u128) -> Option<Arc<Entry>> {
+        let e = self.lru.pop(&hash)?;
+        self.bytes -= e.disk_size();
+        self.url_remove(&e.meta.url, hash);
+        Some(e)
+    }
 }
 
 /// Sizes and shape of the store.
@@ -81,6 +110,7 @@ impl Store {
                 lru: LruCache::unbounded(),
                 bytes: 0,
                 vary: std::collections::HashMap::new(),
+                by_url: std::collections::HashMap::new(),
             }),
             tmp_seq: AtomicU64::new(0),
             writable: AtomicBool::new(true),
@@ -262,9 +292,15 @@ impl Store {
                 inner.vary.remove(primary);
             }
             inner.bytes += size;
+            inner.url_add(&e.meta.url, e.hash);
+            let url = e.meta.url.clone();
             let old = inner.lru.push(e.hash, e);
             if let Some((_, old)) = &old {
                 inner.bytes -= old.disk_size();
+                if old.meta.url != url {
+                    let (u, h) = (old.meta.url.clone(), old.hash);
+                    inner.url_remove(&u, h);
+                }
             }
             old
         };
@@ -292,6 +328,8 @@ impl Store {
                 match inner.lru.pop_lru() {
                     Some((_, e)) => {
                         inner.bytes -= e.disk_size();
+                        let (u, h) = (e.meta.url.clone(), e.hash);
+                        inner.url_remove(&u, h);
                         victims.push(e);
                     }
                     None => break,
@@ -309,16 +347,41 @@ impl Store {
         let removed = {
             let mut inner = self.inner.lock();
             match inner.lru.peek(&e.hash) {
-                Some(cur) if Arc::ptr_eq(cur, e) => {
-                    inner.bytes -= e.disk_size();
-                    inner.lru.pop(&e.hash)
-                }
+                Some(cur) if Arc::ptr_eq(cur, e) => inner.take(e.hash),
                 _ => None,
             }
         };
         if removed.is_some() {
             let _ = fs::remove_file(&e.path);
         }
+    }
+
+    /// Removes every entry of the URL key text `url` (all its variants) and deletes their files;
+    /// returns how many went. Transfers in flight keep their open file and finish intact.
+    pub fn purge_url(&self, url: &str) -> usize {
+        let gone: Vec<Arc<Entry>> = {
+            let mut inner = self.inner.lock();
+            let hashes = inner.by_url.get(url).cloned().unwrap_or_default();
+            inner.vary.remove(url);
+            hashes.into_iter().filter_map(|h| inner.take(h)).collect()
+        };
+        for e in &gone {
+            let _ = fs::remove_file(&e.path);
+        }
+        gone.len()
+    }
+
+    /// Removes every entry whose URL key text starts with `prefix`; returns how many went.
+    pub fn purge_prefix(&self, prefix: &str) -> usize {
+        let urls: Vec<String> = self
+            .inner
+            .lock()
+            .by_url
+            .keys()
+            .filter(|u| u.starts_with(prefix))
+            .cloned()
+            .collect();
+        urls.iter().map(|u| self.purge_url(u)).sum()
     }
 
     /// (bytes on disk, entries).

@@ -7,6 +7,7 @@ use super::hit::{HitKind, HitOutcome};
 use super::{Ctx, Shared};
 use crate::cache::entry::Entry;
 use crate::cache::freshness::{self, Use};
+use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{self, Role};
 use crate::cache::variance;
@@ -314,8 +315,15 @@ impl Conn {
         let upstream = route.upstream.clone();
         let default_ttl = route.default_ttl;
         let cacheable_method = req.method == "GET" || req.method == "HEAD";
-        if !route.cache || !cacheable_method {
-            let detail = if route.cache { "method" } else { "bypass" };
+        let bypassed = route.bypasses(&req);
+        if !route.cache || !cacheable_method || bypassed {
+            let detail = if route.cache && !bypassed {
+                "method"
+            } else {
+                "bypass"
+            };
+            let invalidate =
+                (route.cache && !invalidation::is_safe(&req.method)).then_some(route.key_query);
             return Fetch::new(
                 &req,
                 body,
@@ -325,6 +333,7 @@ impl Conn {
                 None,
                 started,
             )
+            .invalidating(invalidate)
             .run(self)
             .await;
         }
@@ -333,12 +342,12 @@ impl Conn {
         } else {
             req.path()
         };
-        let primary = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits)
-            .with_headers(
-                &route.key_headers,
-                |h| req.field(h).map(str::to_string),
-                ctx.hash_bits,
-            );
+        let url = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits);
+        let primary = url.clone().with_headers(
+            &route.key_headers,
+            |h| req.field(h).map(str::to_string),
+            ctx.hash_bits,
+        );
         // A URL whose responses vary is looked up under the secondary key of this request.
         let lookup_key = |store: &crate::cache::store::Store| match store.vary_for(&primary.text) {
             Some(names) => variance::variant(&primary, &names, &req, ctx.hash_bits),
@@ -359,6 +368,39 @@ impl Conn {
                     HitOutcome::Gone => {}
                 },
                 Use::Revalidate => {
+                    // stale-while-revalidate (RFC 5861): serve it now and refresh it in the
+                    // background, once, when only its age (not the request) asks for validation.
+                    let staleness = e.age(now).saturating_sub(e.meta.lifetime);
+                    let swr = e.stale_while_revalidate.is_some_and(|w| staleness <= w)
+                        && !e.reuse.no_stale
+                        && !e.reuse.always_revalidate
+                        && freshness::decide(
+                            e.age(now),
+                            e.meta.lifetime,
+                            e.reuse,
+                            &Default::default(),
+                        ) == Use::Revalidate
+                        && !directives.no_cache
+                        && directives.max_age.is_none()
+                        && directives.min_fresh.is_none();
+                    if swr && req.method == "GET" {
+                        if let Role::Leader(guard) = ctx.locks.acquire(primary.hash) {
+                            let bg = Fetch::background(
+                                req.clone(),
+                                upstream.clone(),
+                                primary.clone(),
+                                url.text.clone(),
+                                e.clone(),
+                                route.default_ttl,
+                                guard,
+                            );
+                            tokio::spawn(bg.refresh(ctx.clone(), self.peer.ip()));
+                        }
+                        match self.serve_hit(&req, &e, HitKind::Stale, started).await? {
+                            HitOutcome::Served(keep) => return Ok(keep),
+                            HitOutcome::Gone => {}
+                        }
+                    }
                     status = CacheStatus::Expired;
                     stale = Some(e);
                 }
@@ -413,6 +455,8 @@ impl Conn {
             started,
         )
         .revalidating(stale)
+        .stale_grace(route.stale_grace)
+        .url(url.text)
         .default_ttl(default_ttl)
         .run(self)
         .await

@@ -13,6 +13,7 @@ use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::fill::Fill;
 use crate::cache::freshness::{self, Heuristics};
+use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::LeaderGuard;
 use crate::cache::policy;
@@ -43,6 +44,25 @@ pub struct Fetch<'a> {
     default_ttl: Option<std::time::Duration>,
     /// The stored response being revalidated: its validators go upstream, and a 304 serves it.
     revalidating: Option<Arc<Entry>>,
+    /// The URL key text of the entry being filled (see `Meta::url`).
+    url: String,
+    /// For unsafe methods: invalidate stored URLs on a non-error response, keeping the query in
+    /// the key or not (the route's `cache_key.query`).
+    invalidate: Option<bool>,
+    /// How long past expiry the revalidated entry may be served if the upstream fails.
+    stale_grace: std::time::Duration,
+}
+
+/// A background refresh for stale-while-revalidate: the same exchange as a fetch, with no
+/// client waiting; the fill lock it holds keeps it to one refresh per entry at a time.
+pub struct Background {
+    req: RequestHead,
+    upstream: Arc<Group>,
+    primary: CacheKey,
+    url: String,
+    stale: Arc<Entry>,
+    default_ttl: Option<std::time::Duration>,
+    _guard: LeaderGuard,
 }
 
 use crate::cache::policy::proxy_owned;
@@ -68,7 +88,63 @@ impl<'a> Fetch<'a> {
             started,
             default_ttl: None,
             revalidating: None,
+            url: String::new(),
+            invalidate: None,
+            stale_grace: std::time::Duration::ZERO,
         }
+    }
+
+    /// How long past expiry the entry being revalidated may be served if the upstream fails.
+    pub fn stale_grace(mut self, grace: std::time::Duration) -> Self {
+        self.stale_grace = grace;
+        self
+    }
+
+    /// Prepares a background refresh of `stale` (stale-while-revalidate).
+    pub fn background(
+        req: RequestHead,
+        upstream: Arc<Group>,
+        primary: CacheKey,
+        url: String,
+        stale: Arc<Entry>,
+        default_ttl: Option<std::time::Duration>,
+        guard: LeaderGuard,
+    ) -> Background {
+        Background {
+            req,
+            upstream,
+            primary,
+            url,
+            stale,
+            default_ttl,
+            _guard: guard,
+        }
+    }
+
+    /// The entry being revalidated, if it may be served stale now that the upstream failed
+    /// (RFC 5861 stale-if-error, or the route's grace without it), never past
+    /// must-revalidate/proxy-revalidate/no-cache.
+    fn stale_on_error(&self) -> Option<Arc<Entry>> {
+        let e = self.revalidating.as_ref()?;
+        if e.reuse.no_stale || e.reuse.always_revalidate {
+            return None;
+        }
+        let window = e.stale_if_error.unwrap_or(self.stale_grace);
+        let staleness = e.age(SystemTime::now()).saturating_sub(e.meta.lifetime);
+        (staleness <= window).then(|| e.clone())
+    }
+
+    /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
+    /// response (RFC 9111 §4.4).
+    pub fn invalidating(mut self, keep_query: Option<bool>) -> Self {
+        self.invalidate = keep_query;
+        self
+    }
+
+    /// The URL key text the filled entry is indexed under for invalidation and purge.
+    pub fn url(mut self, url: String) -> Self {
+        self.url = url;
+        self
     }
 
     /// Revalidate `stale` instead of fetching unconditionally (RFC 9111 §4.3.1).
@@ -182,6 +258,16 @@ impl<'a> Fetch<'a> {
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
                 ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                if let Some(stale) = self.stale_on_error() {
+                    self.fill = None;
+                    return match conn
+                        .serve_hit(req, &stale, HitKind::Stale, self.started)
+                        .await?
+                    {
+                        HitOutcome::Served(keep) => Ok(keep),
+                        HitOutcome::Gone => Ok(false),
+                    };
+                }
                 return conn
                     .respond_simple(
                         req,
@@ -227,42 +313,48 @@ impl<'a> Fetch<'a> {
             }
         };
 
+        // An unsafe method's non-error response invalidates what is stored for its URLs, before
+        // the client hears back.
+        if let Some(keep_query) = self.invalidate
+            && (200..400).contains(&head.status)
+        {
+            for url in invalidation::invalidated(&req.host, &req.target, &head, keep_query) {
+                let n = ctx.store.purge_url(&url);
+                if n > 0 {
+                    tracing::debug!(%url, entries = n, method = %req.method, "invalidated");
+                }
+            }
+        }
+
+        // The upstream answered with a server error while we hold a usable stale response.
+        if head.status >= 500
+            && let Some(stale) = self.stale_on_error()
+        {
+            tracing::warn!(upstream = %self.upstream.name, target = %req.target, status = head.status, "upstream error; serving stale");
+            ctx.accounting.upstream_error(&self.upstream.name, "status");
+            drop(up);
+            self.fill = None;
+            return match conn
+                .serve_hit(req, &stale, HitKind::Stale, self.started)
+                .await?
+            {
+                HitOutcome::Served(keep) => Ok(keep),
+                HitOutcome::Gone => Ok(false),
+            };
+        }
+
         // A 304 to our revalidation: update the stored fields and serve it through sendfile.
         if head.status == 304
             && let Some(stale) = self.revalidating.clone()
         {
-            let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
-            let mut sink = Vec::new();
-            while !reader.is_done() {
-                if reader.next(&mut up, &mut sink).await.is_err() {
-                    break;
-                }
-            }
-            if reader.reusable() {
-                self.upstream.release(up);
-            }
-            let fields = validation::merge_304(&stale.meta.fields, &head);
-            let merged = ResponseHead {
-                status: stale.meta.status,
-                reason: stale.meta.reason.clone(),
-                http10: false,
-                fields: Vec::new(),
-            }
-            .with_stored_fields(&fields);
-            let d = directives::response(merged.joined("cache-control").as_deref());
-            let lifetime = freshness::lifetime(&merged, &d, response_time, self.heuristics(&ctx))
-                .map(|(l, _)| l)
-                .unwrap_or_default();
-            let meta = Meta {
-                key: stale.meta.key.clone(),
-                stored_at: response_time,
-                initial_age: freshness::initial_age(&head, request_time, response_time),
-                lifetime,
-                status: stale.meta.status,
-                reason: stale.meta.reason.clone(),
-                fields,
-                vary: stale.meta.vary.clone(),
-            };
+            drain(&mut up, framing, &self.upstream).await;
+            let meta = revalidated_meta(
+                &stale,
+                &head,
+                request_time,
+                response_time,
+                self.heuristics(&ctx),
+            );
             let updated = ctx.store.replace_meta(&stale, meta);
             self.fill = None;
             return match conn
@@ -308,6 +400,7 @@ impl<'a> Fetch<'a> {
                         reason: head.reason.clone(),
                         fields: st.fields,
                         vary: st.vary,
+                        url: self.url.clone(),
                     };
                     match Fill::create(ctx.store.clone(), key.hash, meta) {
                         Ok(f) => {
@@ -349,6 +442,9 @@ impl<'a> Fetch<'a> {
             }
             if k.eq_ignore_ascii_case("via") {
                 via = Some(String::from_utf8_lossy(v).into_owned());
+                continue;
+            }
+            if directives::is_targeted(k) {
                 continue;
             }
             put(h, k, v);
@@ -463,10 +559,7 @@ impl<'a> Fetch<'a> {
     }
 
     fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics {
-        Heuristics {
-            max: ctx.heuristic_max,
-            default_ttl: self.default_ttl,
-        }
+        heuristics(ctx, self.default_ttl)
     }
 
     fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64) {
@@ -480,5 +573,150 @@ impl<'a> Fetch<'a> {
             path: DataPath::Copy,
             duration: self.started.elapsed(),
         });
+    }
+}
+
+fn heuristics(ctx: &crate::server::Ctx, default_ttl: Option<std::time::Duration>) -> Heuristics {
+    Heuristics {
+        max: ctx.heuristic_max,
+        default_ttl,
+    }
+}
+
+/// Reads and discards a (304's) body, returning the connection to the pool when it can be.
+async fn drain(
+    up: &mut crate::upstream::UpstreamConn,
+    framing: BodyFraming,
+    group: &Group,
+) -> bool {
+    let mut reader = BodyReader::new(framing, group.read_timeout);
+    let mut sink = Vec::new();
+    while !reader.is_done() {
+        if reader.next(up, &mut sink).await.is_err() {
+            return false;
+        }
+    }
+    reader.reusable()
+}
+
+/// The stored response's metadata after a 304 (RFC 9111 §3.2, §4.3.4): fields merged, freshness
+/// recomputed from them, age restarted from the 304.
+fn revalidated_meta(
+    stale: &Entry,
+    head: &ResponseHead,
+    request_time: SystemTime,
+    response_time: SystemTime,
+    h: Heuristics,
+) -> Meta {
+    let fields = validation::merge_304(&stale.meta.fields, head);
+    let merged = ResponseHead {
+        status: stale.meta.status,
+        reason: stale.meta.reason.clone(),
+        http10: false,
+        fields: Vec::new(),
+    }
+    .with_stored_fields(&fields);
+    let (d, targeted) = directives::governing(|n| merged.joined(n));
+    let lifetime = freshness::lifetime(&merged, &d, targeted, response_time, h)
+        .map(|(l, _)| l)
+        .unwrap_or_default();
+    Meta {
+        key: stale.meta.key.clone(),
+        stored_at: response_time,
+        initial_age: freshness::initial_age(head, request_time, response_time),
+        lifetime,
+        status: stale.meta.status,
+        reason: stale.meta.reason.clone(),
+        fields,
+        vary: stale.meta.vary.clone(),
+        url: stale.meta.url.clone(),
+    }
+}
+
+impl Background {
+    /// Revalidates (or refetches) the stale entry with no client waiting: a 304 updates it, a
+    /// storable response replaces it, a failure leaves it as it was.
+    pub async fn refresh(self, ctx: Arc<crate::server::Ctx>, peer: IpAddr) {
+        let f = Fetch::new(
+            &self.req,
+            Vec::new(),
+            self.upstream.clone(),
+            CacheStatus::Expired,
+            "stale",
+            None,
+            Instant::now(),
+        )
+        .revalidating(Some(self.stale.clone()));
+        let request = f.upstream_request(peer);
+        let request_time = SystemTime::now();
+        let (mut up, head) = match self
+            .upstream
+            .exchange(&request, true, &mut Vec::new())
+            .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(upstream = %self.upstream.name, target = %self.req.target, error = %e, "background refresh failed; keeping the stale entry");
+                ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                return;
+            }
+        };
+        let response_time = SystemTime::now();
+        let Ok(framing) = head.framing(false) else {
+            return;
+        };
+        let h = heuristics(&ctx, self.default_ttl);
+        if head.status == 304 {
+            if drain(&mut up, framing, &self.upstream).await {
+                self.upstream.release(up);
+            }
+            let meta = revalidated_meta(&self.stale, &head, request_time, response_time, h);
+            ctx.store.replace_meta(&self.stale, meta);
+            return;
+        }
+        if head.status >= 500 {
+            return; // Keep serving what we have.
+        }
+        let st = match policy::storable(&self.req, &head, request_time, response_time, h) {
+            Ok(st) => st,
+            Err(_) => {
+                // The resource is no longer storable: stop serving the old copy.
+                ctx.store.remove_if_same(&self.stale);
+                return;
+            }
+        };
+        let key = if st.vary.is_empty() {
+            self.primary.clone()
+        } else {
+            variance::variant(&self.primary, &st.vary, &self.req, ctx.hash_bits)
+        };
+        let meta = Meta {
+            key: key.text.clone(),
+            stored_at: response_time,
+            initial_age: st.initial_age,
+            lifetime: st.lifetime,
+            status: head.status,
+            reason: head.reason.clone(),
+            fields: st.fields,
+            vary: st.vary,
+            url: self.url.clone(),
+        };
+        let Ok(mut fill) = Fill::create(ctx.store.clone(), key.hash, meta) else {
+            return;
+        };
+        let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
+        let mut piece = Vec::with_capacity(64 * 1024);
+        while !reader.is_done() {
+            if reader.next(&mut up, &mut piece).await.is_err() || fill.write(&piece).is_err() {
+                return; // Dropping the fill deletes its temp file.
+            }
+        }
+        match fill.commit() {
+            Ok(_) => tracing::debug!(target = %self.req.target, "refreshed in the background"),
+            Err(e) => ctx.store.write_failed(&e),
+        }
+        if reader.reusable() {
+            self.upstream.release(up);
+        }
     }
 }

@@ -145,7 +145,7 @@ impl Conn {
             }
             RangeAnswer::Partial { start, end } => {
                 h.extend_from_slice(b"HTTP/1.1 206 Partial Content\r\n");
-                h.extend_from_slice(&e.meta.fields);
+                h.extend_from_slice(&crate::cache::entry::client_fields(&e.meta.fields));
                 put(
                     h,
                     "Content-Range",
@@ -156,7 +156,7 @@ impl Conn {
             }
             RangeAnswer::Unsatisfiable => {
                 h.extend_from_slice(b"HTTP/1.1 416 Range Not Satisfiable\r\n");
-                h.extend_from_slice(&e.meta.fields);
+                h.extend_from_slice(&crate::cache::entry::client_fields(&e.meta.fields));
                 put(
                     h,
                     "Content-Range",

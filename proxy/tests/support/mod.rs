@@ -181,6 +181,24 @@ impl Proxy {
         serde_json::from_slice(&r.body).expect("json")
     }
 
+    /// POSTs `{"url": ...}` or `{"prefix": ...}` to the purge API; returns (status, JSON).
+    pub fn purge(&self, json: &str) -> (u16, serde_json::Value) {
+        let mut c = Client::connect(self.dashboard);
+        let r = c.send_with_body(
+            "POST",
+            "/api/purge",
+            &[
+                ("Content-Type", "application/json"),
+                ("Connection", "close"),
+            ],
+            json.as_bytes(),
+        );
+        (
+            r.status,
+            serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
     /// `/metrics` text.
     pub fn metrics(&self) -> String {
         let mut c = Client::connect(self.dashboard);
@@ -272,6 +290,28 @@ impl Client {
         }
         req.push_str("\r\n");
         self.send(req.as_bytes());
+        self.read_response(method == "HEAD")
+    }
+
+    /// Sends a request with a body.
+    pub fn send_with_body(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: test.example\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        let mut raw = req.into_bytes();
+        raw.extend_from_slice(body);
+        self.send(&raw);
         self.read_response(method == "HEAD")
     }
 

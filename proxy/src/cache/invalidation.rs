@@ -1,0 +1,89 @@
+//! Invalidation (RFC 9111 §4.4) and purge: which stored URLs an unsafe request or an operator's
+//! purge removes, expressed as the URL key texts the store indexes entries under.
+
+use super::key::CacheKey;
+use crate::http::request::normalise_host;
+use crate::http::response::ResponseHead;
+
+/// Methods known to be safe (RFC 9110 §9.2.1); every other method, unknown ones included,
+/// invalidates.
+pub fn is_safe(method: &str) -> bool {
+    matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE")
+}
+
+/// The URL key text for `host` and `target`, as lookups build it.
+pub fn url_text(host: &str, target: &str, keep_query: bool) -> String {
+    let target = if keep_query {
+        target
+    } else {
+        target.split('?').next().unwrap_or(target)
+    };
+    CacheKey::new("GET", "http", host, target, 128).text
+}
+
+/// Splits `http://host/path` (or `https://`) into host and target.
+pub fn split_absolute(uri: &str) -> Option<(String, String)> {
+    let rest = uri
+        .strip_prefix("http://")
+        .or_else(|| uri.strip_prefix("https://"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    (!authority.is_empty()).then(|| (normalise_host(authority), path.to_string()))
+}
+
+/// The URL key texts a non-error response to an unsafe request invalidates: the target URI,
+/// and `Location` and `Content-Location` when they share the request's origin.
+pub fn invalidated(host: &str, target: &str, res: &ResponseHead, keep_query: bool) -> Vec<String> {
+    let mut out = vec![url_text(host, target, keep_query)];
+    for field in ["location", "content-location"] {
+        let Some(v) = res.field(field) else { continue };
+        let v = v.trim();
+        let same_origin = if v.starts_with('/') {
+            Some(v.to_string())
+        } else {
+            split_absolute(v).and_then(|(h, t)| (h == host).then_some(t))
+        };
+        if let Some(t) = same_origin {
+            let u = url_text(host, &t, keep_query);
+            if !out.contains(&u) {
+                out.push(u);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc9111_4_4_targets_location_and_content_location_on_the_same_origin() {
+        let res = crate::http::response::parse(
+            b"HTTP/1.1 201 Created\r\nLocation: /items/7\r\nContent-Location: http://OTHER.example/x\r\n\r\n",
+        )
+        .expect("ok")
+        .expect("complete")
+        .0;
+        assert_eq!(
+            invalidated("shop.example", "/items", &res, true),
+            vec![
+                "GET|http|shop.example|/items",
+                "GET|http|shop.example|/items/7"
+            ]
+        );
+        let same = crate::http::response::parse(
+            b"HTTP/1.1 200 OK\r\nContent-Location: http://shop.example:80/a?b\r\n\r\n",
+        )
+        .expect("ok")
+        .expect("complete")
+        .0;
+        assert_eq!(
+            invalidated("shop.example", "/items", &same, false),
+            vec!["GET|http|shop.example|/items", "GET|http|shop.example|/a"]
+        );
+        assert!(is_safe("GET") && !is_safe("POST") && !is_safe("M-SEARCH"));
+    }
+}
