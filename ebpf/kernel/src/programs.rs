@@ -1,12 +1,10 @@
 //! The BPF programs and maps. See the crate documentation for the design.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated::bpf_get_smp_processor_id,
-    },
-    macros::{fentry, fexit, map, tracepoint},
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_smp_processor_id},
+    macros::{map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{FEntryContext, FExitContext, TracePointContext},
+    programs::TracePointContext,
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{

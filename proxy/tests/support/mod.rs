@@ -320,9 +320,11 @@ impl Client {
     }
 
     fn fill(&mut self) -> usize {
-        let mut chunk = [0u8; 65536];
-        let n = self.sock.read(&mut chunk).expect("read");
-        self.buf.extend_from_slice(&chunk[..n]);
+        // Read straight into the buffer's spare capacity: no intermediate copy.
+        let len = self.buf.len();
+        self.buf.resize(len + 256 * 1024, 0);
+        let n = self.sock.read(&mut self.buf[len..]).expect("read");
+        self.buf.truncate(len + n);
         n
     }
 
@@ -376,7 +378,10 @@ impl Client {
                         return None;
                     }
                 }
-                resp.body = self.buf.drain(..cl).collect();
+                // split_off + swap are memcpy; drain().collect() goes byte by byte in a debug
+                // build and would put milliseconds of test-client time into latency figures.
+                let rest = self.buf.split_off(cl);
+                resp.body = std::mem::replace(&mut self.buf, rest);
             } else if resp
                 .header("transfer-encoding")
                 .is_some_and(|t| t.contains("chunked"))
