@@ -101,6 +101,10 @@ pub struct CacheConfig {
     /// `Last-Modified` stay fresh for 10% of their age, at most this long (RFC 9111 §4.2.2).
     #[serde(default = "default_heuristic_max", with = "humantime_serde")]
     pub heuristic_max: Duration,
+    /// Read hits whose pages are not in the page cache on the blocking pool before sendfile, so a
+    /// disk wait never stalls a runtime thread (like nginx's `aio threads`).
+    #[serde(default = "default_true")]
+    pub offload_cold_hits: bool,
     /// Targeted cache-control fields (RFC 9213) that govern zerocache's caching in place of
     /// `Cache-Control`, first present wins; they are not forwarded to clients.
     #[serde(default = "default_targeted")]

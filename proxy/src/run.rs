@@ -76,6 +76,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         max_connections: config.limits.max_connections,
         sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
         heuristic_max: config.cache.heuristic_max,
+        offload_cold_hits: config.cache.offload_cold_hits,
         hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
         copy_hits: config.debug.copy_hits,
     }

@@ -43,6 +43,9 @@ enum Task {
         /// Only these object sizes in bytes (comma-separated); all by default.
         #[arg(long, value_delimiter = ',')]
         sizes: Vec<usize>,
+        /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
+        #[arg(long)]
+        cold: bool,
     },
 }
 
@@ -74,12 +77,14 @@ fn main() -> ExitCode {
             reps,
             pin,
             sizes,
+            cold,
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
                 duration,
                 reps,
                 pin,
                 sizes,
+                cold,
             })
         }),
     };

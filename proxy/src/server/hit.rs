@@ -178,7 +178,8 @@ impl Conn {
             let last = e
                 .last_hit_ms
                 .swap(now_ms, std::sync::atomic::Ordering::Relaxed);
-            if (last == 0 || now_ms.saturating_sub(last) > 1000)
+            if ctx.offload_cold_hits
+                && (last == 0 || now_ms.saturating_sub(last) > 1000)
                 && !crate::residency::resident(file, offset, len)
             {
                 ctx.accounting.cold_offload();

@@ -51,6 +51,8 @@ pub struct Ctx {
     pub sendfile_max_chunk: u64,
     /// Cap of heuristic freshness (10% of the time since Last-Modified).
     pub heuristic_max: Duration,
+    /// Read cold hits in on the blocking pool first.
+    pub offload_cold_hits: bool,
     /// Bits of the key hash used (128 except in collision tests).
     pub hash_bits: u32,
     /// The planted zero-copy bug: hits sent by read+write.
