@@ -13,35 +13,12 @@ fn signal(proxy: &Proxy, sig: i32) {
     unsafe { libc::kill(proxy.child.id() as i32, sig) };
 }
 
-/// Starts a 64 MiB hit and reads it slowly on a thread; returns the bytes received in total
-/// (head included) once the server has sent it all.
 fn slow_hit(proxy: &Proxy) -> std::thread::JoinHandle<Vec<u8>> {
-    let mut c = proxy.client();
-    c.send(b"GET /obj/67108864 HTTP/1.1\r\nHost: test.example\r\nConnection: close\r\n\r\n");
-    std::thread::spawn(move || {
-        let mut all = Vec::with_capacity(BIG + 1024);
-        let mut chunk = vec![0u8; 1 << 20];
-        loop {
-            let n = c.sock.read(&mut chunk).expect("read");
-            if n == 0 {
-                return all;
-            }
-            all.extend_from_slice(&chunk[..n]);
-            std::thread::sleep(Duration::from_millis(8));
-        }
-    })
+    slow_64mib_hit(proxy, Duration::from_millis(8))
 }
 
 fn check_big(all: &[u8]) {
-    let head_end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
-    let head = String::from_utf8_lossy(&all[..head_end]);
-    assert!(head.contains("X-Cache: HIT"), "{head}");
-    assert_eq!(
-        all.len() - head_end,
-        BIG,
-        "the in-flight transfer must finish intact"
-    );
-    assert!(all[head_end..] == body(BIG)[..], "body bytes differ");
+    assert_complete_64mib_hit(all);
 }
 
 #[test]

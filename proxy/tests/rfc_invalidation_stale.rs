@@ -319,21 +319,7 @@ fn purge_during_an_in_flight_64mib_hit_lets_it_finish_and_serves_no_one_after() 
     let proxy = Proxy::start(origin.addr(), Opts::default());
     const BIG: usize = 64 << 20;
     assert_eq!(proxy.get("/obj/67108864").body.len(), BIG);
-    let mut c = proxy.client();
-    c.send(b"GET /obj/67108864 HTTP/1.1\r\nHost: test.example\r\nConnection: close\r\n\r\n");
-    let reader = std::thread::spawn(move || {
-        use std::io::Read;
-        let mut all = Vec::with_capacity(BIG + 1024);
-        let mut chunk = vec![0u8; 1 << 20];
-        loop {
-            let n = c.sock.read(&mut chunk).expect("read");
-            if n == 0 {
-                return all;
-            }
-            all.extend_from_slice(&chunk[..n]);
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    });
+    let reader = slow_64mib_hit(&proxy, Duration::from_millis(5));
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
         proxy.purge(r#"{"url": "http://test.example/obj/67108864"}"#),
@@ -346,10 +332,7 @@ fn purge_during_an_in_flight_64mib_hit_lets_it_finish_and_serves_no_one_after() 
         "HIT",
         "a request after the purge answered is never served the entry"
     );
-    let all = reader.join().expect("reader");
-    let head_end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
-    assert_eq!(all.len() - head_end, BIG);
-    assert!(all[head_end..] == body(BIG)[..]);
+    assert_complete_64mib_hit(&reader.join().expect("reader"));
 }
 
 #[test]

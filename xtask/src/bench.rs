@@ -136,6 +136,18 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> anyhow::Re
     Ok(())
 }
 
+/// The demo origin as its own process, on a free port.
+fn start_origin() -> anyhow::Result<Running> {
+    let port = free_port()?;
+    let mut child = Command::new(root().join("target/release/zerocache-origin"))
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .spawn()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    wait_listening(addr, &mut child, "origin")?;
+    Ok(Running { child, addr })
+}
+
 fn nginx_conf(dir: &Path, port: u16, origin: SocketAddr, server: Server, workers: usize) -> String {
     let d = dir.display();
     let common = format!(
@@ -497,17 +509,8 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
 
-    let origin_port = free_port()?;
-    let mut origin_child = Command::new(root().join("target/release/zerocache-origin"))
-        .arg(format!("127.0.0.1:{origin_port}"))
-        .stdout(Stdio::null())
-        .spawn()?;
-    let origin: SocketAddr = format!("127.0.0.1:{origin_port}").parse()?;
-    wait_listening(origin, &mut origin_child, "origin")?;
-    let _origin = Running {
-        child: origin_child,
-        addr: origin,
-    };
+    let origin_server = start_origin()?;
+    let origin = origin_server.addr;
 
     let nginx: Vec<(Server, Running)> = [
         Server::NginxNopush,
@@ -729,17 +732,8 @@ fn cold(opts: &Options) -> anyhow::Result<()> {
     let base = root().join("target/bench-cold");
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
-    let origin_port = free_port()?;
-    let mut origin_child = Command::new(root().join("target/release/zerocache-origin"))
-        .arg(format!("127.0.0.1:{origin_port}"))
-        .stdout(Stdio::null())
-        .spawn()?;
-    let origin: SocketAddr = format!("127.0.0.1:{origin_port}").parse()?;
-    wait_listening(origin, &mut origin_child, "origin")?;
-    let _origin = Running {
-        child: origin_child,
-        addr: origin,
-    };
+    let origin_server = start_origin()?;
+    let origin = origin_server.addr;
     const COLD_OBJECTS: usize = 16;
     let mut rows = Vec::new();
     for rep in 0..opts.reps {

@@ -126,17 +126,7 @@ mod tests {
     use super::*;
 
     fn req(method: &str, extra: &str) -> RequestHead {
-        let s = format!("{method} /x HTTP/1.1\r\nHost: h\r\n{extra}\r\n");
-        crate::http::request::parse(
-            s.as_bytes(),
-            crate::http::request::Limits {
-                max_head: 8192,
-                max_uri: 8192,
-            },
-        )
-        .expect("ok")
-        .expect("complete")
-        .0
+        crate::http::request::test_request(method, extra)
     }
 
     const LM: &str = "Sat, 01 Jan 2000 00:00:00 GMT";

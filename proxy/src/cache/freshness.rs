@@ -164,11 +164,7 @@ mod tests {
     use super::*;
 
     fn res(extra: &str) -> ResponseHead {
-        let s = format!("HTTP/1.1 200 OK\r\n{extra}\r\n");
-        crate::http::response::parse(s.as_bytes())
-            .expect("ok")
-            .expect("complete")
-            .0
+        crate::http::response::test_response(200, extra)
     }
     const H: Heuristics = Heuristics {
         max: Duration::from_secs(86_400),

@@ -158,25 +158,11 @@ mod tests {
     use super::*;
 
     fn req(extra: &str) -> RequestHead {
-        let s = format!("GET /x HTTP/1.1\r\nHost: h\r\n{extra}\r\n");
-        crate::http::request::parse(
-            s.as_bytes(),
-            crate::http::request::Limits {
-                max_head: 8192,
-                max_uri: 8192,
-            },
-        )
-        .expect("ok")
-        .expect("complete")
-        .0
+        crate::http::request::test_request("GET", extra)
     }
 
     fn res(status: u16, extra: &str) -> ResponseHead {
-        let s = format!("HTTP/1.1 {status} X\r\n{extra}\r\n");
-        crate::http::response::parse(s.as_bytes())
-            .expect("ok")
-            .expect("complete")
-            .0
+        crate::http::response::test_response(status, extra)
     }
 
     const H: Heuristics = Heuristics {

@@ -72,10 +72,16 @@ pub fn put(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends a decimal number without allocating.
+/// Appends `name: n\r\n` without allocating.
 pub fn put_num(out: &mut Vec<u8>, name: &str, n: u64) {
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b": ");
+    put_digits(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the decimal digits of `n` without allocating.
+pub fn put_digits(out: &mut Vec<u8>, n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     let mut n = n;
@@ -88,7 +94,6 @@ pub fn put_num(out: &mut Vec<u8>, name: &str, n: u64) {
         }
     }
     out.extend_from_slice(&digits[i..]);
-    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]

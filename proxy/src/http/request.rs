@@ -280,6 +280,23 @@ impl RequestHead {
     }
 }
 
+/// A parsed request for unit tests elsewhere: `METHOD /x HTTP/1.1`, `Host: h`, then `extra`
+/// (header lines, each ending in CRLF).
+#[cfg(test)]
+pub fn test_request(method: &str, extra: &str) -> RequestHead {
+    let s = format!("{method} /x HTTP/1.1\r\nHost: h\r\n{extra}\r\n");
+    parse(
+        s.as_bytes(),
+        Limits {
+            max_head: 8192,
+            max_uri: 8192,
+        },
+    )
+    .expect("valid test request")
+    .expect("complete test request")
+    .0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

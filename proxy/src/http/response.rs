@@ -152,6 +152,16 @@ pub fn reason(status: u16) -> &'static str {
     }
 }
 
+/// A parsed response for unit tests elsewhere: `HTTP/1.1 STATUS X`, then `extra`.
+#[cfg(test)]
+pub fn test_response(status: u16, extra: &str) -> ResponseHead {
+    let s = format!("HTTP/1.1 {status} X\r\n{extra}\r\n");
+    parse(s.as_bytes())
+        .expect("valid test response")
+        .expect("complete test response")
+        .0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

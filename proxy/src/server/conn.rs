@@ -350,8 +350,10 @@ impl Conn {
         );
         // A URL whose responses vary is looked up under the secondary key of this request.
         let lookup_key = |store: &crate::cache::store::Store| match store.vary_for(&primary.text) {
-            Some(names) => variance::variant(&primary, &names, &req, ctx.hash_bits),
-            None => primary.clone(),
+            Some(names) => {
+                std::borrow::Cow::Owned(variance::variant(&primary, &names, &req, ctx.hash_bits))
+            }
+            None => std::borrow::Cow::Borrowed(&primary),
         };
         let directives = freshness::request_directives(&req);
         let mut status = CacheStatus::Miss;

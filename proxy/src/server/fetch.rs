@@ -385,23 +385,15 @@ impl<'a> Fetch<'a> {
                 self.heuristics(&ctx),
             ) {
                 Ok(st) => {
-                    // A varying response is stored under this request's secondary key.
-                    let key = if st.vary.is_empty() {
-                        primary.clone()
-                    } else {
-                        variance::variant(primary, &st.vary, req, ctx.hash_bits)
-                    };
-                    let meta = Meta {
-                        key: key.text.clone(),
-                        stored_at: response_time,
-                        initial_age: st.initial_age,
-                        lifetime: st.lifetime,
-                        status: head.status,
-                        reason: head.reason.clone(),
-                        fields: st.fields,
-                        vary: st.vary,
-                        url: self.url.clone(),
-                    };
+                    let (key, meta) = fill_meta(
+                        primary,
+                        st,
+                        req,
+                        &head,
+                        response_time,
+                        &self.url,
+                        ctx.hash_bits,
+                    );
                     match Fill::create(ctx.store.clone(), key.hash, meta) {
                         Ok(f) => {
                             fill = Some(f);
@@ -583,6 +575,36 @@ fn heuristics(ctx: &crate::server::Ctx, default_ttl: Option<std::time::Duration>
     }
 }
 
+/// The key and metadata of a storable response: a varying response is stored under this
+/// request's secondary key.
+fn fill_meta(
+    primary: &CacheKey,
+    st: policy::Storable,
+    req: &RequestHead,
+    head: &ResponseHead,
+    response_time: SystemTime,
+    url: &str,
+    hash_bits: u32,
+) -> (CacheKey, Meta) {
+    let key = if st.vary.is_empty() {
+        primary.clone()
+    } else {
+        variance::variant(primary, &st.vary, req, hash_bits)
+    };
+    let meta = Meta {
+        key: key.text.clone(),
+        stored_at: response_time,
+        initial_age: st.initial_age,
+        lifetime: st.lifetime,
+        status: head.status,
+        reason: head.reason.clone(),
+        fields: st.fields,
+        vary: st.vary,
+        url: url.to_string(),
+    };
+    (key, meta)
+}
+
 /// Reads and discards a (304's) body, returning the connection to the pool when it can be.
 async fn drain(
     up: &mut crate::upstream::UpstreamConn,
@@ -685,22 +707,15 @@ impl Background {
                 return;
             }
         };
-        let key = if st.vary.is_empty() {
-            self.primary.clone()
-        } else {
-            variance::variant(&self.primary, &st.vary, &self.req, ctx.hash_bits)
-        };
-        let meta = Meta {
-            key: key.text.clone(),
-            stored_at: response_time,
-            initial_age: st.initial_age,
-            lifetime: st.lifetime,
-            status: head.status,
-            reason: head.reason.clone(),
-            fields: st.fields,
-            vary: st.vary,
-            url: self.url.clone(),
-        };
+        let (key, meta) = fill_meta(
+            &self.primary,
+            st,
+            &self.req,
+            &head,
+            response_time,
+            &self.url,
+            ctx.hash_bits,
+        );
         let Ok(mut fill) = Fill::create(ctx.store.clone(), key.hash, meta) else {
             return;
         };

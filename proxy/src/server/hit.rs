@@ -6,7 +6,7 @@
 use super::conn::{Conn, ConnError};
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
-use crate::http::headers::{put, put_num};
+use crate::http::headers::{put, put_digits, put_num};
 use crate::http::range::{self, RangeAnswer};
 use crate::http::request::RequestHead;
 use crate::sendfile::{self, SendfileError};
@@ -213,13 +213,25 @@ impl Conn {
         h.extend_from_slice(b"X-Cache: ");
         h.extend_from_slice(kind_token(kind).as_bytes());
         h.extend_from_slice(b"\r\n");
-        let status = match kind {
-            HitKind::Hit => format!("zerocache; hit; ttl={ttl}"),
-            HitKind::Coalesced => format!("zerocache; hit; ttl={ttl}; detail=coalesced"),
-            HitKind::Stale => format!("zerocache; hit; ttl={ttl}; detail=stale"),
-            HitKind::Revalidated => format!("zerocache; fwd=stale; fwd-status=304; ttl={ttl}"),
+        // Written piecewise: a hit allocates nothing for its head.
+        let (before, after): (&[u8], &[u8]) = match kind {
+            HitKind::Hit => (b"Cache-Status: zerocache; hit; ttl=", b"\r\n"),
+            HitKind::Coalesced => (
+                b"Cache-Status: zerocache; hit; ttl=",
+                b"; detail=coalesced\r\n",
+            ),
+            HitKind::Stale => (b"Cache-Status: zerocache; hit; ttl=", b"; detail=stale\r\n"),
+            HitKind::Revalidated => (
+                b"Cache-Status: zerocache; fwd=stale; fwd-status=304; ttl=",
+                b"\r\n",
+            ),
         };
-        put(h, "Cache-Status", status.as_bytes());
+        h.extend_from_slice(before);
+        if ttl < 0 {
+            h.push(b'-');
+        }
+        put_digits(h, ttl.unsigned_abs());
+        h.extend_from_slice(after);
         h.extend_from_slice(b"Via: 1.1 zerocache\r\n");
         if close {
             h.extend_from_slice(b"Connection: close\r\n");

@@ -434,6 +434,38 @@ impl Client {
     }
 }
 
+/// Asks for the 64 MiB object with `Connection: close` and reads it slowly on a thread, so the
+/// transfer stays in flight for a while; the thread returns every byte received, head included.
+pub fn slow_64mib_hit(proxy: &Proxy, pause: Duration) -> std::thread::JoinHandle<Vec<u8>> {
+    let mut c = proxy.client();
+    c.send(b"GET /obj/67108864 HTTP/1.1\r\nHost: test.example\r\nConnection: close\r\n\r\n");
+    std::thread::spawn(move || {
+        let mut all = Vec::with_capacity((64 << 20) + 1024);
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            let n = c.sock.read(&mut chunk).expect("read");
+            if n == 0 {
+                return all;
+            }
+            all.extend_from_slice(&chunk[..n]);
+            std::thread::sleep(pause);
+        }
+    })
+}
+
+/// Asserts that `all` is a complete 64 MiB hit: head, then every body byte exact.
+pub fn assert_complete_64mib_hit(all: &[u8]) {
+    let head_end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
+    let head = String::from_utf8_lossy(&all[..head_end]);
+    assert!(head.contains("X-Cache: HIT"), "{head}");
+    assert_eq!(
+        all.len() - head_end,
+        64 << 20,
+        "the in-flight transfer must finish intact"
+    );
+    assert!(all[head_end..] == body(64 << 20)[..], "body bytes differ");
+}
+
 /// Starts a tokio runtime on a background thread for the origin; returns the origin.
 pub fn origin() -> (Origin, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_multi_thread()
