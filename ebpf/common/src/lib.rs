@@ -160,6 +160,12 @@ pub struct Event {
     pub record: FdRecord,
 }
 
+/// Slots of the `WATCH_FILTER` array: a direct-mapped filter in front of the `WATCHED` hash, so
+/// the common case, a syscall of a process nobody watches, costs one array load and no hashing.
+pub const WATCH_FILTER_SLOTS: u32 = 4096;
+/// A `WATCH_FILTER` slot value meaning "several watched tgids share this slot: ask `WATCHED`".
+pub const WATCH_FILTER_SHARED: u32 = u32::MAX;
+
 /// Indices into the `STATS` array map: the probe's own health counters.
 pub mod stat {
     /// Ring-buffer events that could not be reserved (buffer full): lost close events.

@@ -9,7 +9,7 @@ use aya_ebpf::{
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{
     Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, Inflight, ProcTotals,
-    TotalsKey, event, fd_flags, kind, stat,
+    TotalsKey, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, event, fd_flags, kind, stat,
 };
 
 /// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
@@ -28,6 +28,11 @@ const EAGAIN: i64 = -11;
 /// tgids to count; filled and changed by user space. The value is unused.
 #[map]
 static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+
+/// `tgid & (slots - 1)` → that watched tgid, [`WATCH_FILTER_SHARED`], or 0 (nobody): checked on
+/// every traced syscall of every process, so it must be cheaper than a hash lookup.
+#[map]
+static WATCH_FILTER: Array<u32> = Array::with_max_entries(WATCH_FILTER_SLOTS, 0);
 
 /// Per thread (pid_tgid): the output syscall in progress.
 #[map]
@@ -79,7 +84,11 @@ fn current() -> (u64, u32) {
 
 #[inline(always)]
 fn watched(tgid: u32) -> bool {
-    WATCHED.get_ptr(tgid).is_some()
+    match WATCH_FILTER.get(tgid & (WATCH_FILTER_SLOTS - 1)) {
+        Some(&slot) if slot == tgid => true,
+        Some(&WATCH_FILTER_SHARED) => WATCHED.get_ptr(tgid).is_some(),
+        _ => false,
+    }
 }
 
 #[inline(always)]
@@ -156,6 +165,9 @@ pub fn enter_sendmmsg(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn exit_output(ctx: TracePointContext) -> u32 {
     let (id, tgid) = current();
+    if !watched(tgid) {
+        return 0; // Nothing was stashed: skip the in-flight lookup.
+    }
     let inflight = match INFLIGHT.get_ptr(id) {
         // SAFETY: a value of this map, read once and copied.
         Some(p) => unsafe { *p },

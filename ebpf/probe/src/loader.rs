@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::broadcast;
 use zerocache_probe_common::{
-    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, ProcTotals, TotalsKey, event,
-    fd_flags, stat,
+    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, ProcTotals, TotalsKey,
+    WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, event, fd_flags, stat,
 };
 
 static OBJECT: &[u8] =
@@ -85,6 +85,7 @@ pub struct Probe {
 
 struct Maps {
     watched: HashMap<MapData, u32, u8>,
+    watch_filter: Array<MapData, u32>,
     fd_info: HashMap<MapData, FdKey, FdInfo>,
     fd_records: HashMap<MapData, FdKey, FdRecord>,
     totals: PerCpuHashMap<MapData, TotalsKey, ProcTotals>,
@@ -343,7 +344,11 @@ impl Probe {
                 };
                 let _ = maps.fd_info.insert(FdKey { tgid: pid, fd }, info, 0);
             }
-            if let Err(e) = maps.watched.insert(pid, 1, 0) {
+            if let Err(e) = maps
+                .watched
+                .insert(pid, 1, 0)
+                .and_then(|_| refresh_filter(&mut maps, pid))
+            {
                 tracing::warn!(pid, error = %e, "cannot watch process");
                 continue;
             }
@@ -459,6 +464,7 @@ fn drop_closed(tx: &broadcast::Sender<ClosedFd>, closed: Vec<ClosedFd>) {
 /// Stops counting `pid`: its open fds become closed records, its totals are kept as exited.
 fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<ClosedFd> {
     let _ = maps.watched.remove(&pid);
+    let _ = refresh_filter(maps, pid);
     let closed = take_records(maps, |k| k.tgid == pid);
     let mut totals = read_totals(maps, pid);
     totals.comm = comm;
@@ -483,6 +489,24 @@ fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<Closed
         st.exited.remove(0);
     }
     closed
+}
+
+/// Recomputes the filter slot `pid` maps to from the watched set: empty, that one tgid, or
+/// "shared" (the kernel then asks the hash).
+fn refresh_filter(maps: &mut Maps, pid: u32) -> Result<(), aya::maps::MapError> {
+    let slot = pid & (WATCH_FILTER_SLOTS - 1);
+    let in_slot: Vec<u32> = maps
+        .watched
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| k & (WATCH_FILTER_SLOTS - 1) == slot)
+        .collect();
+    let value = match in_slot.as_slice() {
+        [] => 0,
+        [one] => *one,
+        _ => WATCH_FILTER_SHARED,
+    };
+    maps.watch_filter.set(slot, value, 0)
 }
 
 fn take_records(maps: &mut Maps, pred: impl Fn(&FdKey) -> bool) -> Vec<ClosedFd> {
@@ -578,6 +602,8 @@ fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError
     let maps = Maps {
         watched: HashMap::try_from(take(&mut ebpf, "WATCHED")?)
             .map_err(|e| StartError::Map("WATCHED", e))?,
+        watch_filter: Array::try_from(take(&mut ebpf, "WATCH_FILTER")?)
+            .map_err(|e| StartError::Map("WATCH_FILTER", e))?,
         fd_info: HashMap::try_from(take(&mut ebpf, "FD_INFO")?)
             .map_err(|e| StartError::Map("FD_INFO", e))?,
         fd_records: HashMap::try_from(take(&mut ebpf, "FD_RECORDS")?)
