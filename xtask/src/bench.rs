@@ -585,9 +585,11 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     let report = report(&opts, &sizes, &results, started.elapsed())?;
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("latest.md"), &report)?;
+    // Pinned runs answer a different question (steady CPU per GB), so they keep their own file.
+    let name = if opts.pin { "pinned.md" } else { "latest.md" };
+    std::fs::write(out.join(name), &report)?;
     println!("\n{report}");
-    println!("xtask: bench: written to xtask/bench/results/latest.md");
+    println!("xtask: bench: written to xtask/bench/results/{name}");
     Ok(())
 }
 
