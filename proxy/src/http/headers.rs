@@ -33,6 +33,17 @@ const UNKEYED_OVERRIDES: &[&str] = &[
 /// A header field as owned bytes: names keep their case as received, values are raw.
 pub type Field = (String, Vec<u8>);
 
+/// Every value of `name` in `fields`, comma-joined (RFC 9110 §5.3: a repeated list field is one
+/// list); `None` when absent.
+pub fn joined(fields: &[Field], name: &str) -> Option<String> {
+    let values: Vec<String> = fields
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
 /// True if `name` is hop-by-hop, either always or because `Connection` names it.
 pub fn is_hop_by_hop(name: &str, connection_tokens: &[String]) -> bool {
     HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))

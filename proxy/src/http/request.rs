@@ -265,13 +265,7 @@ impl RequestHead {
 
     /// Every value of `name`, comma-joined (a repeated list field is one list).
     pub fn joined(&self, name: &str) -> Option<String> {
-        let values: Vec<String> = self
-            .fields
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .collect();
-        (!values.is_empty()).then(|| values.join(", "))
+        super::headers::joined(&self.fields, name)
     }
 
     /// The path part of the target (without the query).

@@ -63,13 +63,7 @@ impl ResponseHead {
 
     /// Every value of `name`, comma-joined as RFC 9110 §5.3 allows.
     pub fn joined(&self, name: &str) -> Option<String> {
-        let values: Vec<String> = self
-            .fields
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .collect();
-        (!values.is_empty()).then(|| values.join(", "))
+        super::headers::joined(&self.fields, name)
     }
 
     /// This head with its fields replaced by a stored `Name: value\r\n` block.

@@ -121,6 +121,18 @@ impl<'a> Fetch<'a> {
         }
     }
 
+    /// Serves `stale` in place of a failed upstream answer, releasing the fill lock first.
+    async fn serve_stale(mut self, conn: &mut Conn, stale: &Arc<Entry>) -> Result<bool, ConnError> {
+        self.fill = None;
+        match conn
+            .serve_hit(self.req, stale, HitKind::Stale, self.started)
+            .await?
+        {
+            HitOutcome::Served(keep) => Ok(keep),
+            HitOutcome::Gone => Ok(false),
+        }
+    }
+
     /// The entry being revalidated, if it may be served stale now that the upstream failed
     /// (RFC 5861 stale-if-error, or the route's grace without it), never past
     /// must-revalidate/proxy-revalidate/no-cache.
@@ -259,14 +271,7 @@ impl<'a> Fetch<'a> {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
                 ctx.accounting.upstream_error(&self.upstream.name, e.kind());
                 if let Some(stale) = self.stale_on_error() {
-                    self.fill = None;
-                    return match conn
-                        .serve_hit(req, &stale, HitKind::Stale, self.started)
-                        .await?
-                    {
-                        HitOutcome::Served(keep) => Ok(keep),
-                        HitOutcome::Gone => Ok(false),
-                    };
+                    return self.serve_stale(conn, &stale).await;
                 }
                 return conn
                     .respond_simple(
@@ -333,14 +338,7 @@ impl<'a> Fetch<'a> {
             tracing::warn!(upstream = %self.upstream.name, target = %req.target, status = head.status, "upstream error; serving stale");
             ctx.accounting.upstream_error(&self.upstream.name, "status");
             drop(up);
-            self.fill = None;
-            return match conn
-                .serve_hit(req, &stale, HitKind::Stale, self.started)
-                .await?
-            {
-                HitOutcome::Served(keep) => Ok(keep),
-                HitOutcome::Gone => Ok(false),
-            };
+            return self.serve_stale(conn, &stale).await;
         }
 
         // A 304 to our revalidation: update the stored fields and serve it through sendfile.
