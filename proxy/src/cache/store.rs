@@ -168,9 +168,20 @@ impl Store {
         Ok(())
     }
 
-    /// The request fields that responses for the URL key `primary` vary on, if any.
-    pub fn vary_for(&self, primary: &str) -> Option<Vec<String>> {
-        self.inner.lock().vary.get(primary).cloned()
+    /// The entry a request should get for the URL key `primary`: when the URL's responses vary,
+    /// under the secondary key `variant` builds from the fields they vary on. One lock for both
+    /// steps, since this runs on every lookup.
+    pub fn lookup_varying(
+        &self,
+        primary: &CacheKey,
+        variant: impl FnOnce(&[String]) -> CacheKey,
+    ) -> Option<Arc<Entry>> {
+        let mut inner = self.inner.lock();
+        let secondary = inner.vary.get(&primary.text).map(|names| variant(names));
+        // The full key is compared, so a hash collision is a miss, never another URL's body.
+        let key = secondary.as_ref().unwrap_or(primary);
+        let e = inner.lru.get(&key.hash)?;
+        (e.meta.key == key.text).then(|| e.clone())
     }
 
     /// Rewrites `e`'s metadata (after a 304 updated its header fields) and indexes the updated
@@ -210,12 +221,6 @@ impl Store {
         updated
     }
 
-    /// The entry for `key`, if stored and its full key matches (a hash collision is a miss).
-    pub fn lookup(&self, key: &CacheKey) -> Option<Arc<Entry>> {
-        let mut inner = self.inner.lock();
-        let e = inner.lru.get(&key.hash)?;
-        (e.meta.key == key.text).then(|| e.clone())
-    }
 
     /// An open handle on the entry's file, from the open-file cache when possible. Detects a file
     /// deleted underneath (`st_nlink == 0`) and drops the entry.

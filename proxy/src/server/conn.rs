@@ -349,16 +349,15 @@ impl Conn {
             ctx.hash_bits,
         );
         // A URL whose responses vary is looked up under the secondary key of this request.
-        let lookup_key = |store: &crate::cache::store::Store| match store.vary_for(&primary.text) {
-            Some(names) => {
-                std::borrow::Cow::Owned(variance::variant(&primary, &names, &req, ctx.hash_bits))
-            }
-            None => std::borrow::Cow::Borrowed(&primary),
+        let lookup = || {
+            ctx.store.lookup_varying(&primary, |names| {
+                variance::variant(&primary, names, &req, ctx.hash_bits)
+            })
         };
         let directives = freshness::request_directives(&req);
         let mut status = CacheStatus::Miss;
         let mut stale: Option<Arc<Entry>> = None;
-        if let Some(e) = ctx.store.lookup(&lookup_key(&ctx.store)) {
+        if let Some(e) = lookup() {
             let now = SystemTime::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
                 Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
@@ -431,7 +430,7 @@ impl Conn {
             Role::Follower(rx) => {
                 let waited = tokio::time::timeout(upstream.read_timeout, lock::wait(rx)).await;
                 if waited.is_ok()
-                    && let Some(e) = ctx.store.lookup(&lookup_key(&ctx.store))
+                    && let Some(e) = lookup()
                     && freshness::decide(
                         e.age(SystemTime::now()),
                         e.meta.lifetime,
