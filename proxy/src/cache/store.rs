@@ -221,7 +221,6 @@ impl Store {
         updated
     }
 
-
     /// An open handle on the entry's file, from the open-file cache when possible. Detects a file
     /// deleted underneath (`st_nlink == 0`) and drops the entry.
     pub fn open_file(&self, e: &Arc<Entry>) -> io::Result<Arc<File>> {
