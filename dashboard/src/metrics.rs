@@ -139,8 +139,6 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .set(snap.health.events_lost as i64);
     lost.with_label_values(&["fd_records"])
         .set(snap.health.fd_records_lost as i64);
-    lost.with_label_values(&["inflight"])
-        .set(snap.health.inflight_lost as i64);
     r.register(Box::new(lost))?;
 
     let calls = counter_vec(

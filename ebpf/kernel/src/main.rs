@@ -10,12 +10,17 @@
 //! loading tracing programs fails with EPERM on this kind of machine (lockdown), so the probe
 //! keeps the tracepoints and the benchmark reports what they cost.
 //!
-//! The shape: an enter program checks the process against `WATCHED` (the only work an unwatched
-//! process pays for), stashes the fd and requested length per thread, and the shared exit program
-//! adds the return value to the fd's record and to the process totals. fd creation (accept,
-//! socket) and destruction (close, dup2/dup3 over it, close_range, process exit) keep records tied
-//! to one connection: a closed fd's final record goes to user space through a ring buffer and is
-//! deleted, so a reused fd number starts from zero with a new generation.
+//! The shape: each output syscall is seen once, at its exit, where the return value is known and
+//! the arguments are still in the task's saved user registers (`bpf_task_pt_regs`). An exit program
+//! first checks the process against `WATCH_FILTER` (one array load: the only work an unwatched
+//! process pays for), then adds the result to the fd's record and to the process totals, which sit
+//! in a per-CPU array at the process's watch index. The enter/exit pair this replaced ran two
+//! programs and a hash insert and delete per call; on this kind of machine each program run costs
+//! ~60 ns before it does anything and each helper call ~20 ns (retpolines, safe-RET), so the probe
+//! keeps runs and calls to the minimum. fd creation (accept, socket) and destruction (close,
+//! dup2/dup3 over it, close_range, process exit) keep records tied to one connection: a closed
+//! fd's final record goes to user space through a ring buffer and is deleted, so a reused fd
+//! number starts from zero with a new generation.
 //!
 //! On the host this crate compiles to an empty `main`, so `cargo build --workspace` works.
 #![cfg_attr(target_arch = "bpf", no_std)]

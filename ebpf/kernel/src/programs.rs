@@ -1,42 +1,52 @@
 //! The BPF programs and maps. See the crate documentation for the design.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_smp_processor_id},
+    EbpfContext,
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_task_pt_regs},
+    },
     macros::{map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{
-    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, Inflight, ProcTotals,
-    TotalsKey, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, event, fd_flags, kind, stat,
+    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey, FdRecord, MAX_WATCHED,
+    ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event, fd_flags, kind, stat,
 };
 
 /// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
 /// exit record's return value sits at 16.
 const ARG0: usize = 16;
 const ARG1: usize = 24;
-const ARG2: usize = 32;
-const ARG3: usize = 40;
-const ARG4: usize = 48;
 const RET: usize = 16;
 /// `sched_process_exit`: `bool group_dead` (the last thread of the process is leaving).
 const GROUP_DEAD: usize = 32;
 
+/// Byte offsets in x86-64 `struct pt_regs` (UAPI `asm/ptrace.h`, so stable) of the registers that
+/// carry syscall arguments 0 to 4. The kernel leaves them as user space set them until the syscall
+/// returns (only `ax` takes the return value), so an exit program can read the arguments there and
+/// no enter program has to run.
+mod reg {
+    pub const ARG0: usize = 112; // di
+    pub const ARG2: usize = 96; // dx
+    pub const ARG3: usize = 56; // r10 (rcx is clobbered by the syscall instruction)
+    pub const ARG4: usize = 72; // r8
+}
+/// No byte count among the arguments (writev, sendmsg, sendmmsg).
+const NO_LEN: usize = 0;
+
 const EAGAIN: i64 = -11;
 
-/// tgids to count; filled and changed by user space. The value is unused.
+/// tgid → watch index, for every watched process; filled and changed by user space.
 #[map]
-static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
 
-/// `tgid & (slots - 1)` → that watched tgid, [`WATCH_FILTER_SHARED`], or 0 (nobody): checked on
-/// every traced syscall of every process, so it must be cheaper than a hash lookup.
+/// `tgid & (slots - 1)` → the one watched tgid there and its watch index, a shared marker, or
+/// nobody: checked on every traced syscall of every process, so it must be cheaper than a hash.
 #[map]
-static WATCH_FILTER: Array<u32> = Array::with_max_entries(WATCH_FILTER_SLOTS, 0);
-
-/// Per thread (pid_tgid): the output syscall in progress.
-#[map]
-static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
+static WATCH_FILTER: Array<WatchSlot> = Array::with_max_entries(WATCH_FILTER_SLOTS, 0);
 
 /// Per fd: what created it, for fds created while watched or seeded by user space.
 #[map]
@@ -46,9 +56,10 @@ static FD_INFO: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(131072, 0);
 #[map]
 static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(131072, 0);
 
-/// Per process and fd class, per CPU: running totals that never reset while the process is watched.
+/// Per watch index and fd class, per CPU: running totals that never reset while the process is
+/// watched. User space zeroes an index's entries before handing it to a new process.
 #[map]
-static TOTALS: PerCpuHashMap<TotalsKey, ProcTotals> = PerCpuHashMap::with_max_entries(2048, 0);
+static TOTALS: PerCpuArray<ProcTotals> = PerCpuArray::with_max_entries(MAX_WATCHED * FD_CLASSES, 0);
 
 /// Final records of closed fds and lifecycle events for user space. 4 MiB holds ~13,000 events.
 #[map]
@@ -77,116 +88,121 @@ fn bump_stat(index: u32) {
 }
 
 #[inline(always)]
-fn current() -> (u64, u32) {
-    let id = bpf_get_current_pid_tgid();
-    (id, (id >> 32) as u32)
+fn current_tgid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// The watch index of `tgid`, or None when nobody watches it (the common case: one array load).
+#[inline(always)]
+fn watch_index(tgid: u32) -> Option<u32> {
+    let slot = WATCH_FILTER.get(tgid & (WATCH_FILTER_SLOTS - 1))?;
+    if slot.tgid == tgid {
+        Some(slot.index)
+    } else if slot.tgid == WATCH_FILTER_SHARED {
+        // SAFETY: a u32 value of this map, copied out at once.
+        WATCHED.get_ptr(tgid).map(|p| unsafe { *p })
+    } else {
+        None
+    }
 }
 
 #[inline(always)]
 fn watched(tgid: u32) -> bool {
-    match WATCH_FILTER.get(tgid & (WATCH_FILTER_SLOTS - 1)) {
-        Some(&slot) if slot == tgid => true,
-        Some(&WATCH_FILTER_SHARED) => WATCHED.get_ptr(tgid).is_some(),
-        _ => false,
-    }
+    watch_index(tgid).is_some()
 }
 
+/// A field of the tracepoint record, loaded straight from the context: the verifier allows direct
+/// reads of a tracepoint record, which saves the probe-read helper call `read_at` would cost.
 #[inline(always)]
 fn arg(ctx: &TracePointContext, offset: usize) -> u64 {
-    // SAFETY: offsets are those of the tracepoint formats; read_at is a bounded probe read.
-    unsafe { ctx.read_at::<u64>(offset) }.unwrap_or(0)
+    // SAFETY: offsets are those of the tracepoint formats, inside the record and 8-byte aligned.
+    unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(offset) as *const u64) }
+}
+
+/// The current task's saved user registers: a BTF pointer the verifier lets us load from.
+#[inline(always)]
+fn user_regs() -> *const u8 {
+    // SAFETY: both helpers take no user input; the task pointer is the running task's, which
+    // outlives this program run.
+    unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
 }
 
 #[inline(always)]
-fn stash(ctx: &TracePointContext, k: u32, fd_offset: usize, len_offset: usize) -> u32 {
-    let (id, tgid) = current();
-    if !watched(tgid) {
+fn reg_at(regs: *const u8, offset: usize) -> u64 {
+    // SAFETY: regs is the verifier-typed pt_regs pointer and offset one of the `reg` constants,
+    // inside the struct; the verifier turns this load into a fault-tolerant one.
+    unsafe { core::ptr::read_volatile(regs.add(offset) as *const u64) }
+}
+
+/// One output syscall returned: count it against its fd if the process is watched.
+#[inline(always)]
+fn output_exit(ctx: &TracePointContext, k: u32, fd_reg: usize, len_reg: usize) -> u32 {
+    let tgid = current_tgid();
+    let Some(index) = watch_index(tgid) else {
         return 0;
-    }
-    let requested = if len_offset == 0 {
+    };
+    let regs = user_regs();
+    let fd = reg_at(regs, fd_reg) as u32;
+    let requested = if len_reg == NO_LEN {
         0
     } else {
-        arg(ctx, len_offset)
+        reg_at(regs, len_reg)
     };
-    let inflight = Inflight {
-        fd: arg(ctx, fd_offset) as u32,
-        kind: k,
-        requested,
-    };
-    if INFLIGHT.insert(id, inflight, 0).is_err() {
-        bump_stat(stat::INFLIGHT_LOST);
-    }
+    count(tgid, index, fd, k, requested, ret(ctx));
     0
 }
 
+/// An exit record's return value.
+#[inline(always)]
+fn ret(ctx: &TracePointContext) -> i64 {
+    arg(ctx, RET) as i64
+}
+
 #[tracepoint]
-pub fn enter_sendfile(ctx: TracePointContext) -> u32 {
+pub fn exit_sendfile(ctx: TracePointContext) -> u32 {
     // sendfile64(out_fd, in_fd, offset, count)
-    stash(&ctx, kind::SENDFILE, ARG0, ARG3)
+    output_exit(&ctx, kind::SENDFILE, reg::ARG0, reg::ARG3)
 }
 
 #[tracepoint]
-pub fn enter_splice(ctx: TracePointContext) -> u32 {
+pub fn exit_splice(ctx: TracePointContext) -> u32 {
     // splice(fd_in, off_in, fd_out, off_out, len, flags)
-    stash(&ctx, kind::SPLICE, ARG2, ARG4)
+    output_exit(&ctx, kind::SPLICE, reg::ARG2, reg::ARG4)
 }
 
 #[tracepoint]
-pub fn enter_write(ctx: TracePointContext) -> u32 {
+pub fn exit_write(ctx: TracePointContext) -> u32 {
     // write(fd, buf, count)
-    stash(&ctx, kind::WRITE, ARG0, ARG2)
+    output_exit(&ctx, kind::WRITE, reg::ARG0, reg::ARG2)
 }
 
 #[tracepoint]
-pub fn enter_writev(ctx: TracePointContext) -> u32 {
+pub fn exit_writev(ctx: TracePointContext) -> u32 {
     // writev(fd, vec, vlen): the byte count is behind a user pointer, so shorts are not counted.
-    stash(&ctx, kind::WRITEV, ARG0, 0)
+    output_exit(&ctx, kind::WRITEV, reg::ARG0, NO_LEN)
 }
 
 #[tracepoint]
-pub fn enter_sendto(ctx: TracePointContext) -> u32 {
+pub fn exit_sendto(ctx: TracePointContext) -> u32 {
     // sendto(fd, buff, len, flags, addr, addr_len)
-    stash(&ctx, kind::SENDTO, ARG0, ARG2)
+    output_exit(&ctx, kind::SENDTO, reg::ARG0, reg::ARG2)
 }
 
 #[tracepoint]
-pub fn enter_sendmsg(ctx: TracePointContext) -> u32 {
+pub fn exit_sendmsg(ctx: TracePointContext) -> u32 {
     // sendmsg(fd, msg, flags)
-    stash(&ctx, kind::SENDMSG, ARG0, 0)
+    output_exit(&ctx, kind::SENDMSG, reg::ARG0, NO_LEN)
 }
 
 #[tracepoint]
-pub fn enter_sendmmsg(ctx: TracePointContext) -> u32 {
+pub fn exit_sendmmsg(ctx: TracePointContext) -> u32 {
     // sendmmsg(fd, mmsg, vlen, flags)
-    stash(&ctx, kind::SENDMMSG, ARG0, 0)
-}
-
-/// Shared by the exit tracepoints of every output syscall: the stash says which one it was.
-#[tracepoint]
-pub fn exit_output(ctx: TracePointContext) -> u32 {
-    let (id, tgid) = current();
-    if !watched(tgid) {
-        return 0; // Nothing was stashed: skip the in-flight lookup.
-    }
-    let inflight = match INFLIGHT.get_ptr(id) {
-        // SAFETY: a value of this map, read once and copied.
-        Some(p) => unsafe { *p },
-        None => return 0,
-    };
-    let _ = INFLIGHT.remove(id);
-    count(
-        tgid,
-        inflight.fd,
-        inflight.kind,
-        inflight.requested,
-        arg(&ctx, RET) as i64,
-    );
-    0
+    output_exit(&ctx, kind::SENDMMSG, reg::ARG0, NO_LEN)
 }
 
 /// Adds one completed output syscall to the fd's record and the process totals.
 #[inline(always)]
-fn count(tgid: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
+fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
     let k = k32 as usize;
     if k >= kind::COUNT {
         return;
@@ -238,7 +254,7 @@ fn count(tgid: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
     } else {
         FD_CLASS_OTHER
     };
-    if let Some(t) = totals(tgid, class) {
+    if let Some(t) = TOTALS.get_ptr_mut(index * FD_CLASSES + class) {
         // SAFETY: a per-CPU value: this CPU is its only writer while this program runs.
         unsafe {
             let c = &mut (*t).counts[k];
@@ -264,16 +280,6 @@ fn classify(ret: i64, requested: u64, k: u32) -> (u64, u64, u64, u64) {
     } else {
         (0, 0, 1, 0)
     }
-}
-
-#[inline(always)]
-fn totals(tgid: u32, class: u32) -> Option<*mut ProcTotals> {
-    let key = TotalsKey { tgid, class };
-    if let Some(p) = TOTALS.get_ptr_mut(key) {
-        return Some(p);
-    }
-    let _ = TOTALS.insert(key, ProcTotals::default(), 0);
-    TOTALS.get_ptr_mut(key)
 }
 
 /// Emits the final record of (tgid, fd) and forgets the fd. Accepted connections get an event even
@@ -342,7 +348,7 @@ fn lifecycle_event(kind_: u32, tgid: u32, fd: u32, fd_last: u32) {
 
 #[inline(always)]
 fn created(ret: i64, flags: u32) -> u32 {
-    let (_, tgid) = current();
+    let tgid = current_tgid();
     if !watched(tgid) {
         return 0;
     }
@@ -391,7 +397,7 @@ pub fn enter_close(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn closing(fd: u32) -> u32 {
-    let (_, tgid) = current();
+    let tgid = current_tgid();
     if watched(tgid) {
         flush(tgid, fd);
     }
@@ -406,7 +412,7 @@ pub fn enter_dup(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn duping(old: u32, new: u32) -> u32 {
-    let (_, tgid) = current();
+    let tgid = current_tgid();
     if watched(tgid) && old != new {
         flush(tgid, new);
     }
@@ -421,7 +427,7 @@ pub fn enter_close_range(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn closing_range(first: u32, last: u32) -> u32 {
-    let (_, tgid) = current();
+    let tgid = current_tgid();
     if watched(tgid) {
         lifecycle_event(event::CLOSE_RANGE, tgid, first, last);
     }
@@ -436,9 +442,8 @@ pub fn enter_io_uring(_ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn uring() -> u32 {
-    let (_, tgid) = current();
-    if watched(tgid)
-        && let Some(t) = totals(tgid, FD_CLASS_OTHER)
+    if let Some(index) = watch_index(current_tgid())
+        && let Some(t) = TOTALS.get_ptr_mut(index * FD_CLASSES + FD_CLASS_OTHER)
     {
         // SAFETY: per-CPU value, this CPU is its only writer.
         unsafe { (*t).io_uring_enter += 1 };
@@ -449,12 +454,13 @@ fn uring() -> u32 {
 /// `sched/sched_process_exit` of a watched process's last thread: user space flushes its records.
 #[tracepoint]
 pub fn sched_exit(ctx: TracePointContext) -> u32 {
-    let (_, tgid) = current();
+    let tgid = current_tgid();
     if !watched(tgid) {
         return 0;
     }
     // SAFETY: offset of `group_dead` in the sched_process_exit format.
-    let group_dead = unsafe { ctx.read_at::<u8>(GROUP_DEAD) }.unwrap_or(0);
+    let group_dead =
+        unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(GROUP_DEAD)) };
     if group_dead != 0 {
         lifecycle_event(event::PROCESS_EXIT, tgid, 0, 0);
     }

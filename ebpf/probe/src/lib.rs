@@ -15,4 +15,4 @@ pub use loader::{Probe, ProbeOptions};
 pub use model::{
     ClosedFd, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
 };
-pub use zerocache_probe_common::kind;
+pub use zerocache_probe_common::{MAX_WATCHED, kind};

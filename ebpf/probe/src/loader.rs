@@ -6,7 +6,7 @@ use crate::model::{
 };
 use crate::procfs;
 use crate::store::ClosedStore;
-use aya::maps::{Array, HashMap, MapData, PerCpuHashMap, RingBuf};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::{ProgramError, TracePoint};
 use aya::{Ebpf, EbpfError};
 use parking_lot::Mutex;
@@ -16,30 +16,24 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::broadcast;
 use zerocache_probe_common::{
-    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FdInfo, FdKey, FdRecord, ProcTotals, TotalsKey,
-    WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, event, fd_flags, stat,
+    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey, FdRecord, MAX_WATCHED,
+    ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event, fd_flags, stat,
 };
 
 static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/zerocache-probe-bpf"));
 
-/// (program, category, tracepoint) for every attachment. One program may serve several
-/// tracepoints: the exit programs learn the syscall from what the enter program stashed.
+/// (program, category, tracepoint) for every attachment. Output syscalls are seen only at their
+/// exit, where the return value is known and the arguments are still in the saved registers: one
+/// program run per call instead of an enter and an exit with a per-thread map between them.
 const ATTACHMENTS: &[(&str, &str, &str)] = &[
-    ("enter_sendfile", "syscalls", "sys_enter_sendfile64"),
-    ("enter_splice", "syscalls", "sys_enter_splice"),
-    ("enter_write", "syscalls", "sys_enter_write"),
-    ("enter_writev", "syscalls", "sys_enter_writev"),
-    ("enter_sendto", "syscalls", "sys_enter_sendto"),
-    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
-    ("enter_sendmmsg", "syscalls", "sys_enter_sendmmsg"),
-    ("exit_output", "syscalls", "sys_exit_sendfile64"),
-    ("exit_output", "syscalls", "sys_exit_splice"),
-    ("exit_output", "syscalls", "sys_exit_write"),
-    ("exit_output", "syscalls", "sys_exit_writev"),
-    ("exit_output", "syscalls", "sys_exit_sendto"),
-    ("exit_output", "syscalls", "sys_exit_sendmsg"),
-    ("exit_output", "syscalls", "sys_exit_sendmmsg"),
+    ("exit_sendfile", "syscalls", "sys_exit_sendfile64"),
+    ("exit_splice", "syscalls", "sys_exit_splice"),
+    ("exit_write", "syscalls", "sys_exit_write"),
+    ("exit_writev", "syscalls", "sys_exit_writev"),
+    ("exit_sendto", "syscalls", "sys_exit_sendto"),
+    ("exit_sendmsg", "syscalls", "sys_exit_sendmsg"),
+    ("exit_sendmmsg", "syscalls", "sys_exit_sendmmsg"),
     ("exit_accept", "syscalls", "sys_exit_accept"),
     ("exit_accept", "syscalls", "sys_exit_accept4"),
     ("exit_socket", "syscalls", "sys_exit_socket"),
@@ -84,12 +78,18 @@ pub struct Probe {
 }
 
 struct Maps {
-    watched: HashMap<MapData, u32, u8>,
-    watch_filter: Array<MapData, u32>,
+    /// tgid → watch index.
+    watched: HashMap<MapData, u32, u32>,
+    watch_filter: Array<MapData, WatchSlot>,
     fd_info: HashMap<MapData, FdKey, FdInfo>,
     fd_records: HashMap<MapData, FdKey, FdRecord>,
-    totals: PerCpuHashMap<MapData, TotalsKey, ProcTotals>,
+    totals: PerCpuArray<MapData, ProcTotals>,
     stats: Array<MapData, u64>,
+    /// Watch indexes not in use, oldest-freed first: a retired process's index is reused as late
+    /// as possible, so a program run that raced its retirement cannot touch its successor's totals.
+    free_indexes: std::collections::VecDeque<u32>,
+    /// Possible CPUs: the length of a per-CPU value.
+    cpus: usize,
 }
 
 struct State {
@@ -132,6 +132,10 @@ enum StartError {
     },
     #[error("the BPF object has no {0}: it does not match this loader")]
     Missing(&'static str),
+    #[error("the probe reads x86-64 syscall registers and does not support {0} yet")]
+    Arch(&'static str),
+    #[error("cannot count the possible CPUs: {0}")]
+    Cpus(#[source] std::io::Error),
     #[error("BPF map {0}: {1}")]
     Map(&'static str, #[source] aya::maps::MapError),
 }
@@ -275,7 +279,10 @@ impl Probe {
         if let Some(maps) = &self.inner.maps {
             let maps = maps.lock();
             for (pid, comm) in &st.watching {
-                let mut p = read_totals(&maps, *pid);
+                let Ok(index) = maps.watched.get(pid, 0) else {
+                    continue;
+                };
+                let mut p = read_totals(&maps, *pid, index);
                 p.comm = comm.clone();
                 p.alive = true;
                 processes.push(p);
@@ -283,7 +290,6 @@ impl Probe {
             let stat_at = |i| maps.stats.get(&i, 0).unwrap_or(0);
             health.events_lost = stat_at(stat::EVENTS_LOST);
             health.fd_records_lost = stat_at(stat::FD_RECORDS_LOST);
-            health.inflight_lost = stat_at(stat::INFLIGHT_LOST);
         }
         processes.extend(st.exited.iter().cloned());
         Snapshot {
@@ -344,11 +350,12 @@ impl Probe {
                 };
                 let _ = maps.fd_info.insert(FdKey { tgid: pid, fd }, info, 0);
             }
-            if let Err(e) = maps
-                .watched
-                .insert(pid, 1, 0)
-                .and_then(|_| refresh_filter(&mut maps, pid))
-            {
+            let Some(index) = maps.free_indexes.pop_front() else {
+                tracing::warn!(pid, %comm, limit = MAX_WATCHED, "cannot watch process: watch limit reached");
+                continue;
+            };
+            if let Err(e) = start_counting(&mut maps, pid, index) {
+                maps.free_indexes.push_back(index);
                 tracing::warn!(pid, error = %e, "cannot watch process");
                 continue;
             }
@@ -463,14 +470,16 @@ fn drop_closed(tx: &broadcast::Sender<ClosedFd>, closed: Vec<ClosedFd>) {
 
 /// Stops counting `pid`: its open fds become closed records, its totals are kept as exited.
 fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<ClosedFd> {
+    let index = maps.watched.get(&pid, 0).ok();
     let _ = maps.watched.remove(&pid);
     let _ = refresh_filter(maps, pid);
     let closed = take_records(maps, |k| k.tgid == pid);
-    let mut totals = read_totals(maps, pid);
+    let mut totals = index.map(|i| read_totals(maps, pid, i)).unwrap_or_default();
+    totals.pid = pid;
     totals.comm = comm;
     totals.alive = false;
-    for class in [FD_CLASS_SOCKET, FD_CLASS_OTHER] {
-        let _ = maps.totals.remove(&TotalsKey { tgid: pid, class });
+    if let Some(i) = index {
+        maps.free_indexes.push_back(i);
     }
     let stale: Vec<FdKey> = maps
         .fd_info
@@ -491,20 +500,39 @@ fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<Closed
     closed
 }
 
-/// Recomputes the filter slot `pid` maps to from the watched set: empty, that one tgid, or
-/// "shared" (the kernel then asks the hash).
+/// Zeroes the totals of watch index `index` (a previous process may have used it), then publishes
+/// `pid` with that index: totals first, so the kernel never counts into stale ones.
+fn start_counting(maps: &mut Maps, pid: u32, index: u32) -> Result<(), aya::maps::MapError> {
+    for class in [FD_CLASS_SOCKET, FD_CLASS_OTHER] {
+        // The length is the possible-CPU count aya itself checks against, so this cannot fail.
+        if let Ok(zero) = PerCpuValues::try_from(vec![ProcTotals::default(); maps.cpus]) {
+            maps.totals.set(index * FD_CLASSES + class, zero, 0)?;
+        }
+    }
+    maps.watched.insert(pid, index, 0)?;
+    refresh_filter(maps, pid)
+}
+
+/// Recomputes the filter slot `pid` maps to from the watched set: empty, that one tgid with its
+/// index, or "shared" (the kernel then asks the hash).
 fn refresh_filter(maps: &mut Maps, pid: u32) -> Result<(), aya::maps::MapError> {
     let slot = pid & (WATCH_FILTER_SLOTS - 1);
-    let in_slot: Vec<u32> = maps
+    let in_slot: Vec<(u32, u32)> = maps
         .watched
-        .keys()
+        .iter()
         .filter_map(|k| k.ok())
-        .filter(|k| k & (WATCH_FILTER_SLOTS - 1) == slot)
+        .filter(|(k, _)| k & (WATCH_FILTER_SLOTS - 1) == slot)
         .collect();
     let value = match in_slot.as_slice() {
-        [] => 0,
-        [one] => *one,
-        _ => WATCH_FILTER_SHARED,
+        [] => WatchSlot::default(),
+        [(tgid, index)] => WatchSlot {
+            tgid: *tgid,
+            index: *index,
+        },
+        _ => WatchSlot {
+            tgid: WATCH_FILTER_SHARED,
+            index: 0,
+        },
     };
     maps.watch_filter.set(slot, value, 0)
 }
@@ -533,13 +561,13 @@ fn take_records(maps: &mut Maps, pred: impl Fn(&FdKey) -> bool) -> Vec<ClosedFd>
     out
 }
 
-fn read_totals(maps: &Maps, pid: u32) -> ProcessTotals {
+fn read_totals(maps: &Maps, pid: u32, index: u32) -> ProcessTotals {
     let mut p = ProcessTotals {
         pid,
         ..Default::default()
     };
     for class in [FD_CLASS_SOCKET, FD_CLASS_OTHER] {
-        if let Ok(per_cpu) = maps.totals.get(&TotalsKey { tgid: pid, class }, 0) {
+        if let Ok(per_cpu) = maps.totals.get(&(index * FD_CLASSES + class), 0) {
             for t in per_cpu.iter() {
                 let dest = if class == FD_CLASS_SOCKET {
                     &mut p.socket
@@ -555,6 +583,10 @@ fn read_totals(maps: &Maps, pid: u32) -> ProcessTotals {
 }
 
 fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError> {
+    // The exit programs read syscall arguments at x86-64 `pt_regs` offsets.
+    if !cfg!(target_arch = "x86_64") {
+        return Err(StartError::Arch(std::env::consts::ARCH));
+    }
     let mut ebpf = Ebpf::load(OBJECT).map_err(StartError::Load)?;
     let mut attachments = 0;
     for (program, category, name) in ATTACHMENTS {
@@ -608,10 +640,12 @@ fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError
             .map_err(|e| StartError::Map("FD_INFO", e))?,
         fd_records: HashMap::try_from(take(&mut ebpf, "FD_RECORDS")?)
             .map_err(|e| StartError::Map("FD_RECORDS", e))?,
-        totals: PerCpuHashMap::try_from(take(&mut ebpf, "TOTALS")?)
+        totals: PerCpuArray::try_from(take(&mut ebpf, "TOTALS")?)
             .map_err(|e| StartError::Map("TOTALS", e))?,
         stats: Array::try_from(take(&mut ebpf, "STATS")?)
             .map_err(|e| StartError::Map("STATS", e))?,
+        free_indexes: (0..MAX_WATCHED).collect(),
+        cpus: aya::util::nr_cpus().map_err(|(_, e)| StartError::Cpus(e))?,
     };
     let ring =
         RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| StartError::Map("EVENTS", e))?;

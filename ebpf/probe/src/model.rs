@@ -175,8 +175,6 @@ pub struct ProbeHealth {
     pub events_lost: u64,
     /// fd records not created because the map was full.
     pub fd_records_lost: u64,
-    /// Syscalls not counted because the in-flight map was full.
-    pub inflight_lost: u64,
     /// Closed records dropped from the bounded history (oldest first).
     pub closed_evicted: u64,
 }

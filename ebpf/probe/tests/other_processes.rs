@@ -230,3 +230,50 @@ http {{ access_log off; sendfile on; tcp_nopush off; keepalive_timeout 5;
     assert_eq!(p.socket.zero_copy_bytes(), 300_000);
     assert_eq!(p.socket.copy_bytes(), heads);
 }
+
+/// Watch indexes are reused once more than `MAX_WATCHED` processes have come and gone: every
+/// process, the ones given a recycled index included, must show exactly its own bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recycled_watch_indexes_start_from_zero() {
+    let probe = probe();
+    for i in 0..zerocache_probe::MAX_WATCHED as usize + 4 {
+        let mut cat = Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn cat");
+        let pid = cat.id();
+        probe.watch(WatchTarget::Pid(pid));
+        assert!(
+            probe.watched_pids().contains(&pid),
+            "process {i} not watched"
+        );
+        let sent = vec![b'x'; 1000 + i];
+        let mut stdin = cat.stdin.take().expect("stdin");
+        stdin.write_all(&sent).expect("feed cat");
+        drop(stdin);
+        let mut echoed = Vec::new();
+        cat.stdout
+            .take()
+            .expect("stdout")
+            .read_to_end(&mut echoed)
+            .expect("read cat");
+        assert_eq!(echoed, sent);
+        assert!(cat.wait().expect("wait").success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let totals = loop {
+            let snap = probe.snapshot();
+            if let Some(p) = snap.processes.iter().find(|p| p.pid == pid && !p.alive) {
+                break p.clone();
+            }
+            assert!(Instant::now() < deadline, "exit of process {i} not seen");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let write = &totals.other.by_kind[kind::WRITE as usize];
+        assert_eq!(write.bytes, 1000 + i as u64, "process {i}");
+        assert_eq!(
+            totals.socket.copy_bytes() + totals.socket.zero_copy_bytes(),
+            0
+        );
+    }
+}
