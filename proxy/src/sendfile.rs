@@ -28,6 +28,38 @@ pub enum SendfileError {
     Io(#[from] io::Error),
 }
 
+/// Sends a response head that a sendfile body follows, with `MSG_MORE`: the kernel holds the
+/// head's bytes until the body's first pages join them, so a small hit leaves as one segment
+/// instead of two (one transmit, one receive and one wake-up of the client fewer per request).
+/// Safe from the corked-tail stall that `tcp_nopush` gives nginx: the socket has `TCP_NODELAY`,
+/// and sendfile's last call carries no `MSG_MORE`, so the tail is pushed the moment it is queued.
+pub async fn send_head(sock: &TcpStream, head: &[u8]) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let mut done = 0;
+    while done < head.len() {
+        let rest = &head[done..];
+        done += sock
+            .async_io(Interest::WRITABLE, || {
+                // SAFETY: fd is open (borrowed from sock) and rest is a live buffer of its length.
+                let r = unsafe {
+                    libc::send(
+                        fd,
+                        rest.as_ptr().cast(),
+                        rest.len(),
+                        libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(r as usize)
+                }
+            })
+            .await?;
+    }
+    Ok(())
+}
+
 /// Sends `len` bytes of `file` from `offset` to `sock`. Returns the bytes sent (always `len` on
 /// success).
 pub async fn send(

@@ -33,3 +33,42 @@ fn fifty_sequential_keep_alive_hits_per_size_never_take_10ms() {
         );
     }
 }
+
+/// Data segments the client's socket has received (TCP_INFO `tcpi_data_segs_in`).
+fn data_segments_in(sock: &std::net::TcpStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain integers, so all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid socket and an out-buffer of the stated length.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+    info.tcpi_data_segs_in
+}
+
+/// A small hit leaves as one TCP segment: the head is sent with MSG_MORE and joins the sendfile
+/// body. Sent apart, every hit costs two transmits, two receives and two client wake-ups.
+#[test]
+fn a_small_hit_arrives_as_one_segment() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    for size in [1usize, 1024, 16_384] {
+        let path = format!("/obj/{size}");
+        assert_eq!(c.get(&path, &[]).x_cache(), "MISS");
+        for _ in 0..20 {
+            let before = data_segments_in(&c.sock);
+            let r = c.get(&path, &[]);
+            assert_eq!((r.x_cache(), r.body.len()), ("HIT", size));
+            assert_eq!(data_segments_in(&c.sock) - before, 1, "{size} B hit");
+        }
+    }
+}

@@ -167,10 +167,15 @@ impl Conn {
             }
         };
         self.dynamic_fields(kind, age, ttl, req.close);
-        self.sock.write_all(&self.head).await?;
+        let body_file = file.as_ref().filter(|_| len > 0);
+        if body_file.is_some() && !ctx.copy_hits {
+            sendfile::send_head(&self.sock, &self.head).await?;
+        } else {
+            self.sock.write_all(&self.head).await?;
+        }
         let head_bytes = self.head.len() as u64;
         let mut sent = 0;
-        if let Some(file) = file.as_ref().filter(|_| len > 0) {
+        if let Some(file) = body_file {
             let offset = e.body_offset + start;
             // Cold pages are read in on the blocking pool, so sendfile never waits for the disk
             // on a runtime thread (see `residency`). Entries hit in the last second skip the check.
