@@ -13,6 +13,7 @@
 
 use crate::{root, run};
 use anyhow::{Context, bail};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -83,7 +84,7 @@ impl Server {
 }
 
 /// One wrk run's figures.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Sample {
     rps: f64,
     mbps: f64,
@@ -93,13 +94,36 @@ struct Sample {
     cpu_s_per_gb: f64,
     /// Server CPU per request, ns.
     cpu_ns_per_req: f64,
-    /// BPF program run time per request, ns (0 when no probe).
+    /// BPF program run time per request, ns, all programs and all processes (0 when no probe).
     probe_ns_per_req: f64,
+    /// Per probe program: (runs per request, ns per run), from the kernel's BPF statistics.
+    programs: BTreeMap<String, (f64, f64)>,
+    /// zerocache's own output syscalls per request, by syscall name, as its probe counted them.
+    own_calls: BTreeMap<String, f64>,
+}
+
+impl Sample {
+    /// The probe's run time on zerocache's own syscalls per request: each syscall's exit program
+    /// (ns per run) times zerocache's calls of it per request, the issue's definition.
+    fn own_probe_ns_per_req(&self) -> f64 {
+        self.own_calls
+            .iter()
+            .map(|(syscall, calls)| {
+                let ns = self
+                    .programs
+                    .get(&format!("exit_{syscall}"))
+                    .map_or(0.0, |p| p.1);
+                ns * calls
+            })
+            .sum()
+    }
 }
 
 struct Running {
     child: Child,
     addr: SocketAddr,
+    /// zerocache's dashboard (for its /metrics); None for nginx.
+    dashboard: Option<SocketAddr>,
 }
 
 impl Drop for Running {
@@ -145,7 +169,11 @@ fn start_origin() -> anyhow::Result<Running> {
         .spawn()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     wait_listening(addr, &mut child, "origin")?;
-    Ok(Running { child, addr })
+    Ok(Running {
+        child,
+        addr,
+        dashboard: None,
+    })
 }
 
 fn nginx_conf(dir: &Path, port: u16, origin: SocketAddr, server: Server, workers: usize) -> String {
@@ -212,7 +240,11 @@ fn start_nginx(
         .context("starting nginx (installed by cargo xtask setup)")?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     wait_listening(addr, &mut child, server.name())?;
-    Ok(Running { child, addr })
+    Ok(Running {
+        child,
+        addr,
+        dashboard: None,
+    })
 }
 
 fn start_zerocache(
@@ -249,35 +281,75 @@ fn start_zerocache_with(
         .context("starting zerocache")?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     wait_listening(addr, &mut child, "zerocache")?;
-    Ok(Running { child, addr })
+    Ok(Running {
+        child,
+        addr,
+        dashboard: Some(format!("127.0.0.1:{dport}").parse()?),
+    })
 }
 
-/// Sum of `run_time_ns` over the BPF programs `pid` holds (from /proc/PID/fdinfo; needs
-/// `kernel.bpf_stats_enabled=1`).
-fn bpf_run_ns(pid: u32) -> u64 {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    let mut total = 0;
-    for fd in fds.flatten() {
-        let is_prog = std::fs::read_link(fd.path())
-            .map(|t| t.to_string_lossy() == "anon_inode:bpf-prog")
-            .unwrap_or(false);
-        if !is_prog {
-            continue;
-        }
-        if let Ok(info) = std::fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            fd.file_name().to_string_lossy()
-        )) {
-            total += info
-                .lines()
-                .find_map(|l| l.strip_prefix("run_time_ns:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0);
+/// Run time and run count of each BPF program `pid` holds, by program name (needs
+/// `kernel.bpf_stats_enabled=1`). The ids come from /proc/PID/fdinfo, the names from the kernel's
+/// program list.
+fn bpf_programs(pid: u32) -> BTreeMap<String, (u64, u64)> {
+    let mut ids = std::collections::BTreeSet::new();
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            let is_prog = std::fs::read_link(fd.path())
+                .map(|t| t.to_string_lossy() == "anon_inode:bpf-prog")
+                .unwrap_or(false);
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ));
+            if let (true, Ok(info)) = (is_prog, info) {
+                ids.extend(
+                    info.lines()
+                        .find_map(|l| l.strip_prefix("prog_id:"))
+                        .and_then(|v| v.trim().parse::<u32>().ok()),
+                );
+            }
         }
     }
-    total
+    let mut out = BTreeMap::new();
+    for p in aya::programs::loaded_programs().flatten() {
+        if ids.contains(&p.id()) {
+            let name = p.name_as_str().unwrap_or("?").to_string();
+            let e = out.entry(name).or_insert((0, 0));
+            e.0 += p.run_time().as_nanos() as u64;
+            e.1 += p.run_count();
+        }
+    }
+    out
+}
+
+/// zerocache's own output syscalls so far, by syscall name, from its /metrics (socket and other
+/// fds together).
+fn own_syscalls(dashboard: SocketAddr) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(mut c) = SimpleClient::connect(dashboard) else {
+        return out;
+    };
+    let Ok(r) = c.get("bench", "/metrics", true) else {
+        return out;
+    };
+    for line in String::from_utf8_lossy(&r.body).lines() {
+        let Some(rest) = line.strip_prefix("zerocache_syscalls_total{") else {
+            continue;
+        };
+        if !rest.contains("process=\"zerocache\"") {
+            continue;
+        }
+        let syscall = rest
+            .split("syscall=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next());
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (Some(syscall), Some(value)) = (syscall, value) {
+            *out.entry(syscall.to_string()).or_insert(0) += value as u64;
+        }
+    }
+    out
 }
 
 /// Warms `addr` for every size and checks the warm bodies byte for byte.
@@ -381,6 +453,7 @@ fn wrk(
     secs: u64,
     pin_cpu: bool,
     server_pids: &[u32],
+    dashboard: Option<SocketAddr>,
 ) -> anyhow::Result<Sample> {
     let conns = connections(size);
     let mut cmd = if pin_cpu {
@@ -392,7 +465,8 @@ fn wrk(
     };
     let url = format!("http://{addr}/obj/{size}");
     let before = cpu_ns(server_pids);
-    let probe_before = bpf_run_ns(server_pids[0]);
+    let programs_before = bpf_programs(server_pids[0]);
+    let own_before = dashboard.map(own_syscalls).unwrap_or_default();
     let out = cmd
         .args([
             "-t2",
@@ -406,7 +480,8 @@ fn wrk(
         .output()
         .context("running wrk (installed by cargo xtask setup)")?;
     let cpu = cpu_ns(server_pids).saturating_sub(before) as f64 / 1e9;
-    let probe_ns = bpf_run_ns(server_pids[0]).saturating_sub(probe_before) as f64;
+    let programs_after = bpf_programs(server_pids[0]);
+    let own_after = dashboard.map(own_syscalls).unwrap_or_default();
     let text = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
@@ -440,7 +515,26 @@ fn wrk(
     s.mbps = total_bytes / secs as f64 / 1e6;
     let requests = (s.rps * secs as f64).max(1.0);
     s.cpu_ns_per_req = cpu * 1e9 / requests;
+    let mut probe_ns = 0.0;
+    for (name, (ns, runs)) in &programs_after {
+        let (ns0, runs0) = programs_before.get(name).copied().unwrap_or((0, 0));
+        let (ns, runs) = (
+            ns.saturating_sub(ns0) as f64,
+            runs.saturating_sub(runs0) as f64,
+        );
+        probe_ns += ns;
+        if runs > 0.0 {
+            s.programs
+                .insert(name.clone(), (runs / requests, ns / runs));
+        }
+    }
     s.probe_ns_per_req = probe_ns / requests;
+    for (syscall, calls) in &own_after {
+        let calls = calls.saturating_sub(own_before.get(syscall).copied().unwrap_or(0));
+        if calls > 0 {
+            s.own_calls.insert(syscall.clone(), calls as f64 / requests);
+        }
+    }
     s.cpu_s_per_gb = if total_bytes > 0.0 {
         cpu / (total_bytes / 1e9)
     } else {
@@ -543,17 +637,17 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         order.rotate_left(rep % Server::ALL.len());
         for server in order {
             let zc_guard;
-            let (addr, server_pids) = match server {
+            let (addr, server_pids, dashboard) = match server {
                 Server::Zerocache | Server::ZerocacheNoProbe => {
                     let probe = server == Server::Zerocache;
                     zc_guard = Some(start_zerocache(&base, zc_port, origin, probe)?);
                     let z = zc_guard.as_ref().context("zerocache")?;
-                    (z.addr, pids(z.child.id()))
+                    (z.addr, pids(z.child.id()), z.dashboard)
                 }
                 s => {
                     zc_guard = None;
                     let r = &nginx.iter().find(|(n, _)| *n == s).context("nginx")?.1;
-                    (r.addr, pids(r.child.id()))
+                    (r.addr, pids(r.child.id()), None)
                 }
             };
             if opts.pin {
@@ -561,8 +655,8 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
             }
             for (i, &size) in sizes.iter().enumerate() {
                 // One second of warm-up per run: connection set-up, page cache, open-file cache.
-                wrk(addr, size, 1, opts.pin, &server_pids)?;
-                let s = wrk(addr, size, opts.duration, opts.pin, &server_pids)?;
+                wrk(addr, size, 1, opts.pin, &server_pids, dashboard)?;
+                let s = wrk(addr, size, opts.duration, opts.pin, &server_pids, dashboard)?;
                 println!(
                     "xtask: bench: rep {} {:<36} {:>8}  {:>10.0} req/s {:>9.1} MB/s  p99 {:>7.2} ms  {:.3} CPU-s/GB  errors {}",
                     rep + 1,
@@ -678,27 +772,64 @@ fn report(
     writeln!(r, "\n## The probe's own cost\n")?;
     writeln!(
         r,
-        "BPF program run time per request (kernel.bpf_stats_enabled, run_time_ns summed over the probe's programs, which also run, and return early, for every other process's syscalls) against zerocache's CPU time per request; and the throughput with the probe off.\n"
+        "From the kernel's BPF statistics (kernel.bpf_stats_enabled=1): run_time_ns / run_cnt per program, times the syscall rate of the run. *On zerocache's syscalls* is the issue's figure: each output syscall's exit program (ns per run) times zerocache's calls of that syscall per request, as its own probe counted them, against zerocache's CPU time per request. *All processes* adds the runs that return early on everybody else's syscalls (wrk's writes here): a cost the probe puts on the machine rather than on zerocache. Every run includes the method's floor: bpf_stats reads the clock around each run, and a program that only returns measures ~60 ns on this machine.\n"
     )?;
     writeln!(
         r,
-        "| size | probe ns/request | zerocache CPU ns/request | probe share | req/s probe on / off |"
+        "| size | zerocache syscalls/request | probe ns/request on them | zerocache CPU ns/request | share | all processes: probe ns/request | share | req/s probe on / off |"
     )?;
-    writeln!(r, "|---|---|---|---|---|")?;
+    writeln!(r, "|---|---|---|---|---|---|---|---|")?;
     for (i, &size) in sizes.iter().enumerate() {
         let on = &results[0][i];
         let off = &results[4][i];
-        let probe = med(on, |x| x.probe_ns_per_req);
+        let own = med(on, |x| x.own_probe_ns_per_req());
+        let all = med(on, |x| x.probe_ns_per_req);
         let cpu = med(on, |x| x.cpu_ns_per_req);
+        let calls = on
+            .first()
+            .map(|x| x.own_calls.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|k| (med(on, |x| x.own_calls.get(&k).copied().unwrap_or(0.0)), k))
+            .filter(|(n, _)| *n >= 0.005)
+            .map(|(n, k)| format!("{n:.2} {k}"))
+            .collect::<Vec<_>>()
+            .join(" + ");
         writeln!(
             r,
-            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} |",
+            "| {} | {} | {:.0} | {:.0} | {:.1}% | {:.0} | {:.1}% | {:.2} |",
             size_name(size),
-            probe,
+            calls,
+            own,
             cpu,
-            100.0 * probe / cpu.max(1.0),
+            100.0 * own / cpu.max(1.0),
+            all,
+            100.0 * all / cpu.max(1.0),
             med(on, |x| x.rps) / med(off, |x| x.rps).max(1e-9)
         )?;
+    }
+    writeln!(
+        r,
+        "\nPer program (medians; programs that ran less than once per 100 requests left out):\n"
+    )?;
+    writeln!(r, "| size | program | runs/request | ns/run | ns/request |")?;
+    writeln!(r, "|---|---|---|---|---|")?;
+    for (i, &size) in sizes.iter().enumerate() {
+        let on = &results[0][i];
+        let names: std::collections::BTreeSet<String> =
+            on.iter().flat_map(|x| x.programs.keys().cloned()).collect();
+        for name in names {
+            let runs = med(on, |x| x.programs.get(&name).map_or(0.0, |p| p.0));
+            let ns = med(on, |x| x.programs.get(&name).map_or(0.0, |p| p.1));
+            if runs >= 0.01 {
+                writeln!(
+                    r,
+                    "| {} | {name} | {runs:.2} | {ns:.0} | {:.0} |",
+                    size_name(size),
+                    runs * ns
+                )?;
+            }
+        }
     }
     Ok(r)
 }
@@ -770,7 +901,14 @@ fn cold(opts: &Options) -> anyhow::Result<()> {
                 }
                 n
             });
-            let hot = wrk(z.addr, 1024, opts.duration, false, &pids(z.child.id()))?;
+            let hot = wrk(
+                z.addr,
+                1024,
+                opts.duration,
+                false,
+                &pids(z.child.id()),
+                None,
+            )?;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let cold_hits = coldies.join().unwrap_or(0);
             println!(
