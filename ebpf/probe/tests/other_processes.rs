@@ -34,6 +34,22 @@ async fn wait_closed(
     .expect("closed record within 10 s")
 }
 
+/// The totals the probe keeps for `pid` once it has seen the process exit.
+async fn exited_totals(probe: &Probe, pid: u32) -> zerocache_probe::ProcessTotals {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = probe.snapshot();
+        if let Some(p) = snap.processes.iter().find(|p| p.pid == pid && !p.alive) {
+            return p.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "exit of {pid} not seen: {snap:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn bytes(c: &zerocache_probe::FdCounts, k: u32) -> (u64, u64) {
     (c.by_kind[k as usize].calls, c.by_kind[k as usize].bytes)
 }
@@ -109,15 +125,7 @@ async fn fixture_counts(by_name: bool) {
     assert_eq!(bytes(&b.counts, kind::SENDFILE).1, 7_000);
     assert_eq!(sink.join().expect("sink"), vec![51_500, 7_000]);
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let totals = loop {
-        let snap = probe.snapshot();
-        if let Some(p) = snap.processes.iter().find(|p| p.pid == pid && !p.alive) {
-            break p.clone();
-        }
-        assert!(Instant::now() < deadline, "process exit not seen: {snap:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let totals = exited_totals(&probe, pid).await;
     assert_eq!(totals.comm, "probe-fixture");
     assert_eq!(totals.socket.by_kind[kind::SENDFILE as usize].bytes, 57_000);
     assert_eq!(totals.socket.by_kind[kind::WRITE as usize].bytes, 1000);
@@ -260,15 +268,7 @@ async fn recycled_watch_indexes_start_from_zero() {
             .expect("read cat");
         assert_eq!(echoed, sent);
         assert!(cat.wait().expect("wait").success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let totals = loop {
-            let snap = probe.snapshot();
-            if let Some(p) = snap.processes.iter().find(|p| p.pid == pid && !p.alive) {
-                break p.clone();
-            }
-            assert!(Instant::now() < deadline, "exit of process {i} not seen");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let totals = exited_totals(&probe, pid).await;
         let write = &totals.other.by_kind[kind::WRITE as usize];
         assert_eq!(write.bytes, 1000 + i as u64, "process {i}");
         assert_eq!(
