@@ -114,9 +114,21 @@ fn watched(tgid: u32) -> bool {
 /// A field of the tracepoint record, loaded straight from the context: the verifier allows direct
 /// reads of a tracepoint record, which saves the probe-read helper call `read_at` would cost.
 #[inline(always)]
+fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: offsets are those of the tracepoint formats, inside the record and aligned for T.
+    unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(offset) as *const T) }
+}
+
+/// A syscall argument (8 bytes from offset 16) or an exit record's return value.
+#[inline(always)]
 fn arg(ctx: &TracePointContext, offset: usize) -> u64 {
-    // SAFETY: offsets are those of the tracepoint formats, inside the record and 8-byte aligned.
-    unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(offset) as *const u64) }
+    field(ctx, offset)
+}
+
+/// This CPU's totals for watch index `index` and fd class `class`.
+#[inline(always)]
+fn totals(index: u32, class: u32) -> Option<*mut ProcTotals> {
+    TOTALS.get_ptr_mut(index * FD_CLASSES + class)
 }
 
 /// The current task's saved user registers: a BTF pointer the verifier lets us load from.
@@ -254,7 +266,7 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
     } else {
         FD_CLASS_OTHER
     };
-    if let Some(t) = TOTALS.get_ptr_mut(index * FD_CLASSES + class) {
+    if let Some(t) = totals(index, class) {
         // SAFETY: a per-CPU value: this CPU is its only writer while this program runs.
         unsafe {
             let c = &mut (*t).counts[k];
@@ -443,7 +455,7 @@ pub fn enter_io_uring(_ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn uring() -> u32 {
     if let Some(index) = watch_index(current_tgid())
-        && let Some(t) = TOTALS.get_ptr_mut(index * FD_CLASSES + FD_CLASS_OTHER)
+        && let Some(t) = totals(index, FD_CLASS_OTHER)
     {
         // SAFETY: per-CPU value, this CPU is its only writer.
         unsafe { (*t).io_uring_enter += 1 };
@@ -458,10 +470,7 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     if !watched(tgid) {
         return 0;
     }
-    // SAFETY: offset of `group_dead` in the sched_process_exit format.
-    let group_dead =
-        unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(GROUP_DEAD)) };
-    if group_dead != 0 {
+    if field::<u8>(&ctx, GROUP_DEAD) != 0 {
         lifecycle_event(event::PROCESS_EXIT, tgid, 0, 0);
     }
     0
