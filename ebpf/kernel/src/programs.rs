@@ -1,19 +1,17 @@
 //! The BPF programs and maps. See the crate documentation for the design.
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{
-        bpf_get_current_pid_tgid,
-        generated::{bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_task_pt_regs},
-    },
+    EbpfContext, Global,
+    helpers::generated::{bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_task_pt_regs},
     macros::{map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{
-    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey, FdRecord, MAX_WATCHED,
-    ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event, fd_flags, kind, stat,
+    Event, FAST_FDS, FAST_WATCHED, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey,
+    FdRecord, MAX_WATCHED, ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event,
+    fd_flags, kind, stat,
 };
 
 /// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
@@ -39,6 +37,14 @@ const NO_LEN: usize = 0;
 
 const EAGAIN: i64 = -11;
 
+/// Byte offset of `tgid` in this kernel's `struct task_struct`, read from its BTF by the loader.
+/// It lives in `.rodata`, which is frozen before the programs load, so the verifier treats it as a
+/// constant and checks the load against BTF. Reading the tgid from the task saves the
+/// `bpf_get_current_pid_tgid` call (~20 ns) on every run: output programs need the task anyway,
+/// for its saved registers.
+#[unsafe(no_mangle)]
+static TGID_OFFSET: Global<u32> = Global::new(0);
+
 /// tgid → watch index, for every watched process; filled and changed by user space.
 #[map]
 static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
@@ -52,9 +58,17 @@ static WATCH_FILTER: Array<WatchSlot> = Array::with_max_entries(WATCH_FILTER_SLO
 #[map]
 static FD_INFO: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(131072, 0);
 
-/// Per fd: counters since the fd was first written to.
+/// Per fd of a fast watch index (below `FAST_WATCHED`) and below `FAST_FDS`: counters since the fd
+/// was first written to, at `index * FAST_FDS + fd`, in use while `fd_flags::LIVE` is set. An array
+/// slot costs one inlined bounds check where a hash lookup is a kernel call. Mmapable, so user space
+/// reads the live records without a syscall per slot.
 #[map]
-static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(131072, 0);
+static FD_TABLE: Array<FdRecord> =
+    Array::with_max_entries(FAST_WATCHED * FAST_FDS, aya_ebpf::bindings::BPF_F_MMAPABLE);
+
+/// Per fd, for the other watch indexes and fds: counters since the fd was first written to.
+#[map]
+static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(65536, 0);
 
 /// Per watch index and fd class, per CPU: running totals that never reset while the process is
 /// watched. User space zeroes an index's entries before handing it to a new process.
@@ -87,9 +101,24 @@ fn bump_stat(index: u32) {
     }
 }
 
+/// The running task, as the BTF pointer the verifier lets us load fields from.
+#[inline(always)]
+fn current_task() -> *const u8 {
+    // SAFETY: takes no input; the running task outlives this program run.
+    unsafe { bpf_get_current_task_btf() as *const u8 }
+}
+
+/// The task's thread-group id, what user space calls its PID.
+#[inline(always)]
+fn tgid_of(task: *const u8) -> u32 {
+    // SAFETY: a BTF-typed load the verifier checks: TGID_OFFSET is a constant, the offset of the
+    // `tgid` field in this kernel's task_struct.
+    unsafe { core::ptr::read_volatile(task.add(TGID_OFFSET.load() as usize) as *const u32) }
+}
+
 #[inline(always)]
 fn current_tgid() -> u32 {
-    (bpf_get_current_pid_tgid() >> 32) as u32
+    tgid_of(current_task())
 }
 
 /// The watch index of `tgid`, or None when nobody watches it (the common case: one array load).
@@ -131,12 +160,11 @@ fn totals(index: u32, class: u32) -> Option<*mut ProcTotals> {
     TOTALS.get_ptr_mut(index * FD_CLASSES + class)
 }
 
-/// The current task's saved user registers: a BTF pointer the verifier lets us load from.
+/// The task's saved user registers: a BTF pointer the verifier lets us load from.
 #[inline(always)]
-fn user_regs() -> *const u8 {
-    // SAFETY: both helpers take no user input; the task pointer is the running task's, which
-    // outlives this program run.
-    unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
+fn user_regs(task: *const u8) -> *const u8 {
+    // SAFETY: task is the running task's BTF pointer, which outlives this program run.
+    unsafe { bpf_task_pt_regs(task as *mut _) as *const u8 }
 }
 
 #[inline(always)]
@@ -149,11 +177,12 @@ fn reg_at(regs: *const u8, offset: usize) -> u64 {
 /// One output syscall returned: count it against its fd if the process is watched.
 #[inline(always)]
 fn output_exit(ctx: &TracePointContext, k: u32, fd_reg: usize, len_reg: usize) -> u32 {
-    let tgid = current_tgid();
+    let task = current_task();
+    let tgid = tgid_of(task);
     let Some(index) = watch_index(tgid) else {
         return 0;
     };
-    let regs = user_regs();
+    let regs = user_regs(task);
     let fd = reg_at(regs, fd_reg) as u32;
     let requested = if len_reg == NO_LEN {
         0
@@ -220,26 +249,33 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
         return;
     }
     let key = FdKey { tgid, fd };
-    let record = match FD_RECORDS.get_ptr_mut(key) {
-        Some(p) => p,
-        None => {
-            let info = match FD_INFO.get_ptr(key) {
-                // SAFETY: a value of this map, copied.
-                Some(p) => unsafe { *p },
-                None => FdInfo::default(),
-            };
-            let fresh = FdRecord {
-                info,
-                ..FdRecord::default()
-            };
-            if FD_RECORDS.insert(key, fresh, 0).is_err() {
-                bump_stat(stat::FD_RECORDS_LOST);
+    let record = match table_slot(index, fd) {
+        Some(p) => {
+            // SAFETY: a live map value. A slot is all zeroes until its fd is first counted (or
+            // since its last close), so only its info needs writing.
+            unsafe {
+                if (*p).info.flags & fd_flags::LIVE == 0 {
+                    (*p).info = created_info(key);
+                }
             }
-            match FD_RECORDS.get_ptr_mut(key) {
-                Some(p) => p,
-                None => return,
-            }
+            p
         }
+        None => match FD_RECORDS.get_ptr_mut(key) {
+            Some(p) => p,
+            None => {
+                let fresh = FdRecord {
+                    info: created_info(key),
+                    ..FdRecord::default()
+                };
+                if FD_RECORDS.insert(key, fresh, 0).is_err() {
+                    bump_stat(stat::FD_RECORDS_LOST);
+                }
+                match FD_RECORDS.get_ptr_mut(key) {
+                    Some(p) => p,
+                    None => return,
+                }
+            }
+        },
     };
     // SAFETY: record points at a live map value; k < kind::COUNT was checked above.
     let (counts, flags) = unsafe { (&raw mut (*record).counts[k], (*record).info.flags) };
@@ -279,6 +315,28 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
     }
 }
 
+/// The fd's record slot in `FD_TABLE`, if its watch index and number are in the table's range.
+#[inline(always)]
+fn table_slot(index: u32, fd: u32) -> Option<*mut FdRecord> {
+    if index < FAST_WATCHED && fd < FAST_FDS {
+        FD_TABLE.get_ptr_mut(index * FAST_FDS + fd)
+    } else {
+        None
+    }
+}
+
+/// The info a new record of `key` starts with: what `FD_INFO` learned at its creation, if anything.
+#[inline(always)]
+fn created_info(key: FdKey) -> FdInfo {
+    let mut info = match FD_INFO.get_ptr(key) {
+        // SAFETY: a value of this map, copied.
+        Some(p) => unsafe { *p },
+        None => FdInfo::default(),
+    };
+    info.flags |= fd_flags::LIVE;
+    info
+}
+
 /// (bytes, short, error, eagain) for one return value.
 #[inline(always)]
 fn classify(ret: i64, requested: u64, k: u32) -> (u64, u64, u64, u64) {
@@ -297,9 +355,15 @@ fn classify(ret: i64, requested: u64, k: u32) -> (u64, u64, u64, u64) {
 /// Emits the final record of (tgid, fd) and forgets the fd. Accepted connections get an event even
 /// when nothing was written to them, so user space can pair every close with its connection.
 #[inline(always)]
-fn flush(tgid: u32, fd: u32) {
+fn flush(tgid: u32, index: u32, fd: u32) {
     let key = FdKey { tgid, fd };
-    let record = FD_RECORDS.get_ptr(key);
+    let slot = table_slot(index, fd);
+    let record = match slot {
+        // SAFETY: a live map value, read once.
+        Some(p) if unsafe { (*p).info.flags } & fd_flags::LIVE != 0 => Some(p as *const FdRecord),
+        Some(_) => None,
+        None => FD_RECORDS.get_ptr(key),
+    };
     let info = FD_INFO.get_ptr(key);
     let accepted = match info {
         // SAFETY: a live map value, read once.
@@ -331,8 +395,14 @@ fn flush(tgid: u32, fd: u32) {
             None => bump_stat(stat::EVENTS_LOST),
         }
     }
-    if record.is_some() {
-        let _ = FD_RECORDS.remove(key);
+    match (record, slot) {
+        // SAFETY: the slot is a live map value; zeroing it clears LIVE, so the fd number starts
+        // from zero when it is reused.
+        (Some(_), Some(p)) => unsafe { core::ptr::write_bytes(p, 0, 1) },
+        (Some(_), None) => {
+            let _ = FD_RECORDS.remove(key);
+        }
+        _ => {}
     }
     if info.is_some() {
         let _ = FD_INFO.remove(key);
@@ -361,15 +431,15 @@ fn lifecycle_event(kind_: u32, tgid: u32, fd: u32, fd_last: u32) {
 #[inline(always)]
 fn created(ret: i64, flags: u32) -> u32 {
     let tgid = current_tgid();
-    if !watched(tgid) {
+    let Some(index) = watch_index(tgid) else {
         return 0;
-    }
+    };
     if ret < 0 {
         return 0;
     }
     let fd = ret as u32;
     // A record still here means we missed this number's close (it predates the watch): close it.
-    flush(tgid, fd);
+    flush(tgid, index, fd);
     let generation = match GENERATION.get_ptr_mut(0) {
         // SAFETY: this CPU's slot of a per-CPU array: no other writer while we run. The CPU number
         // in the top bits makes the value unique across CPUs without a fetch-and-add, which the
@@ -410,8 +480,8 @@ pub fn enter_close(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn closing(fd: u32) -> u32 {
     let tgid = current_tgid();
-    if watched(tgid) {
-        flush(tgid, fd);
+    if let Some(index) = watch_index(tgid) {
+        flush(tgid, index, fd);
     }
     0
 }
@@ -425,8 +495,10 @@ pub fn enter_dup(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn duping(old: u32, new: u32) -> u32 {
     let tgid = current_tgid();
-    if watched(tgid) && old != new {
-        flush(tgid, new);
+    if let Some(index) = watch_index(tgid)
+        && old != new
+    {
+        flush(tgid, index, new);
     }
     0
 }

@@ -6,6 +6,8 @@
 //! the kernel refuses (no privileges, tracefs missing, verifier rejection) its [`ProbeStatus`] says
 //! so in words an operator can act on, and every figure stays empty.
 
+mod btf;
+mod fd_table;
 mod loader;
 mod model;
 mod procfs;
@@ -15,4 +17,4 @@ pub use loader::{Probe, ProbeOptions};
 pub use model::{
     ClosedFd, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
 };
-pub use zerocache_probe_common::{MAX_WATCHED, kind};
+pub use zerocache_probe_common::{FAST_WATCHED, MAX_WATCHED, kind};

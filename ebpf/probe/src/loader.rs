@@ -1,6 +1,8 @@
 //! Loading, attaching and reading the probe. Kernel-facing and nothing else: policy (what counts as
 //! a violation, how a connection is named) lives with the consumers.
 
+use crate::btf;
+use crate::fd_table::FdTable;
 use crate::model::{
     ClosedFd, FdCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
 };
@@ -8,16 +10,18 @@ use crate::procfs;
 use crate::store::ClosedStore;
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::{ProgramError, TracePoint};
-use aya::{Ebpf, EbpfError};
+use aya::{Ebpf, EbpfError, EbpfLoader};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::broadcast;
 use zerocache_probe_common::{
-    Event, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey, FdRecord, MAX_WATCHED,
-    ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event, fd_flags, stat,
+    Event, FAST_WATCHED, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey, FdRecord,
+    MAX_WATCHED, ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event, fd_flags,
+    stat,
 };
 
 static OBJECT: &[u8] =
@@ -82,11 +86,15 @@ struct Maps {
     watched: HashMap<MapData, u32, u32>,
     watch_filter: Array<MapData, WatchSlot>,
     fd_info: HashMap<MapData, FdKey, FdInfo>,
+    /// Records of the fast watch indexes' low fds.
+    fd_table: FdTable,
+    /// Records of every other watched fd.
     fd_records: HashMap<MapData, FdKey, FdRecord>,
     totals: PerCpuArray<MapData, ProcTotals>,
     stats: Array<MapData, u64>,
     /// Watch indexes not in use, oldest-freed first: a retired process's index is reused as late
     /// as possible, so a program run that raced its retirement cannot touch its successor's totals.
+    /// [`Maps::take_index`] still prefers the fast ones.
     free_indexes: std::collections::VecDeque<u32>,
     /// Possible CPUs: the length of a per-CPU value.
     cpus: usize,
@@ -134,6 +142,10 @@ enum StartError {
     Missing(&'static str),
     #[error("the probe reads x86-64 syscall registers and does not support {0} yet")]
     Arch(&'static str),
+    #[error(
+        "cannot read task_struct.tgid from the kernel's BTF ({path}): {error} (the probe needs a kernel built with CONFIG_DEBUG_INFO_BTF)"
+    )]
+    Btf { path: &'static str, error: String },
     #[error("cannot count the possible CPUs: {0}")]
     Cpus(#[source] std::io::Error),
     #[error("BPF map {0}: {1}")]
@@ -242,13 +254,22 @@ impl Probe {
             return Vec::new();
         };
         let maps = maps.lock();
-        maps.fd_records
-            .iter()
-            .filter_map(|r| r.ok())
-            .filter(|(k, _)| k.tgid == pid)
-            .map(|(k, r)| {
+        let mut records = match maps.watched.get(&pid, 0) {
+            Ok(index) => maps.fd_table.live(index, 0..=u32::MAX),
+            Err(_) => Vec::new(),
+        };
+        records.extend(
+            maps.fd_records
+                .iter()
+                .filter_map(|r| r.ok())
+                .filter(|(k, _)| k.tgid == pid)
+                .map(|(k, r)| (k.fd, r)),
+        );
+        records
+            .into_iter()
+            .map(|(fd, r)| {
                 (
-                    k.fd,
+                    fd,
                     r.info.generation,
                     r.info.flags & fd_flags::SOCKET != 0,
                     FdCounts::from_raw(&r.counts),
@@ -350,7 +371,7 @@ impl Probe {
                 };
                 let _ = maps.fd_info.insert(FdKey { tgid: pid, fd }, info, 0);
             }
-            let Some(index) = maps.free_indexes.pop_front() else {
+            let Some(index) = maps.take_index() else {
                 tracing::warn!(pid, %comm, limit = MAX_WATCHED, "cannot watch process: watch limit reached");
                 continue;
             };
@@ -433,9 +454,8 @@ impl Probe {
                 let Some(maps) = &self.inner.maps else { return };
                 let closed = {
                     let mut maps = maps.lock();
-                    take_records(&mut maps, |k| {
-                        k.tgid == ev.tgid && k.fd >= ev.fd && k.fd <= ev.fd_last
-                    })
+                    let index = maps.watched.get(&ev.tgid, 0).ok();
+                    take_records(&mut maps, ev.tgid, index, ev.fd..=ev.fd_last)
                 };
                 self.push_closed(closed);
             }
@@ -473,7 +493,7 @@ fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<Closed
     let index = maps.watched.get(&pid, 0).ok();
     let _ = maps.watched.remove(&pid);
     let _ = refresh_filter(maps, pid);
-    let closed = take_records(maps, |k| k.tgid == pid);
+    let closed = take_records(maps, pid, index, 0..=u32::MAX);
     let mut totals = index.map(|i| read_totals(maps, pid, i)).unwrap_or_default();
     totals.pid = pid;
     totals.comm = comm;
@@ -503,6 +523,7 @@ fn retire(maps: &mut Maps, pid: u32, comm: String, st: &mut State) -> Vec<Closed
 /// Zeroes the totals of watch index `index` (a previous process may have used it), then publishes
 /// `pid` with that index: totals first, so the kernel never counts into stale ones.
 fn start_counting(maps: &mut Maps, pid: u32, index: u32) -> Result<(), aya::maps::MapError> {
+    maps.fd_table.clear_index(index)?;
     for class in [FD_CLASS_SOCKET, FD_CLASS_OTHER] {
         // The length is the possible-CPU count aya itself checks against, so this cannot fail.
         if let Ok(zero) = PerCpuValues::try_from(vec![ProcTotals::default(); maps.cpus]) {
@@ -537,14 +558,44 @@ fn refresh_filter(maps: &mut Maps, pid: u32) -> Result<(), aya::maps::MapError> 
     maps.watch_filter.set(slot, value, 0)
 }
 
-fn take_records(maps: &mut Maps, pred: impl Fn(&FdKey) -> bool) -> Vec<ClosedFd> {
+impl Maps {
+    /// A free watch index, a fast one (with an `FD_TABLE` range) if any is free.
+    fn take_index(&mut self) -> Option<u32> {
+        match self.free_indexes.iter().position(|i| *i < FAST_WATCHED) {
+            Some(at) => self.free_indexes.remove(at),
+            None => self.free_indexes.pop_front(),
+        }
+    }
+}
+
+/// Turns the records of `tgid`'s fds in `fds` into closed records and forgets them, in the table
+/// (when `index` has a range there) and in the hash.
+fn take_records(
+    maps: &mut Maps,
+    tgid: u32,
+    index: Option<u32>,
+    fds: RangeInclusive<u32>,
+) -> Vec<ClosedFd> {
+    let mut out = Vec::new();
+    if let Some(index) = index {
+        for (fd, r) in maps.fd_table.live(index, fds.clone()) {
+            let _ = maps.fd_table.clear(index, fd);
+            let _ = maps.fd_info.remove(&FdKey { tgid, fd });
+            out.push(ClosedFd::new(
+                tgid,
+                fd,
+                r.info.generation,
+                r.info.flags,
+                FdCounts::from_raw(&r.counts),
+            ));
+        }
+    }
     let keys: Vec<FdKey> = maps
         .fd_records
         .keys()
         .filter_map(|k| k.ok())
-        .filter(|k| pred(k))
+        .filter(|k| k.tgid == tgid && fds.contains(&k.fd))
         .collect();
-    let mut out = Vec::new();
     for k in keys {
         if let Ok(r) = maps.fd_records.get(&k, 0) {
             let _ = maps.fd_records.remove(&k);
@@ -587,7 +638,20 @@ fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError
     if !cfg!(target_arch = "x86_64") {
         return Err(StartError::Arch(std::env::consts::ARCH));
     }
-    let mut ebpf = Ebpf::load(OBJECT).map_err(StartError::Load)?;
+    let btf = std::fs::read(btf::VMLINUX).map_err(|e| StartError::Btf {
+        path: btf::VMLINUX,
+        error: e.to_string(),
+    })?;
+    let tgid_offset =
+        btf::member_offset(&btf, "task_struct", "tgid").map_err(|e| StartError::Btf {
+            path: btf::VMLINUX,
+            error: e.to_string(),
+        })?;
+    drop(btf);
+    let mut ebpf = EbpfLoader::new()
+        .override_global("TGID_OFFSET", &tgid_offset, true)
+        .load(OBJECT)
+        .map_err(StartError::Load)?;
     let mut attachments = 0;
     for (program, category, name) in ATTACHMENTS {
         let prog: &mut TracePoint = ebpf
@@ -638,6 +702,8 @@ fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError
             .map_err(|e| StartError::Map("WATCH_FILTER", e))?,
         fd_info: HashMap::try_from(take(&mut ebpf, "FD_INFO")?)
             .map_err(|e| StartError::Map("FD_INFO", e))?,
+        fd_table: FdTable::new(take(&mut ebpf, "FD_TABLE")?)
+            .map_err(|e| StartError::Map("FD_TABLE", e))?,
         fd_records: HashMap::try_from(take(&mut ebpf, "FD_RECORDS")?)
             .map_err(|e| StartError::Map("FD_RECORDS", e))?,
         totals: PerCpuArray::try_from(take(&mut ebpf, "TOTALS")?)

@@ -54,9 +54,36 @@ fn bytes(c: &zerocache_probe::FdCounts, k: u32) -> (u64, u64) {
     (c.by_kind[k as usize].calls, c.by_kind[k as usize].bytes)
 }
 
-async fn fixture_counts(by_name: bool) {
+/// Kills its processes when dropped, so a failing test leaves none behind.
+struct Crowd(Vec<std::process::Child>);
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs the fixture and checks every count. `crowd` idle processes are watched first: with
+/// `FAST_WATCHED` of them holding the watch indexes that keep records in the kernel's direct fd
+/// table, the fixture's records all go through the `FD_RECORDS` hash instead.
+async fn fixture_counts(by_name: bool, crowd: u32) {
     let probe = probe();
     let mut rx = probe.subscribe_closed();
+    let crowd = Crowd(
+        (0..crowd)
+            .map(|_| {
+                let c = Command::new("sleep")
+                    .arg("60")
+                    .spawn()
+                    .expect("spawn sleep");
+                probe.watch(WatchTarget::Pid(c.id()));
+                c
+            })
+            .collect(),
+    );
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let sink = std::thread::spawn(move || {
@@ -139,16 +166,24 @@ async fn fixture_counts(by_name: bool) {
     assert_eq!(totals.socket.copy_bytes(), 1500);
     assert_eq!(totals.io_uring_enter, 1);
     assert!(!probe.watched_pids().contains(&pid));
+    for c in &crowd.0 {
+        assert!(probe.watched_pids().contains(&c.id()));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_another_process_by_pid() {
-    fixture_counts(false).await;
+    fixture_counts(false, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_another_process_by_name() {
-    fixture_counts(true).await;
+    fixture_counts(true, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_another_process_through_the_record_hash() {
+    fixture_counts(false, zerocache_probe::FAST_WATCHED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

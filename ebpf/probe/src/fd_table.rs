@@ -1,0 +1,133 @@
+//! User space's side of `FD_TABLE`, the direct array of fd records for the fast watch indexes
+//! (see `FAST_WATCHED` in the common crate for why it exists).
+//!
+//! The table holds 65,536 slots of which a few hundred are in use, so reading it one
+//! `bpf_map_lookup_elem` per slot would cost a syscall per slot for every dashboard refresh. The
+//! map is created mmapable instead: this maps it read-only once and scans it as memory, looking at
+//! one flags word per slot. Writes (zeroing a closed or recycled slot) still go through the map's
+//! update syscall, so user space never stores into memory the programs are updating.
+
+use aya::maps::{Array, Map, MapData, MapError};
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr::NonNull;
+use zerocache_probe_common::{FAST_FDS, FAST_WATCHED, FdRecord, fd_flags};
+
+/// Slots in the table.
+const SLOTS: usize = (FAST_WATCHED * FAST_FDS) as usize;
+
+/// `FD_TABLE`, mapped for reading and held for updates.
+pub(crate) struct FdTable {
+    base: NonNull<FdRecord>,
+    len: usize,
+    array: Array<MapData, FdRecord>,
+}
+
+// SAFETY: the mapping is read-only shared memory that lives as long as this value; reads are plain
+// loads of `Copy` data, safe from any thread.
+unsafe impl Send for FdTable {}
+// SAFETY: as above; `&self` methods only read the mapping.
+unsafe impl Sync for FdTable {}
+
+impl FdTable {
+    /// Maps the loaded `FD_TABLE` map.
+    pub(crate) fn new(map: Map) -> Result<FdTable, MapError> {
+        let len = SLOTS * size_of::<FdRecord>();
+        let fd = match &map {
+            Map::Array(data) => data.fd().as_fd().as_raw_fd(),
+            _ => {
+                return Err(MapError::InvalidName {
+                    name: "FD_TABLE (not an array)".into(),
+                });
+            }
+        };
+        // SAFETY: a shared read-only mapping of an mmapable BPF array of exactly `len` bytes (its
+        // value size, 296, is a multiple of 8, so the kernel adds no padding per slot).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(MapError::SyscallError(aya::sys::SyscallError {
+                call: "mmap",
+                io_error: std::io::Error::last_os_error(),
+            }));
+        }
+        let base = NonNull::new(ptr as *mut FdRecord).ok_or(MapError::OutOfBounds {
+            index: 0,
+            max_entries: 0,
+        })?;
+        match Array::try_from(map) {
+            Ok(array) => Ok(FdTable { base, len, array }),
+            Err(e) => {
+                // SAFETY: the mapping just created, never handed out.
+                unsafe { libc::munmap(ptr, len) };
+                Err(e)
+            }
+        }
+    }
+
+    /// The live records of fast watch index `index` with fd numbers in `fds`: (fd, record).
+    pub(crate) fn live(
+        &self,
+        index: u32,
+        fds: std::ops::RangeInclusive<u32>,
+    ) -> Vec<(u32, FdRecord)> {
+        let mut out = Vec::new();
+        if index >= FAST_WATCHED {
+            return out;
+        }
+        let last = (*fds.end()).min(FAST_FDS - 1);
+        for fd in *fds.start()..=last {
+            let slot = self.slot(index, fd);
+            // SAFETY: slot is inside the mapping; the kernel writes these words concurrently, and
+            // an aligned u32 or whole-record read of them is at worst a moment out of date.
+            let flags = unsafe { std::ptr::read_volatile(&raw const (*slot).info.flags) };
+            if flags & fd_flags::LIVE != 0 {
+                // SAFETY: as above.
+                out.push((fd, unsafe { std::ptr::read_volatile(slot) }));
+            }
+        }
+        out
+    }
+
+    /// Zeroes one slot: its fd closed, or its index is being handed to another process.
+    pub(crate) fn clear(&mut self, index: u32, fd: u32) -> Result<(), MapError> {
+        self.array
+            .set(index * FAST_FDS + fd, FdRecord::default(), 0)
+    }
+
+    /// Zeroes every non-zero slot of `index`, live or left by a program run that raced a close.
+    pub(crate) fn clear_index(&mut self, index: u32) -> Result<(), MapError> {
+        if index >= FAST_WATCHED {
+            return Ok(());
+        }
+        let zero = FdRecord::default();
+        for fd in 0..FAST_FDS {
+            // SAFETY: inside the mapping; see `live`.
+            let record = unsafe { std::ptr::read_volatile(self.slot(index, fd)) };
+            if record != zero {
+                self.clear(index, fd)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn slot(&self, index: u32, fd: u32) -> *const FdRecord {
+        debug_assert!(index < FAST_WATCHED && fd < FAST_FDS);
+        // SAFETY: callers keep index and fd in range, so the slot is inside the mapping.
+        unsafe { self.base.as_ptr().add((index * FAST_FDS + fd) as usize) }
+    }
+}
+
+impl Drop for FdTable {
+    fn drop(&mut self) {
+        // SAFETY: the mapping created in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
