@@ -124,6 +124,20 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     werr.with_label_values(&[] as &[&str])
         .inc_by(cache.write_errors);
 
+    let per_worker = IntGaugeVec::new(
+        Opts::new(
+            "zerocache_worker_connections",
+            "Open client connections per data-plane worker thread; each connection stays on the worker that was least loaded when it arrived.",
+        ),
+        &["worker"],
+    )?;
+    for (i, n) in (state.workers)().into_iter().enumerate() {
+        per_worker
+            .with_label_values(&[i.to_string().as_str()])
+            .set(n as i64);
+    }
+    r.register(Box::new(per_worker))?;
+
     let snap = state.probe.snapshot();
     let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;
     up.set(snap.status.is_attached() as i64);

@@ -27,6 +27,8 @@ pub struct DashboardState {
     pub cache: Box<dyn Fn() -> CacheStats + Send + Sync>,
     /// Upstream names (metric labels initialised at 0).
     pub upstreams: Vec<String>,
+    /// Open client connections per data-plane worker thread, by worker number.
+    pub workers: Box<dyn Fn() -> Vec<u64> + Send + Sync>,
     /// Per-second samples.
     pub history: Mutex<History>,
     /// Bearer token required for the page and the API (and `/metrics` if

@@ -88,13 +88,10 @@ fn run(path: PathBuf) -> ExitCode {
         }
     };
     init_logging(&config.logging.level);
-    // One worker per core: the data plane is syscall-bound, and more threads than cores only add
-    // context switches.
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
+    // The control plane: signals, the dashboard, the probe's reader. Connections run on the
+    // data-plane workers (`server::workers`), one per core.
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+        .worker_threads(1)
         .enable_all()
         .build()
     {

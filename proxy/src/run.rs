@@ -133,6 +133,12 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         closed_capacity: CLOSED_KEPT,
     });
     let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
+    // One data-plane worker per core: the data plane is syscall-bound, and more threads than
+    // cores only add context switches.
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let loads = Arc::new(server::workers::Loads::new(threads));
 
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
@@ -152,6 +158,10 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                 }
             }),
             upstreams: config.upstreams.keys().cloned().collect(),
+            workers: {
+                let loads = loads.clone();
+                Box::new(move || loads.snapshot())
+            },
             history: Mutex::new(Default::default()),
             token: config.dashboard.token.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
@@ -179,7 +189,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     }
     let addr = listener.local_addr()?;
     tracing::info!(%addr, nofile, probe = ?probe.status(), "zerocache listening");
-    let accept = tokio::spawn(server::accept_loop(listener, shared.clone()));
+    let mut workers = server::workers::Workers::start(listener.into_std()?, shared.clone(), loads)
+        .context("starting the data-plane worker threads")?;
 
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
@@ -198,7 +209,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // Stop accepting (the listener closes with the accept loop) and close idle connections;
     // responses in flight run to their end or to the drain timeout.
     let _ = shared.shutdown.send(true);
-    let _ = accept.await;
+    workers.stopped().await;
     let open = shared.open_connections();
     if shared.drain(current.limits.drain_timeout).await {
         tracing::info!(drained = open, "all connections finished; exiting");

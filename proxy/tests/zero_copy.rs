@@ -106,7 +106,11 @@ fn a_miss_shows_its_body_on_the_copy_path() {
 fn reused_fd_numbers_keep_separate_records() {
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), probe_opts(""));
-    proxy.get("/obj/5000");
+    // The fill's connection is closed by the proxy before the first hit connects, so its fd number
+    // is free again (a client that merely drops its socket races the proxy's close).
+    let mut fill = proxy.client();
+    fill.get("/obj/5000", &[("Connection", "close")]);
+    assert!(fill.is_closed());
     let mut peers = Vec::new();
     for _ in 0..3 {
         let mut c = proxy.client();

@@ -9,6 +9,7 @@
 pub mod conn;
 pub mod fetch;
 pub mod hit;
+pub mod workers;
 
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
@@ -19,7 +20,6 @@ use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use zerocache_dashboard::Accounting;
 
@@ -71,8 +71,8 @@ pub struct Shared {
     pub ctx: ArcSwap<Ctx>,
     /// Set to true to stop accepting and close idle connections.
     pub shutdown: watch::Sender<bool>,
-    open: AtomicUsize,
-    closed_all: Notify,
+    pub(crate) open: AtomicUsize,
+    pub(crate) closed_all: Notify,
 }
 
 impl Shared {
@@ -106,43 +106,5 @@ impl Shared {
             .await;
         }
         true
-    }
-}
-
-/// Accepts connections until shutdown; the listener is closed when this returns, so new
-/// connections are refused from then on.
-pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut stop = shared.shutdown.subscribe();
-    let mut last_full_warning: Option<Instant> = None;
-    loop {
-        tokio::select! {
-            r = listener.accept() => match r {
-                Ok((sock, peer)) => {
-                    let max = shared.ctx.load().max_connections;
-                    if shared.open.load(Ordering::Relaxed) >= max {
-                        if last_full_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                            tracing::warn!(max, "limits.max_connections reached; closing new connections");
-                            last_full_warning = Some(Instant::now());
-                        }
-                        drop(sock);
-                        continue;
-                    }
-                    shared.open.fetch_add(1, Ordering::Relaxed);
-                    let s = shared.clone();
-                    tokio::spawn(async move {
-                        conn::serve(sock, peer, s.clone()).await;
-                        if s.open.fetch_sub(1, Ordering::Relaxed) == 1 {
-                            s.closed_all.notify_waiters();
-                        }
-                    });
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = stop.changed() => return,
-        }
     }
 }

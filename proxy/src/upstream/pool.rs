@@ -1,6 +1,7 @@
 //! Connection pools and the request/response-head exchange.
 
 use crate::http::response::{self, ResponseHead};
+use crate::server::workers;
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -71,7 +72,8 @@ pub struct Group {
 
 struct Server {
     addr: String,
-    idle: Mutex<Vec<TcpStream>>,
+    /// Idle connections and the data-plane worker whose runtime polls each.
+    idle: Mutex<Vec<(usize, TcpStream)>>,
 }
 
 /// A connection to one server of a group.
@@ -81,6 +83,8 @@ pub struct UpstreamConn {
     /// Bytes read past the current response head.
     pub buf: BytesMut,
     server: usize,
+    /// The worker whose runtime polls `stream` ([`workers::current`]).
+    worker: usize,
     /// Came from the pool (may have been closed by the server meanwhile).
     pub reused: bool,
 }
@@ -105,14 +109,33 @@ impl Group {
     }
 
     /// A pooled connection if one is idle, else a new one (servers in order, failing over).
+    /// Prefers a connection this worker polls already; one another worker polls is moved to this
+    /// worker's runtime first, so its readiness never waits on a thread busy with other clients.
     pub async fn connect(&self) -> Result<UpstreamConn, UpstreamError> {
+        let me = workers::current();
         for (i, s) in self.servers.iter().enumerate() {
-            let pooled = s.idle.lock().pop();
-            if let Some(stream) = pooled {
+            let pooled = {
+                let mut idle = s.idle.lock();
+                match idle.iter().rposition(|(w, _)| *w == me) {
+                    Some(at) => Some(idle.remove(at)),
+                    None => idle.pop(),
+                }
+            };
+            if let Some((worker, stream)) = pooled {
+                let stream = if worker == me {
+                    stream
+                } else {
+                    match stream.into_std().and_then(TcpStream::from_std) {
+                        Ok(s) => s,
+                        // Could not move it: drop it and go on to the next server or a new connection.
+                        Err(_) => continue,
+                    }
+                };
                 return Ok(UpstreamConn {
                     stream,
                     buf: BytesMut::with_capacity(16 * 1024),
                     server: i,
+                    worker: me,
                     reused: true,
                 });
             }
@@ -134,6 +157,7 @@ impl Group {
                         stream,
                         buf: BytesMut::with_capacity(16 * 1024),
                         server: i,
+                        worker: workers::current(),
                         reused: false,
                     });
                 }
@@ -164,7 +188,7 @@ impl Group {
         if let Some(s) = self.servers.get(conn.server) {
             let mut idle = s.idle.lock();
             if idle.len() < self.keepalive {
-                idle.push(conn.stream);
+                idle.push((conn.worker, conn.stream));
             }
         }
     }

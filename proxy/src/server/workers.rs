@@ -1,0 +1,236 @@
+//! Data-plane threads: one single-threaded runtime per core, each accepting from the shared
+//! listening socket and keeping every connection it accepts for that connection's whole life.
+//!
+//! Why not one work-stealing runtime: with a single epoll instance and tasks that move between
+//! worker threads, one connection's sendfile calls run on whichever CPU happens to poll, so its
+//! segments leave from two CPUs. On loopback each CPU delivers what it sends through its own
+//! backlog queue, and two queues reorder a flow: measured at 64 MiB hits, ~110 out-of-order
+//! queue events per GB against nginx's ~20, the receiver's out-of-order and SACK work charged to
+//! the proxy, and the socket lock contended between the sender and the CPU processing its ACKs.
+//! A connection owned by one thread with its own epoll is what nginx's worker processes do, and
+//! it lets the scheduler's wake-up affinity keep a connection's sender next to its reader.
+//!
+//! The listener is shared, not `SO_REUSEPORT`: every worker polls the same socket, and whoever
+//! accepts a connection gives it to the worker with the fewest open connections (itself on a
+//! tie), through that worker's queue, as HAProxy's listeners hand connections to the least loaded
+//! thread. Accepting alone does not balance: wrk opens its connections in one burst and the first
+//! worker to wake accepts them all, and a 64 MiB hit served with every connection on one thread
+//! costs the proxy ~1.6× the CPU per GB of a balanced run. Control-plane work (signals, the
+//! dashboard, the probe) stays on the main runtime.
+
+use super::{Shared, conn};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+thread_local! {
+    /// This thread's worker number; `usize::MAX` on threads that are not data-plane workers.
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// The data-plane worker running on this thread (`usize::MAX` elsewhere): sockets are polled by
+/// the runtime that registered them, so per-worker state such as idle upstream connections is
+/// tagged with it.
+pub fn current() -> usize {
+    WORKER.with(|w| w.get())
+}
+
+/// A connection handed from the worker that accepted it to the one that will serve it.
+type Handoff = (std::net::TcpStream, SocketAddr);
+
+/// Open connections per worker: what the balancing reads and `/metrics` shows.
+pub struct Loads(Vec<AtomicUsize>);
+
+impl Loads {
+    /// Zero connections on each of `workers` workers (at least one).
+    pub fn new(workers: usize) -> Loads {
+        Loads((0..workers.max(1)).map(|_| AtomicUsize::new(0)).collect())
+    }
+
+    /// Open connections per worker, by worker number.
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed) as u64)
+            .collect()
+    }
+}
+
+/// What every worker sees of the others: their open connections and their queues.
+struct Pool {
+    loads: Arc<Loads>,
+    queues: Vec<mpsc::UnboundedSender<Handoff>>,
+}
+
+impl Pool {
+    /// The worker that should serve the next connection: the least loaded, `me` on a tie.
+    fn pick(&self, me: usize) -> usize {
+        let loads = &self.loads.0;
+        let mut best = me;
+        let mut best_load = loads[me].load(Ordering::Relaxed);
+        for (i, l) in loads.iter().enumerate() {
+            let l = l.load(Ordering::Relaxed);
+            if l < best_load {
+                best = i;
+                best_load = l;
+            }
+        }
+        best
+    }
+}
+
+/// The running workers: [`Workers::stopped`] resolves once all of them have stopped accepting.
+pub struct Workers {
+    stopped: mpsc::Receiver<()>,
+    count: usize,
+}
+
+impl Workers {
+    /// Starts one worker thread per entry of `loads`, accepting from `listener` until
+    /// `shared.shutdown`.
+    pub fn start(
+        listener: std::net::TcpListener,
+        shared: Arc<Shared>,
+        loads: Arc<Loads>,
+    ) -> io::Result<Workers> {
+        listener.set_nonblocking(true)?;
+        let count = loads.0.len();
+        let (tx, stopped) = mpsc::channel(count);
+        let mut inboxes = Vec::with_capacity(count);
+        let mut queues = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (q, inbox) = mpsc::unbounded_channel();
+            queues.push(q);
+            inboxes.push(inbox);
+        }
+        let pool = Arc::new(Pool { loads, queues });
+        for (me, inbox) in inboxes.into_iter().enumerate() {
+            let listener = listener.try_clone()?;
+            let shared = shared.clone();
+            let pool = pool.clone();
+            let tx = tx.clone();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            std::thread::Builder::new()
+                .name(format!("zerocache-worker-{me}"))
+                .spawn(move || {
+                    WORKER.with(|w| w.set(me));
+                    rt.block_on(async move {
+                        tokio::spawn(receive(me, inbox, shared.clone(), pool.clone()));
+                        match TcpListener::from_std(listener) {
+                            Ok(l) => accept_loop(me, l, shared, pool).await,
+                            Err(e) => {
+                                tracing::error!(worker = me, error = %e, "worker cannot poll the listener")
+                            }
+                        }
+                        let _ = tx.send(()).await;
+                        // Connections owned here still run on this thread: keep driving them
+                        // until the process exits (after the main runtime's drain).
+                        std::future::pending::<()>().await
+                    })
+                })?;
+        }
+        Ok(Workers { stopped, count })
+    }
+
+    /// Waits until every worker has stopped accepting and closed its copy of the listener.
+    pub async fn stopped(&mut self) {
+        for _ in 0..self.count {
+            if self.stopped.recv().await.is_none() {
+                return;
+            }
+        }
+    }
+}
+
+/// Accepts connections until shutdown and hands each to the least loaded worker; the listener
+/// copy is closed when this returns, so once every worker has returned new connections are refused.
+async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool: Arc<Pool>) {
+    let mut stop = shared.shutdown.subscribe();
+    let mut last_full_warning: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((sock, peer)) => {
+                    let max = shared.ctx.load().max_connections;
+                    if shared.open.load(Ordering::Relaxed) >= max {
+                        if last_full_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                            tracing::warn!(max, "limits.max_connections reached; closing new connections");
+                            last_full_warning = Some(Instant::now());
+                        }
+                        drop(sock);
+                        continue;
+                    }
+                    shared.open.fetch_add(1, Ordering::Relaxed);
+                    let to = pool.pick(me);
+                    pool.loads.0[to].fetch_add(1, Ordering::Relaxed);
+                    if to == me {
+                        spawn_serve(me, sock, peer, &shared, &pool);
+                        continue;
+                    }
+                    // Deregister from this worker's epoll; the receiver registers it with its own.
+                    let handed = sock
+                        .into_std()
+                        .map_err(|e| e.to_string())
+                        .and_then(|s| pool.queues[to].send((s, peer)).map_err(|e| e.to_string()));
+                    if let Err(e) = handed {
+                        tracing::warn!(worker = to, error = %e, "cannot hand a connection over");
+                        finished(to, &shared, &pool);
+                    }
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Serves the connections other workers hand to worker `me`.
+async fn receive(
+    me: usize,
+    mut inbox: mpsc::UnboundedReceiver<Handoff>,
+    shared: Arc<Shared>,
+    pool: Arc<Pool>,
+) {
+    while let Some((sock, peer)) = inbox.recv().await {
+        match tokio::net::TcpStream::from_std(sock) {
+            Ok(sock) => spawn_serve(me, sock, peer, &shared, &pool),
+            Err(e) => {
+                tracing::warn!(worker = me, error = %e, "cannot poll a handed-over connection");
+                finished(me, &shared, &pool);
+            }
+        }
+    }
+}
+
+/// Runs one connection on worker `me` (the current thread), counted until it ends.
+fn spawn_serve(
+    me: usize,
+    sock: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    pool: &Arc<Pool>,
+) {
+    let (shared, pool) = (shared.clone(), pool.clone());
+    tokio::spawn(async move {
+        conn::serve(sock, peer, shared.clone()).await;
+        finished(me, &shared, &pool);
+    });
+}
+
+/// A connection of worker `me` ended (or never started).
+fn finished(me: usize, shared: &Shared, pool: &Pool) {
+    pool.loads.0[me].fetch_sub(1, Ordering::Relaxed);
+    if shared.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+        shared.closed_all.notify_waiters();
+    }
+}
