@@ -117,7 +117,7 @@ impl Workers {
                 .enable_all()
                 .build()?;
             std::thread::Builder::new()
-                .name(format!("zerocache-worker-{me}"))
+                .name(format!("zerocache-w{me}"))
                 .spawn(move || {
                     WORKER.with(|w| w.set(me));
                     rt.block_on(async move {
