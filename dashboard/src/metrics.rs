@@ -127,7 +127,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let per_worker = IntGaugeVec::new(
         Opts::new(
             "zerocache_worker_connections",
-            "Open client connections per data-plane worker thread (one per CPU); a connection stays on the worker it was handed: the one on the CPU its packets arrive on, or the least loaded.",
+            "Open client connections per data-plane worker thread; each connection stays on the worker that was least loaded when it arrived.",
         ),
         &["worker"],
     )?;

@@ -10,24 +10,15 @@
 //! A connection owned by one thread with its own epoll is what nginx's worker processes do, and
 //! it lets the scheduler's wake-up affinity keep a connection's sender next to its reader.
 //!
-//! Which worker serves a connection. Every worker polls the same listening socket (not
-//! `SO_REUSEPORT`), and whoever accepts hands the connection, through a queue, to the worker that
-//! should serve it, as HAProxy's listeners hand connections to other threads:
-//! - Workers are pinned one per allowed CPU, and a connection goes to the worker on the CPU its
-//!   packets arrive on (`SO_INCOMING_CPU`, see `affinity`). Its sends, the ACKs that clock them
-//!   and its receiver's wake-ups then stay on one CPU. 64 MiB hits measured 0.062–0.079
-//!   CPU-s/GB with no out-of-order segments, against 0.071–0.093 and 4–37 out-of-order events
-//!   per GB with least-loaded placement alone, and p99 fell from 0.64–1.28 s to 0.32–0.48 s. At
-//!   16 MiB it was 0.072–0.077 CPU-s/GB against 0.134–0.148.
-//! - Unless that worker has more than [`SLACK`] connections above the least loaded one: then the
-//!   least loaded worker gets it. Locality must not pile every connection onto one thread when
-//!   they all arrive on one CPU (one client thread, a single-queue NIC). Accepting alone balances
-//!   nothing either: wrk opens its connections in one burst, the first worker to wake accepts
-//!   them all, and such runs cost ~1.6× the CPU per GB.
-//!
-//! Control-plane work (signals, the dashboard, the probe) stays on the main runtime, unpinned.
+//! The listener is shared, not `SO_REUSEPORT`: every worker polls the same socket, and whoever
+//! accepts a connection gives it to the worker with the fewest open connections (itself on a
+//! tie), through that worker's queue, as HAProxy's listeners hand connections to the least loaded
+//! thread. Accepting alone does not balance: wrk opens its connections in one burst and the first
+//! worker to wake accepts them all, and a 64 MiB hit served with every connection on one thread
+//! costs the proxy ~1.6× the CPU per GB of a balanced run. Control-plane work (signals, the
+//! dashboard, the probe) stays on the main runtime.
 
-use super::{Shared, affinity, conn};
+use super::{Shared, conn};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,40 +60,15 @@ impl Loads {
     }
 }
 
-/// How many connections the worker on a connection's incoming CPU may have above the least loaded
-/// worker and still be given it. Small, so that locality never costs much balance: the open
-/// connections of any two workers differ by at most `SLACK + 1`.
-pub const SLACK: usize = 2;
-
 /// What every worker sees of the others: their open connections and their queues.
 struct Pool {
     loads: Arc<Loads>,
     queues: Vec<mpsc::UnboundedSender<Handoff>>,
-    /// The CPU each worker is pinned to; empty when the workers are not pinned.
-    cpus: Vec<usize>,
 }
 
 impl Pool {
-    /// The worker that should serve a connection accepted by worker `me` whose packets arrive on
-    /// `incoming`: the worker pinned there unless it is more than [`SLACK`] above the least
-    /// loaded, else the least loaded (`me` on a tie).
-    fn pick(&self, me: usize, incoming: Option<usize>) -> usize {
-        let loads = &self.loads.0;
-        let least = self.least_loaded(me);
-        let local = incoming.and_then(|cpu| self.cpus.iter().position(|c| *c == cpu));
-        match local {
-            Some(w)
-                if loads[w].load(Ordering::Relaxed)
-                    <= loads[least].load(Ordering::Relaxed) + SLACK =>
-            {
-                w
-            }
-            _ => least,
-        }
-    }
-
-    /// The worker with the fewest open connections, `me` on a tie.
-    fn least_loaded(&self, me: usize) -> usize {
+    /// The worker that should serve the next connection: the least loaded, `me` on a tie.
+    fn pick(&self, me: usize) -> usize {
         let loads = &self.loads.0;
         let mut best = me;
         let mut best_load = loads[me].load(Ordering::Relaxed);
@@ -141,21 +107,7 @@ impl Workers {
             queues.push(q);
             inboxes.push(inbox);
         }
-        // One worker per allowed CPU, each pinned to its own; otherwise (more workers than CPUs,
-        // or the mask unreadable) nobody is pinned and placement is by load alone.
-        let cpus = match affinity::allowed_cpus() {
-            Ok(cpus) if cpus.len() == count => cpus,
-            Ok(_) => Vec::new(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the CPU affinity mask; workers not pinned");
-                Vec::new()
-            }
-        };
-        let pool = Arc::new(Pool {
-            loads,
-            queues,
-            cpus,
-        });
+        let pool = Arc::new(Pool { loads, queues });
         for (me, inbox) in inboxes.into_iter().enumerate() {
             let listener = listener.try_clone()?;
             let shared = shared.clone();
@@ -168,11 +120,6 @@ impl Workers {
                 .name(format!("zerocache-w{me}"))
                 .spawn(move || {
                     WORKER.with(|w| w.set(me));
-                    if let Some(&cpu) = pool.cpus.get(me)
-                        && let Err(e) = affinity::pin_current_thread(cpu)
-                    {
-                        tracing::warn!(worker = me, cpu, error = %e, "cannot pin worker; it runs unpinned");
-                    }
                     rt.block_on(async move {
                         tokio::spawn(receive(me, inbox, shared.clone(), pool.clone()));
                         match TcpListener::from_std(listener) {
@@ -220,7 +167,7 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                         continue;
                     }
                     shared.open.fetch_add(1, Ordering::Relaxed);
-                    let to = pool.pick(me, affinity::incoming_cpu(&sock));
+                    let to = pool.pick(me);
                     pool.loads.0[to].fetch_add(1, Ordering::Relaxed);
                     if to == me {
                         spawn_serve(me, sock, peer, &shared, &pool);
