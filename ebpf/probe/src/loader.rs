@@ -638,16 +638,13 @@ fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError
     if !cfg!(target_arch = "x86_64") {
         return Err(StartError::Arch(std::env::consts::ARCH));
     }
-    let btf = std::fs::read(btf::VMLINUX).map_err(|e| StartError::Btf {
+    let btf_error = |e: &dyn std::fmt::Display| StartError::Btf {
         path: btf::VMLINUX,
         error: e.to_string(),
-    })?;
-    let tgid_offset =
-        btf::member_offset(&btf, "task_struct", "tgid").map_err(|e| StartError::Btf {
-            path: btf::VMLINUX,
-            error: e.to_string(),
-        })?;
-    drop(btf);
+    };
+    let tgid_offset = std::fs::read(btf::VMLINUX)
+        .map_err(|e| btf_error(&e))
+        .and_then(|b| btf::member_offset(&b, "task_struct", "tgid").map_err(|e| btf_error(&e)))?;
     let mut ebpf = EbpfLoader::new()
         .override_global("TGID_OFFSET", &tgid_offset, true)
         .load(OBJECT)

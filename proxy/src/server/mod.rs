@@ -71,8 +71,8 @@ pub struct Shared {
     pub ctx: ArcSwap<Ctx>,
     /// Set to true to stop accepting and close idle connections.
     pub shutdown: watch::Sender<bool>,
-    pub(crate) open: AtomicUsize,
-    pub(crate) closed_all: Notify,
+    open: AtomicUsize,
+    closed_all: Notify,
 }
 
 impl Shared {
@@ -84,6 +84,24 @@ impl Shared {
             open: AtomicUsize::new(0),
             closed_all: Notify::new(),
         })
+    }
+
+    /// Counts a new connection unless `max` are open already. One atomic step, because every
+    /// data-plane worker admits connections: a load followed by an add would let two workers
+    /// both take the last place.
+    pub fn admit(&self, max: usize) -> bool {
+        self.open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// A connection counted by [`Shared::admit`] ended; wakes the drain after the last one.
+    pub fn release(&self) {
+        if self.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.closed_all.notify_waiters();
+        }
     }
 
     /// Open client connections.

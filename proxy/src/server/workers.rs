@@ -158,7 +158,7 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
             r = listener.accept() => match r {
                 Ok((sock, peer)) => {
                     let max = shared.ctx.load().max_connections;
-                    if shared.open.load(Ordering::Relaxed) >= max {
+                    if !shared.admit(max) {
                         if last_full_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
                             tracing::warn!(max, "limits.max_connections reached; closing new connections");
                             last_full_warning = Some(Instant::now());
@@ -166,7 +166,6 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                         drop(sock);
                         continue;
                     }
-                    shared.open.fetch_add(1, Ordering::Relaxed);
                     let to = pool.pick(me);
                     pool.loads.0[to].fetch_add(1, Ordering::Relaxed);
                     if to == me {
@@ -230,7 +229,5 @@ fn spawn_serve(
 /// A connection of worker `me` ended (or never started).
 fn finished(me: usize, shared: &Shared, pool: &Pool) {
     pool.loads.0[me].fetch_sub(1, Ordering::Relaxed);
-    if shared.open.fetch_sub(1, Ordering::Relaxed) == 1 {
-        shared.closed_all.notify_waiters();
-    }
+    shared.release();
 }
