@@ -28,6 +28,9 @@ pub struct Config {
     /// Limits on client requests.
     #[serde(default)]
     pub limits: Limits,
+    /// The data-plane worker threads.
+    #[serde(default)]
+    pub workers: WorkersConfig,
     /// Log level and access log.
     #[serde(default)]
     pub logging: LoggingConfig,
@@ -444,6 +447,25 @@ impl Default for Limits {
             drain_timeout: default_drain_timeout(),
         }
     }
+}
+
+/// The data-plane worker threads: how many, and whether each is pinned to a CPU (nginx's
+/// `worker_processes` and `worker_cpu_affinity`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkersConfig {
+    /// Worker threads; absent means one per CPU the process may run on (its affinity mask, so
+    /// `taskset` and cpusets count). The data plane is syscall-bound: more threads than CPUs only
+    /// add context switches.
+    #[serde(default)]
+    pub count: Option<usize>,
+    /// Pin the workers one per allowed CPU, round robin, and give each new connection to a worker
+    /// on the CPU its packets arrive on. Off by default, as in nginx: a pinned worker cannot move
+    /// to an idle CPU when something else runs on its own, which on a shared machine shows as
+    /// latency spikes. On a dedicated host it keeps each connection's sends, ACKs and socket
+    /// lock on one CPU (see the README's benchmark).
+    #[serde(default)]
+    pub cpu_affinity: bool,
 }
 
 /// Switches for demonstrations and tests.

@@ -20,6 +20,10 @@ fn invalid(path: impl Into<String>, message: String) -> Invalid {
     }
 }
 
+/// Most worker threads a config may ask for: far beyond any CPU count that would use them, low
+/// enough that a typo (an extra zero or two) is caught rather than spawning thousands of threads.
+pub const MAX_WORKERS: usize = 1024;
+
 /// Checks `config`; the first problem found is returned.
 pub fn validate(config: &Config) -> Result<(), Invalid> {
     let listen: SocketAddr = config.listen.parse().map_err(|e| {
@@ -104,6 +108,14 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
     }
     if config.limits.max_connections == 0 {
         return Err(invalid("limits.max_connections", "must be positive".into()));
+    }
+    if let Some(n) = config.workers.count
+        && !(1..=MAX_WORKERS).contains(&n)
+    {
+        return Err(invalid(
+            "workers.count",
+            format!("{n} workers: use 1 to {MAX_WORKERS}, or leave it out for one per CPU"),
+        ));
     }
     if let Err(e) = tracing_filter_ok(&config.logging.level) {
         return Err(invalid("logging.level", e));

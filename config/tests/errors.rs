@@ -119,6 +119,16 @@ fn collect_keys(v: &serde_json::Value, out: &mut Vec<String>) {
 #[test]
 fn more_error_classes_name_their_key() {
     assert_eq!(
+        err(&format!(
+            "{GOOD}workers:\n  cpu_affinity: true\n  count: 0\n"
+        )),
+        "zc.yaml:15:3: workers.count: 0 workers: use 1 to 1024, or leave it out for one per CPU"
+    );
+    assert_eq!(
+        err(&format!("{GOOD}workers:\n  cpu_affinity: yes please\n")),
+        "zc.yaml:14:17: workers.cpu_affinity: invalid type: string \"yes please\", expected a boolean"
+    );
+    assert_eq!(
         err(&format!("{GOOD}logging:\n  level: loud\n")),
         "zc.yaml:14:3: logging.level: `loud` is not a log level; use one of off, error, warn, info, debug, trace (optionally as target=level)"
     );

@@ -58,6 +58,34 @@ struct Kept {
     access_log: Option<Arc<AccessLog>>,
 }
 
+/// How many data-plane workers to run and, with `workers.cpu_affinity`, the CPU each is pinned
+/// to. By default one worker per allowed CPU: the data plane is syscall-bound, and more threads
+/// than CPUs only add context switches. Pinned workers go round robin over the allowed CPUs, as
+/// nginx's `worker_cpu_affinity auto` does.
+fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> (usize, Vec<usize>) {
+    let allowed = server::affinity::allowed_cpus().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the CPU affinity mask");
+        Vec::new()
+    });
+    let count = config.count.unwrap_or_else(|| {
+        if allowed.is_empty() {
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        } else {
+            allowed.len()
+        }
+    });
+    if !config.cpu_affinity {
+        return (count, Vec::new());
+    }
+    if allowed.is_empty() {
+        tracing::warn!("workers.cpu_affinity: no allowed CPUs known; workers not pinned");
+        return (count, Vec::new());
+    }
+    let cpus: Vec<usize> = (0..count).map(|w| allowed[w % allowed.len()]).collect();
+    tracing::info!(?cpus, "workers pinned, one per CPU in turn");
+    (count, cpus)
+}
+
 fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
     Ctx {
         routes: Routes::new(config),
@@ -133,11 +161,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         closed_capacity: CLOSED_KEPT,
     });
     let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
-    // One data-plane worker per core: the data plane is syscall-bound, and more threads than
-    // cores only add context switches.
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
+    let (threads, worker_cpus) = worker_placement(&config.workers);
     let loads = Arc::new(server::workers::Loads::new(threads));
 
     if let Some(l) = dashboard_listener {
@@ -189,8 +213,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     }
     let addr = listener.local_addr()?;
     tracing::info!(%addr, nofile, probe = ?probe.status(), "zerocache listening");
-    let mut workers = server::workers::Workers::start(listener.into_std()?, shared.clone(), loads)
-        .context("starting the data-plane worker threads")?;
+    let mut workers =
+        server::workers::Workers::start(listener.into_std()?, shared.clone(), loads, worker_cpus)
+            .context("starting the data-plane worker threads")?;
 
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
@@ -272,6 +297,7 @@ fn reload(
         ("dashboard", new.dashboard != old.dashboard),
         ("logging", new.logging != old.logging),
         ("probe.enabled", new.probe.enabled != old.probe.enabled),
+        ("workers", new.workers != old.workers),
     ] {
         if changed {
             tracing::warn!(

@@ -323,39 +323,150 @@ fn early_hints_are_forwarded_and_not_stored() {
     );
 }
 
+/// Open connections per worker, from `/metrics`.
+fn worker_loads(proxy: &Proxy, workers: usize) -> Vec<usize> {
+    let m = proxy.metrics();
+    assert!(!m.contains(&format!("worker=\"{workers}\"")), "{m}");
+    (0..workers)
+        .map(|w| {
+            let series = format!("zerocache_worker_connections{{worker=\"{w}\"}} ");
+            let line = m.lines().find(|l| l.starts_with(&series));
+            let line = line.unwrap_or_else(|| panic!("no {series}in\n{m}"));
+            line[series.len()..].parse().expect("count")
+        })
+        .collect()
+}
+
+/// The allowed-CPU list (`0-1`, `1`) of each data-plane worker thread of `pid`, by worker number.
+fn worker_cpu_lists(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let t = t.expect("task").path();
+        let comm = std::fs::read_to_string(t.join("comm")).expect("comm");
+        let Some(w) = comm.trim().strip_prefix("zerocache-w") else {
+            continue;
+        };
+        let status = std::fs::read_to_string(t.join("status")).expect("status");
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list")
+            .trim()
+            .to_string();
+        out.push((w.parse::<usize>().expect("worker number"), list));
+    }
+    out.sort();
+    out.into_iter().map(|(_, l)| l).collect()
+}
+
+/// Waits until every worker's count is back to zero.
+fn assert_workers_drain(proxy: &Proxy, workers: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while worker_loads(proxy, workers) != vec![0; workers] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections not released: {:?}",
+            worker_loads(proxy, workers)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Each data-plane worker (one per core) keeps the connections it is given, and a new connection
 /// goes to the worker with the fewest: opened one after another, they split exactly evenly, and
 /// the counts fall back to zero as they close. Left to whichever worker wakes first, a burst of
-/// connections lands on one thread (what made 64 MiB hits cost 1.6× the CPU per GB).
+/// connections lands on one thread (what made 64 MiB hits cost 1.6× the CPU per GB). Unpinned by
+/// default: every worker may run on every CPU the process may.
 #[test]
 fn connections_are_spread_evenly_over_the_workers() {
+    use zerocache::server::affinity::allowed_cpus;
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), Opts::default());
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
+    let workers = allowed_cpus().expect("affinity mask").len();
+    let mask = std::fs::read_to_string(format!("/proc/{}/status", proxy.child.id()))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim()
+        .to_string();
     let per_worker = 4;
-    let series =
-        |w: usize, n: usize| format!("zerocache_worker_connections{{worker=\"{w}\"}} {n}\n");
     let mut clients = Vec::new();
     for _ in 0..per_worker * workers {
         let mut c = proxy.client();
         assert_eq!(c.get("/obj/1024", &[]).body, body(1024));
         clients.push(c);
     }
-    let m = proxy.metrics();
-    for w in 0..workers {
-        assert!(m.contains(&series(w, per_worker)), "worker {w}:\n{m}");
-    }
-    assert!(!m.contains(&format!("worker=\"{workers}\"")), "{m}");
+    assert_eq!(worker_loads(&proxy, workers), vec![per_worker; workers]);
+    // Every worker has served by now, so every worker thread exists.
+    assert_eq!(worker_cpu_lists(proxy.child.id()), vec![mask; workers]);
     drop(clients);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = proxy.metrics();
-        if (0..workers).all(|w| m.contains(&series(w, 0))) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{m}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_workers_drain(&proxy, workers);
+}
+
+/// `workers.count` and `workers.cpu_affinity`: one worker more than there are CPUs, pinned round
+/// robin, and connections kept on the CPU their packets arrive on within `SLACK`. A client thread
+/// pinned to the first CPU (over loopback its packets arrive there) fills that CPU's two workers
+/// to `SLACK + 1` each, evenly, before any other worker gets one; after that no two workers are
+/// more than `SLACK + 1` apart. Fails without the steering (the first connections spread at
+/// once), without the slack (one CPU takes every connection) and without the pinning.
+#[test]
+fn pinned_workers_keep_connections_on_their_cpu_within_a_bounded_imbalance() {
+    use zerocache::server::affinity::{allowed_cpus, pin_current_thread};
+    use zerocache::server::workers::SLACK;
+    let (origin, _rt) = origin();
+    let cpus = allowed_cpus().expect("affinity mask");
+    let workers = cpus.len() + 1;
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("workers:\n  count: {workers}\n  cpu_affinity: true\n"),
+            ..Opts::default()
+        },
+    );
+    let pinned: Vec<String> = (0..workers)
+        .map(|w| cpus[w % cpus.len()].to_string())
+        .collect();
+    // Workers 0 and cpus.len() share the first CPU.
+    let local = [0, cpus.len()];
+    let first = 2 * (SLACK + 1);
+    let more = 4 * workers;
+    let clients = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_current_thread(cpus[0]).expect("pin the client");
+            let mut clients = Vec::new();
+            for i in 0..first + more {
+                let mut c = proxy.client();
+                assert_eq!(c.get("/obj/1024", &[]).body, body(1024));
+                clients.push(c);
+                if i + 1 == first {
+                    let mut want = vec![0; workers];
+                    for w in local {
+                        want[w] = SLACK + 1;
+                    }
+                    assert_eq!(worker_loads(&proxy, workers), want, "the first {first}");
+                }
+            }
+            clients
+        })
+        .join()
+        .expect("client thread")
+    });
+    let now = worker_loads(&proxy, workers);
+    assert_eq!(now.iter().sum::<usize>(), first + more);
+    let (lo, hi) = (now.iter().min(), now.iter().max());
+    assert!(
+        hi.zip(lo).is_some_and(|(h, l)| h - l <= SLACK + 1),
+        "{now:?}"
+    );
+    assert!(
+        (0..workers)
+            .filter(|w| !local.contains(w))
+            .all(|w| now[w] > 0),
+        "nothing spread: {now:?}"
+    );
+    // Every worker has served by now, so every worker thread exists and has pinned itself.
+    assert_eq!(worker_cpu_lists(proxy.child.id()), pinned);
+    drop(clients);
+    assert_workers_drain(&proxy, workers);
 }

@@ -6,6 +6,7 @@
 //! SIGHUP and each request picks up the one current when it starts, so a reload changes routes for
 //! new requests while responses in flight finish on the old ones.
 
+pub mod affinity;
 pub mod conn;
 pub mod fetch;
 pub mod hit;
