@@ -10,6 +10,9 @@
 //! CPU is read from `/proc/PID/task/*/schedstat` (nanoseconds on CPU), summed over the server's
 //! processes and threads; the 250 Hz tick accounting of `/proc/PID/stat` is too coarse. With
 //! `--pin`, wrk runs on CPU 1 and the servers on CPU 0, which steadies the CPU-per-GB figure.
+//! With `--affinity`, every server pins its workers one per CPU (zerocache's
+//! `workers.cpu_affinity`, nginx's `worker_cpu_affinity auto`): the setting each offers for a
+//! dedicated host, compared like for like.
 
 use crate::{root, run};
 use anyhow::{Context, bail};
@@ -42,6 +45,9 @@ pub struct Options {
     pub pin: bool,
     /// Only these sizes (all when empty).
     pub sizes: Vec<usize>,
+    /// Pin each server's workers one per CPU (zerocache `workers.cpu_affinity`, nginx
+    /// `worker_cpu_affinity auto`).
+    pub affinity: bool,
     /// Run the cold-cache mode instead: hot 1 KiB hits while cold 16 MiB hits run beside them.
     pub cold: bool,
 }
@@ -176,10 +182,22 @@ fn start_origin() -> anyhow::Result<Running> {
     })
 }
 
-fn nginx_conf(dir: &Path, port: u16, origin: SocketAddr, server: Server, workers: usize) -> String {
+fn nginx_conf(
+    dir: &Path,
+    port: u16,
+    origin: SocketAddr,
+    server: Server,
+    workers: usize,
+    affinity: bool,
+) -> String {
     let d = dir.display();
+    let affinity = if affinity {
+        "worker_cpu_affinity auto; "
+    } else {
+        ""
+    };
     let common = format!(
-        "user root root; worker_processes {workers}; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+        "user root root; worker_processes {workers}; {affinity}daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
@@ -216,6 +234,7 @@ fn start_nginx(
     origin: SocketAddr,
     server: Server,
     workers: usize,
+    affinity: bool,
 ) -> anyhow::Result<Running> {
     let dir = base.join(server.short());
     std::fs::create_dir_all(dir.join("www/obj"))?;
@@ -229,7 +248,10 @@ fn start_nginx(
     }
     let port = free_port()?;
     let conf = dir.join("nginx.conf");
-    std::fs::write(&conf, nginx_conf(&dir, port, origin, server, workers))?;
+    std::fs::write(
+        &conf,
+        nginx_conf(&dir, port, origin, server, workers, affinity),
+    )?;
     let mut child = Command::new("nginx")
         .args(["-e", &format!("{}/error.log", dir.display()), "-p"])
         .arg(&dir)
@@ -252,8 +274,9 @@ fn start_zerocache(
     port: u16,
     origin: SocketAddr,
     probe: bool,
+    affinity: bool,
 ) -> anyhow::Result<Running> {
-    start_zerocache_with(base, port, origin, probe, true)
+    start_zerocache_with(base, port, origin, probe, true, affinity)
 }
 
 fn start_zerocache_with(
@@ -262,6 +285,7 @@ fn start_zerocache_with(
     origin: SocketAddr,
     probe: bool,
     offload: bool,
+    affinity: bool,
 ) -> anyhow::Result<Running> {
     let dir = base.join("zc");
     std::fs::create_dir_all(&dir)?;
@@ -270,7 +294,7 @@ fn start_zerocache_with(
     std::fs::write(
         &conf,
         format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\n  offload_cold_hits: {offload}\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\nlogging:\n  level: warn\n",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\n  offload_cold_hits: {offload}\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\nworkers:\n  cpu_affinity: {affinity}\nlogging:\n  level: warn\n",
             dir.join("cache").display()
         ),
     )?;
@@ -588,6 +612,10 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         "-p",
         "zerocache-origin",
     ]))?;
+    anyhow::ensure!(
+        !(opts.pin && opts.affinity),
+        "--pin moves every server onto CPU 0, which --affinity's per-CPU workers contradict: use one"
+    );
     if opts.cold {
         return cold(&opts);
     }
@@ -612,7 +640,7 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         Server::NginxStatic,
     ]
     .into_iter()
-    .map(|s| start_nginx(&base, origin, s, workers).map(|r| (s, r)))
+    .map(|s| start_nginx(&base, origin, s, workers, opts.affinity).map(|r| (s, r)))
     .collect::<anyhow::Result<_>>()?;
     for (s, r) in &nginx {
         warm(r.addr, *s, &sizes)?;
@@ -620,7 +648,7 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     }
     let zc_port = free_port()?;
     {
-        let z = start_zerocache(&base, zc_port, origin, true)?;
+        let z = start_zerocache(&base, zc_port, origin, true, opts.affinity)?;
         warm(z.addr, Server::Zerocache, &sizes)?;
         println!("xtask: bench: zerocache warm, bodies checked");
     }
@@ -640,7 +668,13 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
             let (addr, server_pids, dashboard) = match server {
                 Server::Zerocache | Server::ZerocacheNoProbe => {
                     let probe = server == Server::Zerocache;
-                    zc_guard = Some(start_zerocache(&base, zc_port, origin, probe)?);
+                    zc_guard = Some(start_zerocache(
+                        &base,
+                        zc_port,
+                        origin,
+                        probe,
+                        opts.affinity,
+                    )?);
                     let z = zc_guard.as_ref().context("zerocache")?;
                     (z.addr, pids(z.child.id()), z.dashboard)
                 }
@@ -680,7 +714,11 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
     // Pinned runs answer a different question (steady CPU per GB), so they keep their own file.
-    let name = if opts.pin { "pinned.md" } else { "latest.md" };
+    let name = match (opts.pin, opts.affinity) {
+        (true, _) => "pinned.md",
+        (false, true) => "affinity.md",
+        (false, false) => "latest.md",
+    };
     std::fs::write(out.join(name), &report)?;
     println!("\n{report}");
     println!("xtask: bench: written to xtask/bench/results/{name}");
@@ -717,10 +755,12 @@ fn report(
         opts.reps,
         connections(1024),
         connections(1 << 20),
-        if opts.pin {
-            "pinned (wrk on CPU 1, servers on CPU 0)"
-        } else {
-            "shared (wrk and servers on both cores)"
+        match (opts.pin, opts.affinity) {
+            (true, _) => "pinned (wrk on CPU 1, servers on CPU 0)",
+            (false, true) => {
+                "worker affinity (each server's workers pinned one per CPU: zerocache workers.cpu_affinity, nginx worker_cpu_affinity auto; wrk unpinned)"
+            }
+            (false, false) => "shared (wrk and servers on both cores)",
         },
         took.as_secs_f64()
     )?;
@@ -872,7 +912,7 @@ fn cold(opts: &Options) -> anyhow::Result<()> {
     for rep in 0..opts.reps {
         for offload in [true, false] {
             let port = free_port()?;
-            let z = start_zerocache_with(&base, port, origin, true, offload)?;
+            let z = start_zerocache_with(&base, port, origin, true, offload, false)?;
             {
                 let mut c = SimpleClient::connect(z.addr)?;
                 c.get("bench", "/obj/1024", false)?;

@@ -43,6 +43,10 @@ enum Task {
         /// Only these object sizes in bytes (comma-separated); all by default.
         #[arg(long, value_delimiter = ',')]
         sizes: Vec<usize>,
+        /// Pin every server's workers one per CPU (zerocache workers.cpu_affinity, nginx
+        /// worker_cpu_affinity auto); writes xtask/bench/results/affinity.md.
+        #[arg(long)]
+        affinity: bool,
         /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
         #[arg(long)]
         cold: bool,
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
             reps,
             pin,
             sizes,
+            affinity,
             cold,
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
@@ -84,6 +89,7 @@ fn main() -> ExitCode {
                 reps,
                 pin,
                 sizes,
+                affinity,
                 cold,
             })
         }),
