@@ -454,8 +454,8 @@ impl Default for Limits {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorkersConfig {
-    /// Worker threads; absent means one per CPU the process may run on (its affinity mask, so
-    /// `taskset` and cpusets count). The data plane is syscall-bound: more threads than CPUs only
+    /// Worker threads; absent means one per CPU the process may use (its affinity mask, so
+    /// `taskset` and cpusets count, and no more than a cgroup CPU quota allows). The data plane is syscall-bound: more threads than CPUs only
     /// add context switches.
     #[serde(default)]
     pub count: Option<usize>,

@@ -59,19 +59,22 @@ struct Kept {
 }
 
 /// How many data-plane workers to run and, with `workers.cpu_affinity`, the CPU each is pinned
-/// to. By default one worker per allowed CPU: the data plane is syscall-bound, and more threads
-/// than CPUs only add context switches. Pinned workers go round robin over the allowed CPUs, as
-/// nginx's `worker_cpu_affinity auto` does.
+/// to. By default one worker per CPU the process may use: the data plane is syscall-bound, and
+/// more threads than CPUs only add context switches. That is the affinity mask, further limited
+/// by a cgroup CPU quota (`available_parallelism` reads `cpu.max`), so a container limited to 2
+/// CPUs on a 64-core host runs 2. Pinned workers go round robin over the allowed CPUs, as nginx's
+/// `worker_cpu_affinity auto` does.
 fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> (usize, Vec<usize>) {
     let allowed = server::affinity::allowed_cpus().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read the CPU affinity mask");
         Vec::new()
     });
     let count = config.count.unwrap_or_else(|| {
+        let quota = std::thread::available_parallelism().map_or(2, |n| n.get());
         if allowed.is_empty() {
-            std::thread::available_parallelism().map_or(2, |n| n.get())
+            quota
         } else {
-            allowed.len()
+            quota.min(allowed.len())
         }
     });
     if !config.cpu_affinity {

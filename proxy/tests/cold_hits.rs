@@ -55,3 +55,33 @@ fn a_cold_hit_is_read_in_off_the_event_loop_and_a_hot_one_is_not_checked() {
     assert_eq!(c.get("/obj/2000000", &[]).body, body(2_000_000));
     assert_eq!(cold_offloads(&proxy), 2);
 }
+
+/// With pinned workers, the blocking-pool thread that reads a cold entry in is not pinned with
+/// its worker (it would compete with that worker for its one CPU): every thread but the workers
+/// keeps the process's whole CPU mask.
+#[test]
+fn a_pinned_workers_blocking_threads_keep_the_whole_mask() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "workers:\n  cpu_affinity: true\n".into(),
+            ..Opts::default()
+        },
+    );
+    let pid = proxy.child.id();
+    assert_eq!(proxy.get("/obj/2000000").x_cache(), "MISS");
+    let before = thread_cpu_lists(pid).len();
+    evict_cache_files(&proxy.dir);
+    let r = proxy.get("/obj/2000000");
+    assert_eq!((r.x_cache(), &r.body), ("HIT", &body(2_000_000)));
+    assert_eq!(cold_offloads(&proxy), 1);
+    let threads = thread_cpu_lists(pid);
+    assert!(threads.len() > before, "no blocking thread: {threads:?}");
+    let mask = process_cpu_list(pid);
+    for (name, list) in &threads {
+        if !name.starts_with("zerocache-w") {
+            assert_eq!(list, &mask, "thread {name}: {threads:?}");
+        }
+    }
+}

@@ -603,6 +603,14 @@ fn size_name(s: usize) -> String {
 
 /// Runs the benchmark and writes `xtask/bench/results/latest.md`.
 pub fn bench(opts: Options) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !(opts.pin && opts.affinity),
+        "--pin moves every server onto CPU 0, which --affinity's per-CPU workers contradict: use one"
+    );
+    anyhow::ensure!(
+        !(opts.cold && opts.affinity),
+        "--cold measures the cold-hit offload with default workers; it has no --affinity variant"
+    );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(&cargo).args([
         "build",
@@ -612,10 +620,6 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         "-p",
         "zerocache-origin",
     ]))?;
-    anyhow::ensure!(
-        !(opts.pin && opts.affinity),
-        "--pin moves every server onto CPU 0, which --affinity's per-CPU workers contradict: use one"
-    );
     if opts.cold {
         return cold(&opts);
     }

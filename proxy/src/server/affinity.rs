@@ -29,10 +29,18 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
 
 /// Pins the calling thread to `cpu`.
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t with one bit set, passed with its size, for the calling thread.
+    allow_current_thread(&[cpu])
+}
+
+/// Lets the calling thread run on exactly `cpus`. CPUs beyond `CPU_SETSIZE` are ignored.
+pub fn allow_current_thread(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t with bits set below its capacity, passed with its size, for the
+    // calling thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus.iter().filter(|c| **c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(cpu, &mut set);
+        }
         if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(io::Error::last_os_error());
         }

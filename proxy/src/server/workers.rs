@@ -23,8 +23,10 @@
 //! packets arrive on (`SO_INCOMING_CPU`, see `affinity`) unless that worker has more than
 //! [`SLACK`] connections above the least loaded of all. Its sends, the ACKs that clock them and
 //! the socket lock then stay on one CPU and one backlog queue, so the flow is never reordered:
-//! 64 MiB hits measured 0.061–0.079 CPU-s/GB with no out-of-order segments, against 0.071–0.093
-//! and 4–37 out-of-order events per GB unpinned, and 16 MiB 0.072–0.094 against 0.134–0.148.
+//! 0 out-of-order events per GB at 16 and 64 MiB hits, against 4–90 unpinned, and 0.061–0.063
+//! CPU-s/GB at 16 MiB against 0.087–0.130 (README, "Speed and the benchmark"). A worker's
+//! blocking-pool threads (cold-hit read-ahead) are not pinned: they would compete with their own
+//! worker for its CPU.
 //! Not the default because a pinned worker cannot move to an idle CPU while another thread holds
 //! its own: with one busy-looping process on CPU 0, the slowest of 50 sequential keep-alive hits
 //! took 1.5–6 ms pinned against 0.3–1.6 ms unpinned.
@@ -73,8 +75,8 @@ impl Loads {
 
 /// With CPU affinity on, how many connections the worker on a connection's incoming CPU may have
 /// above the least loaded worker and still be given it. Small, so that locality never costs much
-/// balance (the open connections of any two workers differ by at most `SLACK + 1`), and not zero,
-/// so that a burst from one client CPU is not scattered at once.
+/// balance (no worker is given a connection while it has more than `SLACK` above the least
+/// loaded), and not zero, so that a burst from one client CPU is not scattered at once.
 pub const SLACK: usize = 2;
 
 /// What every worker sees of the others: their open connections, their queues, their CPUs.
@@ -171,9 +173,19 @@ impl Workers {
             let shared = shared.clone();
             let pool = pool.clone();
             let tx = tx.clone();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let mut builder = tokio::runtime::Builder::new_current_thread();
+            builder.enable_all();
+            if !pool.cpus.is_empty() {
+                // Blocking-pool threads are spawned from the pinned worker and would inherit its
+                // one CPU: give them the whole mask back.
+                let allowed = affinity::allowed_cpus()?;
+                builder.on_thread_start(move || {
+                    if let Err(e) = affinity::allow_current_thread(&allowed) {
+                        tracing::warn!(error = %e, "cannot unpin a blocking-pool thread");
+                    }
+                });
+            }
+            let rt = builder.build()?;
             std::thread::Builder::new()
                 .name(format!("zerocache-w{me}"))
                 .spawn(move || {

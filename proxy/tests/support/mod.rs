@@ -466,6 +466,42 @@ pub fn assert_complete_64mib_hit(all: &[u8]) {
     assert!(all[head_end..] == body(64 << 20)[..], "body bytes differ");
 }
 
+/// Each thread of process `pid` as (name, allowed-CPU list such as `0-1`), sorted. Threads that
+/// exit while being read are skipped.
+pub fn thread_cpu_lists(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let Ok(t) = t else { continue };
+        let t = t.path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(t.join("comm")),
+            std::fs::read_to_string(t.join("status")),
+        ) else {
+            continue;
+        };
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list")
+            .trim()
+            .to_string();
+        out.push((comm.trim().to_string(), list));
+    }
+    out.sort();
+    out
+}
+
+/// The allowed-CPU list of process `pid` itself.
+pub fn process_cpu_list(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim()
+        .to_string()
+}
+
 /// Starts a tokio runtime on a background thread for the origin; returns the origin.
 pub fn origin() -> (Origin, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_multi_thread()
