@@ -21,8 +21,9 @@
 //! program run costs ~60 ns before it does anything and every call into the kernel ~20 ns more
 //! (retpolines, Safe-RET return thunks), a hash lookup ~60 ns, where array lookups are inlined by
 //! the verifier: so a watched sendfile or sendto run makes two calls (task, registers) and no hash
-//! lookup, ~150 ns in all, where the enter/exit pair with a hash in between cost ~500 ns. fd creation (accept, socket) and destruction (close,
-//! dup2/dup3 over it, close_range, process exit) keep records tied to one connection: a closed
+//! lookup, ~150 ns in all, where the enter/exit pair with a hash in between cost ~500 ns. fd
+//! creation (accept, socket) and destruction (close, dup2/dup3 over it, close_range, process
+//! exit) keep records tied to one connection: a closed
 //! fd's final record goes to user space through a ring buffer and is deleted, so a reused fd
 //! number starts from zero with a new generation.
 //!

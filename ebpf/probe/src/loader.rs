@@ -714,3 +714,49 @@ fn load_and_attach() -> Result<(Ebpf, Maps, RingBuf<MapData>, usize), StartError
         RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| StartError::Map("EVENTS", e))?;
     Ok((ebpf, maps, ring, attachments))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::WatchTarget;
+    use std::os::fd::AsRawFd;
+    use zerocache_probe_common::{FAST_FDS, SyscallCounts, kind};
+
+    /// A program run on one thread can add to an fd's slot just after another thread's close
+    /// zeroed it, leaving counts without `LIVE`. The next fd with that number must still start from
+    /// zero: this plants such a slot and expects exactly the one write made afterwards. Needs root.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slot_left_with_counts_after_a_close_starts_from_zero() {
+        let probe = Probe::start(ProbeOptions {
+            enabled: true,
+            watch: vec![WatchTarget::SelfProcess],
+            closed_capacity: 10,
+        });
+        assert!(probe.status().is_attached(), "{:?}", probe.status());
+        let pid = std::process::id();
+        let file = tempfile::tempfile().expect("tempfile");
+        let fd = file.as_raw_fd() as u32;
+        assert!(fd < FAST_FDS);
+        {
+            let maps = probe.inner.maps.as_ref().expect("maps");
+            let mut maps = maps.lock();
+            let index = maps.watched.get(&pid, 0).expect("watched");
+            assert!(index < FAST_WATCHED, "self gets a fast index");
+            let mut stale = FdRecord::default();
+            stale.counts[kind::WRITE as usize] = SyscallCounts {
+                calls: 7,
+                bytes: 7000,
+                ..SyscallCounts::default()
+            };
+            maps.fd_table.set(index, fd, stale).expect("plant");
+        }
+        let bytes = [0u8; 123];
+        // SAFETY: a valid fd and buffer.
+        let n = unsafe { libc::write(file.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        assert_eq!(n, 123);
+        let live = probe.live_fds(pid);
+        let (_, _, _, counts) = live.iter().find(|r| r.0 == fd).expect("record");
+        let w = &counts.by_kind[kind::WRITE as usize];
+        assert_eq!((w.calls, w.bytes), (1, 123));
+    }
+}
