@@ -127,7 +127,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let per_worker = IntGaugeVec::new(
         Opts::new(
             "zerocache_worker_connections",
-            "Open client connections per data-plane worker thread; each connection stays on the worker that was least loaded when it arrived.",
+            "Open client connections per data-plane worker thread; each connection stays on the worker it was given when it arrived (the least loaded; with workers.cpu_affinity, one on its incoming CPU within a slack of 2).",
         ),
         &["worker"],
     )?;

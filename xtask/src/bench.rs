@@ -322,11 +322,14 @@ fn bpf_programs(pid: u32) -> BTreeMap<String, (u64, u64)> {
             let is_prog = std::fs::read_link(fd.path())
                 .map(|t| t.to_string_lossy() == "anon_inode:bpf-prog")
                 .unwrap_or(false);
+            if !is_prog {
+                continue;
+            }
             let info = std::fs::read_to_string(format!(
                 "/proc/{pid}/fdinfo/{}",
                 fd.file_name().to_string_lossy()
             ));
-            if let (true, Ok(info)) = (is_prog, info) {
+            if let Ok(info) = info {
                 ids.extend(
                     info.lines()
                         .find_map(|l| l.strip_prefix("prog_id:"))
@@ -488,9 +491,10 @@ fn wrk(
         Command::new("wrk")
     };
     let url = format!("http://{addr}/obj/{size}");
-    let before = cpu_ns(server_pids);
-    let programs_before = bpf_programs(server_pids[0]);
+    // The /metrics fetch and the BPF listing go before the CPU reading, outside the window.
     let own_before = dashboard.map(own_syscalls).unwrap_or_default();
+    let programs_before = bpf_programs(server_pids[0]);
+    let before = cpu_ns(server_pids);
     let out = cmd
         .args([
             "-t2",
@@ -601,15 +605,16 @@ fn size_name(s: usize) -> String {
     }
 }
 
-/// Runs the benchmark and writes `xtask/bench/results/latest.md`.
+/// Runs the benchmark and writes `xtask/bench/results/latest.md` (`pinned.md`, `affinity.md` or
+/// `cold.md` in those modes).
 pub fn bench(opts: Options) -> anyhow::Result<()> {
     anyhow::ensure!(
         !(opts.pin && opts.affinity),
         "--pin moves every server onto CPU 0, which --affinity's per-CPU workers contradict: use one"
     );
     anyhow::ensure!(
-        !(opts.cold && opts.affinity),
-        "--cold measures the cold-hit offload with default workers; it has no --affinity variant"
+        !(opts.cold && (opts.affinity || opts.pin)),
+        "--cold measures the cold-hit offload with default workers; it has no --pin or --affinity variant"
     );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(&cargo).args([

@@ -29,7 +29,7 @@ enum Task {
     /// Setup, then formatting, lints and the whole test suite (eBPF tests need root).
     Test,
     /// Benchmark zerocache against nginx proxy_cache on this machine; writes
-    /// xtask/bench/results/latest.md.
+    /// xtask/bench/results/latest.md (pinned.md, affinity.md or cold.md in those modes).
     Bench {
         /// Seconds per wrk run.
         #[arg(long, default_value_t = 5)]

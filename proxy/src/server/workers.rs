@@ -163,6 +163,12 @@ impl Workers {
                 cpus.len()
             )));
         }
+        // The whole mask, for the blocking-pool threads of pinned workers (see below).
+        let allowed = if cpus.is_empty() {
+            Vec::new()
+        } else {
+            affinity::allowed_cpus()?
+        };
         let pool = Arc::new(Pool {
             loads,
             queues,
@@ -178,7 +184,7 @@ impl Workers {
             if !pool.cpus.is_empty() {
                 // Blocking-pool threads are spawned from the pinned worker and would inherit its
                 // one CPU: give them the whole mask back.
-                let allowed = affinity::allowed_cpus()?;
+                let allowed = allowed.clone();
                 builder.on_thread_start(move || {
                     if let Err(e) = affinity::allow_current_thread(&allowed) {
                         tracing::warn!(error = %e, "cannot unpin a blocking-pool thread");

@@ -479,13 +479,7 @@ pub fn thread_cpu_lists(pid: u32) -> Vec<(String, String)> {
         ) else {
             continue;
         };
-        let list = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .expect("Cpus_allowed_list")
-            .trim()
-            .to_string();
-        out.push((comm.trim().to_string(), list));
+        out.push((comm.trim().to_string(), cpus_allowed(&status)));
     }
     out.sort();
     out
@@ -493,8 +487,12 @@ pub fn thread_cpu_lists(pid: u32) -> Vec<(String, String)> {
 
 /// The allowed-CPU list of process `pid` itself.
 pub fn process_cpu_list(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("status")
+    cpus_allowed(&std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status"))
+}
+
+/// The `Cpus_allowed_list` field of a `/proc/.../status` text.
+fn cpus_allowed(status: &str) -> String {
+    status
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
         .expect("Cpus_allowed_list")
