@@ -459,13 +459,56 @@ pub struct WorkersConfig {
     /// add context switches.
     #[serde(default)]
     pub count: Option<usize>,
-    /// Pin the workers one per allowed CPU, round robin, and give each new connection to a worker
-    /// on the CPU its packets arrive on. Off by default, as in nginx: a pinned worker cannot move
-    /// to an idle CPU when something else runs on its own, which on a shared machine shows as
-    /// latency spikes. On a dedicated host it keeps each connection's sends, ACKs and socket
-    /// lock on one CPU (see the README's benchmark).
+    /// Whether the workers are pinned one per allowed CPU, round robin, with each new connection
+    /// given to a worker on the CPU its packets arrive on. `auto` (the default) pins them and lets
+    /// a worker that keeps waiting for its CPU run anywhere for a while; `true` always pins;
+    /// `false` never does.
     #[serde(default)]
-    pub cpu_affinity: bool,
+    pub cpu_affinity: CpuAffinity,
+}
+
+/// `workers.cpu_affinity`: `auto`, `true` or `false`.
+///
+/// Pinned, a connection's sends, the ACKs that clock them and its socket lock stay on one CPU and
+/// one backlog queue, which costs the proxy about two thirds of the CPU per GB of an unpinned
+/// worker on large hits (README, "Speed and the benchmark"). The price is that a pinned worker
+/// cannot leave a CPU that something else holds: with a busy loop on its CPU, hits waited
+/// 1.5–6 ms for it. nginx therefore ships `worker_cpu_affinity` off; `auto` keeps the pinning and
+/// takes the price away by unpinning a worker while it waits.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuAffinity {
+    /// Never pinned (`false`).
+    Off,
+    /// Always pinned (`true`), as nginx's `worker_cpu_affinity auto`.
+    On,
+    /// Pinned, but a worker whose runs keep waiting for its CPU is let run anywhere for a while.
+    #[default]
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for CpuAffinity {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A visitor rather than an untagged enum, so that a wrong value is named ("did not match
+        // any variant" otherwise) and located at the value itself.
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = CpuAffinity;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("auto, true or false")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<CpuAffinity, E> {
+                Ok(if b { CpuAffinity::On } else { CpuAffinity::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<CpuAffinity, E> {
+                match s {
+                    "auto" => Ok(CpuAffinity::Auto),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Switches for demonstrations and tests.

@@ -8,4 +8,4 @@ pub mod metrics;
 pub mod server;
 
 pub use accounting::{Accounting, CacheStatus, DataPath, ResponseRecord};
-pub use server::{CacheStats, DashboardState, Purge, serve};
+pub use server::{CacheStats, DashboardState, Purge, WorkerStats, serve};

@@ -4,7 +4,9 @@
 
 use crate::accounting::{CacheStatus, DataPath};
 use crate::server::DashboardState;
-use prometheus::{Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use zerocache_probe::kind;
 
 fn counter_vec(
@@ -127,16 +129,36 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let per_worker = IntGaugeVec::new(
         Opts::new(
             "zerocache_worker_connections",
-            "Open client connections per data-plane worker thread; each connection stays on the worker it was given when it arrived (the least loaded; with workers.cpu_affinity, one on its incoming CPU within a slack of 2).",
+            "Open client connections per data-plane worker thread; each connection stays on the worker it was given when it arrived (the least loaded; while workers are pinned, one on its incoming CPU within a slack of 2).",
         ),
         &["worker"],
     )?;
-    for (i, n) in (state.workers)().into_iter().enumerate() {
+    let pinned = IntGaugeVec::new(
+        Opts::new(
+            "zerocache_worker_pinned",
+            "1 while a data-plane worker thread is pinned to its CPU (workers.cpu_affinity); with auto, 0 while it runs anywhere because it kept waiting for its CPU.",
+        ),
+        &["worker"],
+    )?;
+    let workers = (state.workers)();
+    for (i, n) in workers.connections.iter().enumerate() {
         per_worker
             .with_label_values(&[i.to_string().as_str()])
-            .set(n as i64);
+            .set(*n as i64);
+    }
+    for (i, p) in workers.pinned.iter().enumerate() {
+        pinned
+            .with_label_values(&[i.to_string().as_str()])
+            .set(*p as i64);
     }
     r.register(Box::new(per_worker))?;
+    r.register(Box::new(pinned))?;
+    let unpins = IntCounter::new(
+        "zerocache_worker_unpins_total",
+        "Times workers.cpu_affinity: auto let a pinned worker run anywhere because its runs kept waiting for its CPU (another task holding it).",
+    )?;
+    unpins.inc_by(workers.unpins);
+    r.register(Box::new(unpins))?;
 
     let snap = state.probe.snapshot();
     let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;

@@ -17,6 +17,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use zerocache_probe::Probe;
 
+/// The data-plane worker threads, as `/metrics` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Open client connections per worker, by worker number.
+    pub connections: Vec<u64>,
+    /// Whether each worker is pinned to a CPU right now, by worker number.
+    pub pinned: Vec<bool>,
+    /// Times a pinned worker was unpinned because it kept waiting for its CPU.
+    pub unpins: u64,
+}
+
 /// Everything the dashboard reads.
 pub struct DashboardState {
     /// The proxy's accounting.
@@ -27,8 +38,8 @@ pub struct DashboardState {
     pub cache: Box<dyn Fn() -> CacheStats + Send + Sync>,
     /// Upstream names (metric labels initialised at 0).
     pub upstreams: Vec<String>,
-    /// Open client connections per data-plane worker thread, by worker number.
-    pub workers: Box<dyn Fn() -> Vec<u64> + Send + Sync>,
+    /// The data-plane worker threads' figures.
+    pub workers: Box<dyn Fn() -> WorkerStats + Send + Sync>,
     /// Per-second samples.
     pub history: Mutex<History>,
     /// Bearer token required for the page and the API (and `/metrics` if

@@ -6,6 +6,7 @@ use crate::cache::lock::FillLocks;
 use crate::cache::store::Store;
 use crate::http::request::Limits;
 use crate::routing::Routes;
+use crate::server::placement::Placement;
 use crate::server::{self, Ctx, Shared};
 use anyhow::Context;
 use parking_lot::Mutex;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use zerocache_config::{Config, Keyword, WatchEntry};
+use zerocache_dashboard::WorkerStats;
 use zerocache_dashboard::{Accounting, CacheStats, DashboardState};
 use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
 
@@ -58,15 +60,15 @@ struct Kept {
     access_log: Option<Arc<AccessLog>>,
 }
 
-/// How many data-plane workers to run and, with `workers.cpu_affinity`, the CPU each is pinned
-/// to. By default one worker per CPU the process may use: the data plane is syscall-bound, and
-/// more threads than CPUs only add context switches. That is the affinity mask, further limited
-/// by a cgroup CPU quota (`available_parallelism` reads `cpu.max`), so a container limited to 2
-/// CPUs on a 64-core host runs 2. Pinned workers go round robin over the allowed CPUs, as nginx's
+/// How many data-plane workers to run and where (see `server::placement`). By default one worker
+/// per CPU the process may use: the data plane is syscall-bound, and more threads than CPUs only
+/// add context switches. That is the affinity mask, further limited by a cgroup CPU quota
+/// (`available_parallelism` reads `cpu.max`), so a container limited to 2 CPUs on a 64-core host
+/// runs 2. Pinned workers go round robin over the allowed CPUs, as nginx's
 /// `worker_cpu_affinity auto` does.
-fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> (usize, Vec<usize>) {
+fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placement {
     let allowed = server::affinity::allowed_cpus().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot read the CPU affinity mask");
+        tracing::warn!(error = %e, "cannot read the CPU affinity mask; workers not pinned");
         Vec::new()
     });
     let count = config.count.unwrap_or_else(|| {
@@ -77,16 +79,14 @@ fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> (usize,
             quota.min(allowed.len())
         }
     });
-    if !config.cpu_affinity {
-        return (count, Vec::new());
-    }
-    if allowed.is_empty() {
-        tracing::warn!("workers.cpu_affinity: no allowed CPUs known; workers not pinned");
-        return (count, Vec::new());
-    }
-    let cpus: Vec<usize> = (0..count).map(|w| allowed[w % allowed.len()]).collect();
-    tracing::info!(?cpus, "workers pinned, one per CPU in turn");
-    (count, cpus)
+    let placement = Placement::new(count, config.cpu_affinity, allowed);
+    tracing::info!(
+        workers = count,
+        mode = ?config.cpu_affinity,
+        pinned = placement.pins(),
+        "data-plane workers"
+    );
+    placement
 }
 
 fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
@@ -164,8 +164,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         closed_capacity: CLOSED_KEPT,
     });
     let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
-    let (threads, worker_cpus) = worker_placement(&config.workers);
-    let loads = Arc::new(server::workers::Loads::new(threads));
+    let placement = Arc::new(worker_placement(&config.workers));
+    let loads = Arc::new(server::workers::Loads::new(placement.workers()));
 
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
@@ -186,8 +186,12 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             }),
             upstreams: config.upstreams.keys().cloned().collect(),
             workers: {
-                let loads = loads.clone();
-                Box::new(move || loads.snapshot())
+                let (loads, placement) = (loads.clone(), placement.clone());
+                Box::new(move || WorkerStats {
+                    connections: loads.snapshot(),
+                    pinned: placement.pinned(),
+                    unpins: placement.unpins(),
+                })
             },
             history: Mutex::new(Default::default()),
             token: config.dashboard.token.clone(),
@@ -216,9 +220,17 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     }
     let addr = listener.local_addr()?;
     tracing::info!(%addr, nofile, probe = ?probe.status(), "zerocache listening");
-    let mut workers =
-        server::workers::Workers::start(listener.into_std()?, shared.clone(), loads, worker_cpus)
-            .context("starting the data-plane worker threads")?;
+    let mut workers = server::workers::Workers::start(
+        listener.into_std()?,
+        shared.clone(),
+        loads,
+        placement.clone(),
+    )
+    .context("starting the data-plane worker threads")?;
+    {
+        let stop = shared.shutdown.subscribe();
+        tokio::spawn(async move { placement.valve(stop).await });
+    }
 
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;

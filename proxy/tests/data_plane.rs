@@ -323,56 +323,22 @@ fn early_hints_are_forwarded_and_not_stored() {
     );
 }
 
-/// Open connections per worker, from `/metrics`.
-fn worker_loads(proxy: &Proxy, workers: usize) -> Vec<usize> {
-    let m = proxy.metrics();
-    assert!(!m.contains(&format!("worker=\"{workers}\"")), "{m}");
-    (0..workers)
-        .map(|w| {
-            let series = format!("zerocache_worker_connections{{worker=\"{w}\"}} ");
-            let line = m.lines().find(|l| l.starts_with(&series));
-            let line = line.unwrap_or_else(|| panic!("no {series}in\n{m}"));
-            line[series.len()..].parse().expect("count")
-        })
-        .collect()
-}
-
-/// The allowed-CPU list (`0-1`, `1`) of each data-plane worker thread of `pid`, by worker number.
-fn worker_cpu_lists(pid: u32) -> Vec<String> {
-    let mut out: Vec<(usize, String)> = thread_cpu_lists(pid)
-        .into_iter()
-        .filter_map(|(name, list)| {
-            let w = name.strip_prefix("zerocache-w")?;
-            Some((w.parse().expect("worker number"), list))
-        })
-        .collect();
-    out.sort();
-    out.into_iter().map(|(_, l)| l).collect()
-}
-
-/// Waits until every worker's count is back to zero.
-fn assert_workers_drain(proxy: &Proxy, workers: usize) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while worker_loads(proxy, workers) != vec![0; workers] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "connections not released: {:?}",
-            worker_loads(proxy, workers)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Each data-plane worker (one per core) keeps the connections it is given, and a new connection
 /// goes to the worker with the fewest: opened one after another, they split exactly evenly, and
 /// the counts fall back to zero as they close. Left to whichever worker wakes first, a burst of
-/// connections lands on one thread (what made 64 MiB hits cost 1.6× the CPU per GB). Unpinned by
-/// default: every worker may run on every CPU the process may.
+/// connections lands on one thread (what made 64 MiB hits cost 1.6× the CPU per GB). With
+/// `cpu_affinity: false` every worker may run on every CPU the process may.
 #[test]
 fn connections_are_spread_evenly_over_the_workers() {
     use zerocache::server::affinity::allowed_cpus;
     let (origin, _rt) = origin();
-    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "workers:\n  cpu_affinity: false\n".into(),
+            ..Opts::default()
+        },
+    );
     let workers = allowed_cpus().expect("affinity mask").len();
     let mask = process_cpu_list(proxy.child.id());
     // The readiness probe's connections may still be counted.

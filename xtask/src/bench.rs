@@ -10,9 +10,11 @@
 //! CPU is read from `/proc/PID/task/*/schedstat` (nanoseconds on CPU), summed over the server's
 //! processes and threads; the 250 Hz tick accounting of `/proc/PID/stat` is too coarse. With
 //! `--pin`, wrk runs on CPU 1 and the servers on CPU 0, which steadies the CPU-per-GB figure.
-//! With `--affinity`, every server pins its workers one per CPU (zerocache's
-//! `workers.cpu_affinity`, nginx's `worker_cpu_affinity auto`): the setting each offers for a
-//! dedicated host, compared like for like.
+//! By default each server runs with its own default placement: zerocache's
+//! `workers.cpu_affinity: auto` pins its workers (and lets one off a CPU it cannot get), nginx's
+//! workers are unpinned. With `--affinity`, every server pins its workers one per CPU (zerocache's
+//! `cpu_affinity: true`, nginx's `worker_cpu_affinity auto`); with `--unpinned`, none does
+//! (zerocache's `cpu_affinity: false`): both compared like for like.
 
 use crate::{root, run};
 use anyhow::{Context, bail};
@@ -48,6 +50,8 @@ pub struct Options {
     /// Pin each server's workers one per CPU (zerocache `workers.cpu_affinity`, nginx
     /// `worker_cpu_affinity auto`).
     pub affinity: bool,
+    /// Leave every server's workers unpinned (zerocache `workers.cpu_affinity: false`).
+    pub unpinned: bool,
     /// Run the cold-cache mode instead: hot 1 KiB hits while cold 16 MiB hits run beside them.
     pub cold: bool,
 }
@@ -269,12 +273,21 @@ fn start_nginx(
     })
 }
 
+/// zerocache's `workers.cpu_affinity` for the mode: its default, or like nginx's workers.
+fn zc_affinity(opts: &Options) -> &'static str {
+    match (opts.affinity, opts.unpinned) {
+        (true, _) => "true",
+        (false, true) => "false",
+        (false, false) => "auto",
+    }
+}
+
 fn start_zerocache(
     base: &Path,
     port: u16,
     origin: SocketAddr,
     probe: bool,
-    affinity: bool,
+    affinity: &str,
 ) -> anyhow::Result<Running> {
     start_zerocache_with(base, port, origin, probe, true, affinity)
 }
@@ -285,7 +298,7 @@ fn start_zerocache_with(
     origin: SocketAddr,
     probe: bool,
     offload: bool,
-    affinity: bool,
+    affinity: &str,
 ) -> anyhow::Result<Running> {
     let dir = base.join("zc");
     std::fs::create_dir_all(&dir)?;
@@ -609,12 +622,12 @@ fn size_name(s: usize) -> String {
 /// `cold.md` in those modes).
 pub fn bench(opts: Options) -> anyhow::Result<()> {
     anyhow::ensure!(
-        !(opts.pin && opts.affinity),
-        "--pin moves every server onto CPU 0, which --affinity's per-CPU workers contradict: use one"
+        !(opts.pin && (opts.affinity || opts.unpinned)) && !(opts.affinity && opts.unpinned),
+        "--pin, --affinity and --unpinned each place the workers differently: use one"
     );
     anyhow::ensure!(
-        !(opts.cold && (opts.affinity || opts.pin)),
-        "--cold measures the cold-hit offload with default workers; it has no --pin or --affinity variant"
+        !(opts.cold && (opts.affinity || opts.pin || opts.unpinned)),
+        "--cold measures the cold-hit offload with default workers; it has no --pin, --affinity or --unpinned variant"
     );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(&cargo).args([
@@ -657,7 +670,7 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     }
     let zc_port = free_port()?;
     {
-        let z = start_zerocache(&base, zc_port, origin, true, opts.affinity)?;
+        let z = start_zerocache(&base, zc_port, origin, true, zc_affinity(&opts))?;
         warm(z.addr, Server::Zerocache, &sizes)?;
         println!("xtask: bench: zerocache warm, bodies checked");
     }
@@ -682,7 +695,7 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
                         zc_port,
                         origin,
                         probe,
-                        opts.affinity,
+                        zc_affinity(&opts),
                     )?);
                     let z = zc_guard.as_ref().context("zerocache")?;
                     (z.addr, pids(z.child.id()), z.dashboard)
@@ -723,10 +736,11 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
     // Pinned runs answer a different question (steady CPU per GB), so they keep their own file.
-    let name = match (opts.pin, opts.affinity) {
-        (true, _) => "pinned.md",
-        (false, true) => "affinity.md",
-        (false, false) => "latest.md",
+    let name = match (opts.pin, opts.affinity, opts.unpinned) {
+        (true, _, _) => "pinned.md",
+        (false, true, _) => "affinity.md",
+        (false, false, true) => "unpinned.md",
+        (false, false, false) => "latest.md",
     };
     std::fs::write(out.join(name), &report)?;
     println!("\n{report}");
@@ -764,12 +778,17 @@ fn report(
         opts.reps,
         connections(1024),
         connections(1 << 20),
-        match (opts.pin, opts.affinity) {
-            (true, _) => "pinned (wrk on CPU 1, servers on CPU 0)",
-            (false, true) => {
-                "worker affinity (each server's workers pinned one per CPU: zerocache workers.cpu_affinity, nginx worker_cpu_affinity auto; wrk unpinned)"
+        match (opts.pin, opts.affinity, opts.unpinned) {
+            (true, _, _) => "pinned (wrk on CPU 1, servers on CPU 0)",
+            (false, true, _) => {
+                "worker affinity (each server's workers pinned one per CPU: zerocache workers.cpu_affinity: true, nginx worker_cpu_affinity auto; wrk unpinned)"
             }
-            (false, false) => "shared (wrk and servers on both cores)",
+            (false, false, true) => {
+                "unpinned (no server pins its workers: zerocache workers.cpu_affinity: false, nginx's default)"
+            }
+            (false, false, false) => {
+                "defaults (wrk and servers on both cores; zerocache workers.cpu_affinity: auto pins its workers, nginx's are unpinned)"
+            }
         },
         took.as_secs_f64()
     )?;
@@ -921,7 +940,7 @@ fn cold(opts: &Options) -> anyhow::Result<()> {
     for rep in 0..opts.reps {
         for offload in [true, false] {
             let port = free_port()?;
-            let z = start_zerocache_with(&base, port, origin, true, offload, false)?;
+            let z = start_zerocache_with(&base, port, origin, true, offload, "auto")?;
             {
                 let mut c = SimpleClient::connect(z.addr)?;
                 c.get("bench", "/obj/1024", false)?;

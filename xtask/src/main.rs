@@ -29,7 +29,8 @@ enum Task {
     /// Setup, then formatting, lints and the whole test suite (eBPF tests need root).
     Test,
     /// Benchmark zerocache against nginx proxy_cache on this machine; writes
-    /// xtask/bench/results/latest.md (pinned.md, affinity.md or cold.md in those modes).
+    /// xtask/bench/results/latest.md (pinned.md, affinity.md, unpinned.md or cold.md in those
+    /// modes).
     Bench {
         /// Seconds per wrk run.
         #[arg(long, default_value_t = 5)]
@@ -43,10 +44,14 @@ enum Task {
         /// Only these object sizes in bytes (comma-separated); all by default.
         #[arg(long, value_delimiter = ',')]
         sizes: Vec<usize>,
-        /// Pin every server's workers one per CPU (zerocache workers.cpu_affinity, nginx
+        /// Pin every server's workers one per CPU (zerocache workers.cpu_affinity: true, nginx
         /// worker_cpu_affinity auto); writes xtask/bench/results/affinity.md.
         #[arg(long)]
         affinity: bool,
+        /// Leave every server's workers unpinned (zerocache workers.cpu_affinity: false, nginx's
+        /// default); writes xtask/bench/results/unpinned.md.
+        #[arg(long)]
+        unpinned: bool,
         /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
         #[arg(long)]
         cold: bool,
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
             pin,
             sizes,
             affinity,
+            unpinned,
             cold,
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
@@ -90,6 +96,7 @@ fn main() -> ExitCode {
                 pin,
                 sizes,
                 affinity,
+                unpinned,
                 cold,
             })
         }),

@@ -34,18 +34,80 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
 
 /// Lets the calling thread run on exactly `cpus`. CPUs beyond `CPU_SETSIZE` are ignored.
 pub fn allow_current_thread(cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t with bits set below its capacity, passed with its size, for the
-    // calling thread.
+    allow_thread(0, cpus)
+}
+
+/// The calling thread's kernel thread id, for [`allow_thread`] and [`wait_stats`].
+pub fn current_tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Lets thread `tid` (0: the calling thread) run on exactly `cpus`. CPUs beyond `CPU_SETSIZE`
+/// are ignored.
+pub fn allow_thread(tid: i32, cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t with bits set below its capacity, passed with its size.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &cpu in cpus.iter().filter(|c| **c < libc::CPU_SETSIZE as usize) {
             libc::CPU_SET(cpu, &mut set);
         }
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+        if libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(io::Error::last_os_error());
         }
     }
     Ok(())
+}
+
+/// How long a thread of this process has run and waited on a run queue for a CPU, in total, and
+/// how many times it was given one: `/proc/self/task/TID/schedstat` (scheduler delay accounting,
+/// present without `CONFIG_SCHEDSTATS`). The wait is added when the thread gets its CPU, so a
+/// thread that never gets it shows no wait at all: see [`runnable`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitStats {
+    /// Nanoseconds spent on a CPU.
+    pub on_cpu_ns: u64,
+    /// Nanoseconds spent runnable but not running.
+    pub waited_ns: u64,
+    /// Times the thread was put on a CPU.
+    pub runs: u64,
+}
+
+/// Reads [`WaitStats`] of thread `tid` of this process.
+pub fn wait_stats(tid: i32) -> io::Result<WaitStats> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))?;
+    parse_schedstat(&text).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected schedstat line {text:?}"),
+        )
+    })
+}
+
+fn parse_schedstat(text: &str) -> Option<WaitStats> {
+    let mut fields = text.split_ascii_whitespace().map(|f| f.parse::<u64>().ok());
+    Some(WaitStats {
+        on_cpu_ns: fields.next()??,
+        waited_ns: fields.next()??,
+        runs: fields.next()??,
+    })
+}
+
+/// Whether thread `tid` of this process is runnable (state `R` in `/proc/self/task/TID/stat`):
+/// running, or waiting for a CPU.
+pub fn runnable(tid: i32) -> io::Result<bool> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))?;
+    // The state follows the command name, which is in parentheses and may itself hold any byte.
+    match text
+        .rfind(')')
+        .and_then(|i| text[i + 1..].split_ascii_whitespace().next())
+    {
+        Some(state) => Ok(state == "R"),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected stat line {text:?}"),
+        )),
+    }
 }
 
 /// The CPU that processed the last packet received on `sock`, if the kernel recorded one.
@@ -68,6 +130,41 @@ pub fn incoming_cpu(sock: &impl AsRawFd) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_gives_wait_and_runs() {
+        assert_eq!(
+            parse_schedstat("5188212 73102 41\n"),
+            Some(WaitStats {
+                on_cpu_ns: 5188212,
+                waited_ns: 73102,
+                runs: 41
+            })
+        );
+        assert_eq!(parse_schedstat("5188212 73102\n"), None);
+        let now = wait_stats(current_tid()).expect("own schedstat");
+        assert!(now.runs >= 1, "{now:?}");
+        // The calling thread is running, so runnable; a thread blocked on a channel is not.
+        assert!(runnable(current_tid()).expect("own stat"));
+        let (tx, rx) = std::sync::mpsc::channel::<i32>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(current_tid()).expect("send");
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().expect("tid");
+        let mut blocked = false;
+        for _ in 0..200 {
+            if !runnable(tid).expect("stat") {
+                blocked = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(blocked, "a thread blocked in recv stayed runnable");
+        done_tx.send(()).expect("send");
+        t.join().expect("join");
+    }
 
     /// A loopback connection made from a thread pinned to a CPU arrives on that CPU: the client's
     /// softirq processes the handshake.

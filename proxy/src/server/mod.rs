@@ -10,6 +10,7 @@ pub mod affinity;
 pub mod conn;
 pub mod fetch;
 pub mod hit;
+pub mod placement;
 pub mod workers;
 
 use crate::accesslog::AccessLog;

@@ -18,19 +18,15 @@
 //! costs the proxy ~1.6× the CPU per GB of a balanced run. Control-plane work (signals, the
 //! dashboard, the probe) stays on the main runtime.
 //!
-//! With `workers.cpu_affinity` (off by default, like nginx's `worker_cpu_affinity`), each worker
-//! is pinned to one allowed CPU, and a connection goes to the least loaded worker on the CPU its
-//! packets arrive on (`SO_INCOMING_CPU`, see `affinity`) unless that worker has more than
-//! [`SLACK`] connections above the least loaded of all. Its sends, the ACKs that clock them and
-//! the socket lock then stay on one CPU and one backlog queue, so the flow is never reordered:
-//! 0 out-of-order events per GB at 16 and 64 MiB hits, against 4–90 unpinned, and 0.061–0.063
-//! CPU-s/GB at 16 MiB against 0.087–0.130 (README, "Speed and the benchmark"). A worker's
-//! blocking-pool threads (cold-hit read-ahead) are not pinned: they would compete with their own
-//! worker for its CPU.
-//! Not the default because a pinned worker cannot move to an idle CPU while another thread holds
-//! its own: with one busy-looping process on CPU 0, the slowest of 50 sequential keep-alive hits
-//! took 1.5–6 ms pinned against 0.3–1.6 ms unpinned.
+//! While workers are pinned (`workers.cpu_affinity`, see `placement`), a connection goes to the
+//! least loaded worker pinned on the CPU its packets arrive on (`SO_INCOMING_CPU`, see
+//! `affinity`) unless that worker has more than [`SLACK`] connections above the least loaded of
+//! all. Its sends, the ACKs that clock them and the socket lock then stay on one CPU and one
+//! backlog queue, so the flow is never reordered: 0 out-of-order events per GB at 16 and 64 MiB
+//! hits, against 4–90 unpinned. A worker's blocking-pool threads (cold-hit read-ahead) are not
+//! pinned: they would compete with their own worker for its CPU.
 
+use super::placement::Placement;
 use super::{Shared, affinity, conn};
 use std::io;
 use std::net::SocketAddr;
@@ -83,24 +79,24 @@ pub const SLACK: usize = 2;
 struct Pool {
     loads: Arc<Loads>,
     queues: Vec<mpsc::UnboundedSender<Handoff>>,
-    /// The CPU each worker is pinned to; empty when workers are not pinned.
-    cpus: Vec<usize>,
+    placement: Arc<Placement>,
 }
 
 impl Pool {
     /// The worker that should serve a connection accepted by worker `me`: the least loaded (`me`
-    /// on a tie); with pinned workers, the least loaded on the connection's incoming CPU unless it
-    /// has more than [`SLACK`] above that.
+    /// on a tie); while workers are pinned, the least loaded pinned on the connection's incoming
+    /// CPU unless it has more than [`SLACK`] above that.
     fn pick(&self, me: usize, sock: &tokio::net::TcpStream) -> usize {
         let least = self.least_loaded(me, |_| true);
-        if self.cpus.is_empty() {
+        if !self.placement.pins() {
             return least;
         }
         let Some(cpu) = affinity::incoming_cpu(sock) else {
             return least;
         };
-        let local = self.least_loaded(me, |w| self.cpus[w] == cpu);
-        if self.cpus[local] == cpu && self.load(local) <= self.load(least) + SLACK {
+        let on_cpu = |w| self.placement.cpu_of(w) == Some(cpu);
+        let local = self.least_loaded(me, on_cpu);
+        if on_cpu(local) && self.load(local) <= self.load(least) + SLACK {
             local
         } else {
             least
@@ -139,13 +135,12 @@ pub struct Workers {
 
 impl Workers {
     /// Starts one worker thread per entry of `loads`, accepting from `listener` until
-    /// `shared.shutdown`. Worker `i` is pinned to `cpus[i]` when `cpus` is not empty (it must
-    /// then have one entry per worker).
+    /// `shared.shutdown`, each placed as `placement` says (which must have one slot per worker).
     pub fn start(
         listener: std::net::TcpListener,
         shared: Arc<Shared>,
         loads: Arc<Loads>,
-        cpus: Vec<usize>,
+        placement: Arc<Placement>,
     ) -> io::Result<Workers> {
         listener.set_nonblocking(true)?;
         let count = loads.0.len();
@@ -157,22 +152,16 @@ impl Workers {
             queues.push(q);
             inboxes.push(inbox);
         }
-        if !cpus.is_empty() && cpus.len() != count {
+        if placement.workers() != count {
             return Err(io::Error::other(format!(
-                "{} CPUs given for {count} workers",
-                cpus.len()
+                "{} worker places for {count} workers",
+                placement.workers()
             )));
         }
-        // The whole mask, for the blocking-pool threads of pinned workers (see below).
-        let allowed = if cpus.is_empty() {
-            Vec::new()
-        } else {
-            affinity::allowed_cpus()?
-        };
         let pool = Arc::new(Pool {
             loads,
             queues,
-            cpus,
+            placement,
         });
         for (me, inbox) in inboxes.into_iter().enumerate() {
             let listener = listener.try_clone()?;
@@ -181,12 +170,12 @@ impl Workers {
             let tx = tx.clone();
             let mut builder = tokio::runtime::Builder::new_current_thread();
             builder.enable_all();
-            if !pool.cpus.is_empty() {
+            if pool.placement.pins() {
                 // Blocking-pool threads are spawned from the pinned worker and would inherit its
                 // one CPU: give them the whole mask back.
-                let allowed = allowed.clone();
+                let pool = pool.clone();
                 builder.on_thread_start(move || {
-                    if let Err(e) = affinity::allow_current_thread(&allowed) {
+                    if let Err(e) = affinity::allow_current_thread(pool.placement.allowed()) {
                         tracing::warn!(error = %e, "cannot unpin a blocking-pool thread");
                     }
                 });
@@ -196,11 +185,7 @@ impl Workers {
                 .name(format!("zerocache-w{me}"))
                 .spawn(move || {
                     WORKER.with(|w| w.set(me));
-                    if let Some(&cpu) = pool.cpus.get(me)
-                        && let Err(e) = affinity::pin_current_thread(cpu)
-                    {
-                        tracing::warn!(worker = me, cpu, error = %e, "cannot pin worker; it runs unpinned");
-                    }
+                    pool.placement.enter(me);
                     rt.block_on(async move {
                         tokio::spawn(receive(me, inbox, shared.clone(), pool.clone()));
                         match TcpListener::from_std(listener) {

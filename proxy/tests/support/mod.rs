@@ -466,6 +466,46 @@ pub fn assert_complete_64mib_hit(all: &[u8]) {
     assert!(all[head_end..] == body(64 << 20)[..], "body bytes differ");
 }
 
+/// Open connections per worker, from `/metrics`.
+pub fn worker_loads(proxy: &Proxy, workers: usize) -> Vec<usize> {
+    let m = proxy.metrics();
+    assert!(!m.contains(&format!("worker=\"{workers}\"")), "{m}");
+    (0..workers)
+        .map(|w| {
+            let series = format!("zerocache_worker_connections{{worker=\"{w}\"}} ");
+            let line = m.lines().find(|l| l.starts_with(&series));
+            let line = line.unwrap_or_else(|| panic!("no {series}in\n{m}"));
+            line[series.len()..].parse().expect("count")
+        })
+        .collect()
+}
+
+/// The allowed-CPU list (`0-1`, `1`) of each data-plane worker thread of `pid`, by worker number.
+pub fn worker_cpu_lists(pid: u32) -> Vec<String> {
+    let mut out: Vec<(usize, String)> = thread_cpu_lists(pid)
+        .into_iter()
+        .filter_map(|(name, list)| {
+            let w = name.strip_prefix("zerocache-w")?;
+            Some((w.parse().expect("worker number"), list))
+        })
+        .collect();
+    out.sort();
+    out.into_iter().map(|(_, l)| l).collect()
+}
+
+/// Waits until every worker's count is back to zero.
+pub fn assert_workers_drain(proxy: &Proxy, workers: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while worker_loads(proxy, workers) != vec![0; workers] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections not released: {:?}",
+            worker_loads(proxy, workers)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Each thread of process `pid` as (name, allowed-CPU list such as `0-1`), sorted. Threads that
 /// exit while being read are skipped.
 pub fn thread_cpu_lists(pid: u32) -> Vec<(String, String)> {
