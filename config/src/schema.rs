@@ -460,9 +460,9 @@ pub struct WorkersConfig {
     #[serde(default)]
     pub count: Option<usize>,
     /// Whether the workers are pinned one per allowed CPU, round robin, with each new connection
-    /// given to a worker on the CPU its packets arrive on. `auto` (the default) pins them and lets
-    /// a worker that keeps waiting for its CPU run anywhere for a while; `true` always pins;
-    /// `false` never does.
+    /// given to a worker on the CPU its packets arrive on. `auto` (the default) pins them and
+    /// moves a worker that keeps waiting for its CPU to the other CPUs for a while; `true` always
+    /// pins; `false` never does.
     #[serde(default)]
     pub cpu_affinity: CpuAffinity,
 }
@@ -472,11 +472,11 @@ pub struct WorkersConfig {
 /// Pinned, a connection's sends, the ACKs that clock them and its socket lock stay on one CPU and
 /// one backlog queue, which costs the proxy about two thirds of the CPU per GB of an unpinned
 /// worker on large hits (README, "Speed and the benchmark"). The price is that a pinned worker
-/// cannot leave a CPU that something else holds: with a busy loop on its CPU, hits waited
-/// 1.5–6 ms for it. nginx therefore ships `worker_cpu_affinity` off; `auto` keeps the pinning and
-/// takes the price away by unpinning a worker while it waits.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+/// cannot leave a CPU that something else holds. An ordinary busy loop costs a waking worker
+/// little (the scheduler lets it preempt), but a real-time task or a crowded CPU can hold it off
+/// for hundreds of milliseconds; nginx ships `worker_cpu_affinity` off for that reason. `auto`
+/// keeps the pinning and moves such a worker to the other CPUs while its CPU is taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CpuAffinity {
     /// Never pinned (`false`).
     Off,
@@ -495,7 +495,7 @@ impl<'de> Deserialize<'de> for CpuAffinity {
         impl serde::de::Visitor<'_> for V {
             type Value = CpuAffinity;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("auto, true or false")
+                f.write_str("`auto`, `true` or `false`")
             }
             fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<CpuAffinity, E> {
                 Ok(if b { CpuAffinity::On } else { CpuAffinity::Off })
@@ -508,6 +508,17 @@ impl<'de> Deserialize<'de> for CpuAffinity {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+impl Serialize for CpuAffinity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // The way it is written, so that `zerocache check`'s effective config reads back.
+        match self {
+            CpuAffinity::On => s.serialize_bool(true),
+            CpuAffinity::Off => s.serialize_bool(false),
+            CpuAffinity::Auto => s.serialize_str("auto"),
+        }
     }
 }
 

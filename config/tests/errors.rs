@@ -126,7 +126,7 @@ fn more_error_classes_name_their_key() {
     );
     assert_eq!(
         err(&format!("{GOOD}workers:\n  cpu_affinity: yes please\n")),
-        "zc.yaml:14:17: workers.cpu_affinity: invalid value: string \"yes please\", expected auto, true or false"
+        "zc.yaml:14:17: workers.cpu_affinity: invalid value: string \"yes please\", expected `auto`, `true` or `false`"
     );
     assert_eq!(
         err(&format!("{GOOD}logging:\n  level: loud\n")),

@@ -227,10 +227,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         placement.clone(),
     )
     .context("starting the data-plane worker threads")?;
-    {
-        let stop = shared.shutdown.subscribe();
-        tokio::spawn(async move { placement.valve(stop).await });
-    }
+    // Until the process exits: connections still draining after shutdown need it as well.
+    tokio::spawn(async move { placement.valve().await });
 
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;

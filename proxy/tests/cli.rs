@@ -23,21 +23,30 @@ fn write(dir: &std::path::Path, text: &str) -> String {
 #[test]
 fn check_accepts_a_valid_config_and_prints_it_with_defaults() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let cfg = write(
-        tmp.path(),
-        &format!(
-            "listen: 127.0.0.1:1\ncache: {{path: {}, max_size: 1MiB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\n",
-            tmp.path().join("c").display()
-        ),
-    );
-    let (code, out, err) = zerocache(&["check", "-c", &cfg, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
-    assert_eq!(v["dashboard"]["listen"], "127.0.0.1:9180");
-    assert_eq!(v["routes"][0]["match"]["path_prefix"], "/");
-    // The effective config is itself a valid config.
-    let again = write(tmp.path(), &out);
-    assert_eq!(zerocache(&["check", "--config", &again]).0, 0);
+    // Each way of writing workers.cpu_affinity prints the way it reads back.
+    for (workers, affinity) in [
+        ("", serde_json::json!("auto")),
+        ("workers: {cpu_affinity: true}\n", serde_json::json!(true)),
+        ("workers: {cpu_affinity: false}\n", serde_json::json!(false)),
+    ] {
+        let cfg = write(
+            tmp.path(),
+            &format!(
+                "listen: 127.0.0.1:1\ncache: {{path: {}, max_size: 1MiB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\n{workers}",
+                tmp.path().join("c").display()
+            ),
+        );
+        let (code, out, err) = zerocache(&["check", "-c", &cfg, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["dashboard"]["listen"], "127.0.0.1:9180");
+        assert_eq!(v["routes"][0]["match"]["path_prefix"], "/");
+        assert_eq!(v["workers"]["cpu_affinity"], affinity);
+        // The effective config is itself a valid config.
+        let again = write(tmp.path(), &out);
+        let (code, _, err) = zerocache(&["check", "--config", &again]);
+        assert_eq!(code, 0, "{err}");
+    }
 }
 
 #[test]

@@ -207,14 +207,6 @@ fn the_page_turns_red_with_the_request_on_the_planted_bug() {
     hits.join().expect("hits");
 }
 
-fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
-}
-
 #[test]
 fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
     let (origin, _rt) = origin();
@@ -237,6 +229,9 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"origin\"} 0",
         "zerocache_probe_up 1",
         "zerocache_request_duration_seconds_count 0",
+        "zerocache_worker_unpins_total 0",
+        // Its value: 1 once worker 0's thread has pinned itself, which may be after this scrape.
+        "zerocache_worker_pinned{worker=\"0\"} ",
     ] {
         assert!(
             idle.contains(family),

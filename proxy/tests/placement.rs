@@ -1,7 +1,7 @@
 //! Where the data-plane workers run by default (`workers.cpu_affinity: auto`): pinned one per
-//! CPU, let off a CPU that a real-time task holds, and pinned again once it is free. Its own test
-//! binary, because it starves one CPU for a few seconds and cargo runs test binaries one at a
-//! time: no other test's pinned worker shares that CPU meanwhile.
+//! CPU, moved off a CPU that a real-time task holds, and pinned again once it is free. Its own
+//! test binary, because it starves one CPU for a few seconds and `cargo test` runs test binaries
+//! one at a time: no other test's pinned worker shares that CPU meanwhile.
 
 mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,17 +19,6 @@ fn cpu_list(text: &str) -> Vec<usize> {
     out
 }
 
-/// The value of a `/metrics` series without labels or with exactly `labels`.
-fn metric(proxy: &Proxy, series: &str) -> u64 {
-    let m = proxy.metrics();
-    let line = m.lines().find(|l| {
-        l.strip_prefix(series)
-            .is_some_and(|rest| rest.starts_with(' '))
-    });
-    let line = line.unwrap_or_else(|| panic!("no {series} in\n{m}"));
-    line[series.len()..].trim().parse().expect("value")
-}
-
 /// Polls `cond` every 20 ms until it holds or `limit` passes.
 fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -40,8 +29,17 @@ fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// A `SCHED_FIFO` thread spinning on `cpu` until `stop` (or 15 s, so that a failing test never
-/// leaves a CPU starved). CFS threads pinned there get only what RT throttling leaves them (5%).
+/// leaves a CPU starved). Ordinary threads pinned there get only what RT throttling leaves them,
+/// which must be on (`kernel.sched_rt_runtime_us` not -1), or the CPU's kernel threads would
+/// starve as well.
 fn realtime_hog(cpu: usize, stop: &'static AtomicBool) -> std::thread::JoinHandle<()> {
+    let rt_runtime = std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
+        .expect("sched_rt_runtime_us");
+    assert_ne!(
+        rt_runtime.trim(),
+        "-1",
+        "RT throttling is off: a real-time hog would starve the CPU outright"
+    );
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let hog = std::thread::spawn(move || {
         pin_current_thread(cpu).expect("pin the hog");
@@ -66,40 +64,38 @@ fn realtime_hog(cpu: usize, stop: &'static AtomicBool) -> std::thread::JoinHandl
     ready
         .recv()
         .expect("hog ready")
-        .expect("SCHED_FIFO (the tests run as root)");
+        .expect("SCHED_FIFO needs CAP_SYS_NICE and a real-time budget (the tests run as root)");
     hog
 }
 
 /// By default each worker is pinned to one CPU, round robin. A `SCHED_FIFO` task spinning on
 /// worker 0's CPU starves it (it gets 5% of the CPU, and a hit took 935 ms): within a few valve
-/// ticks worker 0 is allowed every other CPU, `/metrics` shows it unpinned and counts the unpin,
-/// and hits on its connection are answered again. Once the task stops, worker 0 is pinned to its
-/// own CPU again. Fails without the valve: worker 0 stays on its CPU through 600 hits in 10 s.
+/// ticks worker 0 is allowed only the other CPUs, `/metrics` shows it unpinned and counts the
+/// unpin, and hits on its connection are answered byte for byte. Once the task stops, worker 0
+/// is pinned to its own CPU again. Fails without the valve: worker 0 stays on its CPU through
+/// 600 hits in 10 s.
 #[test]
 fn auto_pins_workers_and_lets_one_off_a_cpu_a_realtime_task_holds() {
     static STOP: AtomicBool = AtomicBool::new(false);
     let cpus = allowed_cpus().expect("affinity mask");
     assert!(cpus.len() >= 2, "needs two CPUs, has {cpus:?}");
-    let workers = cpus.len();
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), Opts::default());
     let pid = proxy.child.id();
-    let pinned: Vec<Vec<usize>> = cpus.iter().map(|c| vec![*c]).collect();
+    // One per CPU, unless a CPU quota allows fewer.
+    let workers = worker_count(&proxy);
+    assert!(workers >= 2, "{workers} workers");
+    let pinned: Vec<Vec<usize>> = (0..workers).map(|w| vec![cpus[w % cpus.len()]]).collect();
     let lists =
         || -> Vec<Vec<usize>> { worker_cpu_lists(pid).iter().map(|l| cpu_list(l)).collect() };
+    let all_pinned = |m: &str| {
+        (0..workers).all(|w| metric(m, &format!("zerocache_worker_pinned{{worker=\"{w}\"}}")) == 1)
+    };
     wait_for(Duration::from_secs(5), "workers pinned", || {
-        lists() == pinned
+        lists() == pinned && all_pinned(&proxy.metrics())
     });
-    for w in 0..workers {
-        assert_eq!(
-            metric(
-                &proxy,
-                &format!("zerocache_worker_pinned{{worker=\"{w}\"}}")
-            ),
-            1
-        );
-    }
-    assert_eq!(metric(&proxy, "zerocache_worker_unpins_total"), 0);
+    let m = proxy.metrics();
+    let unpins = metric(&m, "zerocache_worker_unpins_total");
     assert_workers_drain(&proxy, workers);
 
     // A connection made from the first CPU arrives there and goes to worker 0.
@@ -133,33 +129,27 @@ fn auto_pins_workers_and_lets_one_off_a_cpu_a_realtime_task_holds() {
         assert_eq!((r.x_cache(), r.body.len()), ("HIT", 1024));
         hits += 1;
     }
+    let m = proxy.metrics();
     assert_eq!(
-        metric(&proxy, "zerocache_worker_pinned{worker=\"0\"}"),
+        metric(&m, "zerocache_worker_pinned{worker=\"0\"}"),
         0,
-        "unpinned after {:?}",
+        "moved after {:?}",
         started.elapsed()
     );
-    assert!(metric(&proxy, "zerocache_worker_unpins_total") >= 1);
-    // Off the starved CPU, worker 0 answers at once (well under the 50 ms RT throttling leaves
-    // a CFS thread each second).
+    assert!(metric(&m, "zerocache_worker_unpins_total") > unpins);
     for _ in 0..20 {
-        let t = Instant::now();
         let r = c.get("/obj/1024", &[]);
         assert_eq!((r.x_cache(), &r.body), ("HIT", &body(1024)));
-        let took = t.elapsed();
-        // Only while still unpinned: a hold may end, and worker 0 be pinned back, mid-loop.
-        if lists()[0] == elsewhere {
-            assert!(took < Duration::from_millis(40), "{took:?} unpinned");
-        }
     }
 
     STOP.store(true, Ordering::Relaxed);
     hog.join().expect("hog");
-    // Holds double while the CPU stays busy (1, 2, 4 s ...); the hog ran a few seconds at most.
+    // Holds double while the CPU stays taken (1, 2, 4 s ...); the hog ran a few seconds at most.
     wait_for(Duration::from_secs(20), "worker 0 pinned again", || {
         lists() == pinned
     });
-    assert_eq!(metric(&proxy, "zerocache_worker_pinned{worker=\"0\"}"), 1);
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, "zerocache_worker_pinned{worker=\"0\"}"), 1);
     let r = c.get("/obj/1024", &[]);
     assert_eq!((r.x_cache(), &r.body), ("HIT", &body(1024)));
 }

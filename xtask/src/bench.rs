@@ -47,7 +47,7 @@ pub struct Options {
     pub pin: bool,
     /// Only these sizes (all when empty).
     pub sizes: Vec<usize>,
-    /// Pin each server's workers one per CPU (zerocache `workers.cpu_affinity`, nginx
+    /// Pin each server's workers one per CPU (zerocache `workers.cpu_affinity: true`, nginx
     /// `worker_cpu_affinity auto`).
     pub affinity: bool,
     /// Leave every server's workers unpinned (zerocache `workers.cpu_affinity: false`).
@@ -363,17 +363,29 @@ fn bpf_programs(pid: u32) -> BTreeMap<String, (u64, u64)> {
     out
 }
 
+/// zerocache's /metrics text; empty if it cannot be read.
+fn metrics_text(dashboard: SocketAddr) -> String {
+    SimpleClient::connect(dashboard)
+        .and_then(|mut c| c.get("bench", "/metrics", true))
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .unwrap_or_default()
+}
+
+/// How many times zerocache's valve has moved a worker off its CPU (`workers.cpu_affinity:
+/// auto`), if /metrics says.
+fn worker_unpins(dashboard: SocketAddr) -> Option<u64> {
+    metrics_text(dashboard).lines().find_map(|l| {
+        l.strip_prefix("zerocache_worker_unpins_total ")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    })
+}
+
 /// zerocache's own output syscalls so far, by syscall name, from its /metrics (socket and other
 /// fds together).
 fn own_syscalls(dashboard: SocketAddr) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    let Ok(mut c) = SimpleClient::connect(dashboard) else {
-        return out;
-    };
-    let Ok(r) = c.get("bench", "/metrics", true) else {
-        return out;
-    };
-    for line in String::from_utf8_lossy(&r.body).lines() {
+    for line in metrics_text(dashboard).lines() {
         let Some(rest) = line.strip_prefix("zerocache_syscalls_total{") else {
             continue;
         };
@@ -618,8 +630,8 @@ fn size_name(s: usize) -> String {
     }
 }
 
-/// Runs the benchmark and writes `xtask/bench/results/latest.md` (`pinned.md`, `affinity.md` or
-/// `cold.md` in those modes).
+/// Runs the benchmark and writes `xtask/bench/results/latest.md` (`pinned.md`, `affinity.md`,
+/// `unpinned.md` or `cold.md` in those modes).
 pub fn bench(opts: Options) -> anyhow::Result<()> {
     anyhow::ensure!(
         !(opts.pin && (opts.affinity || opts.unpinned)) && !(opts.affinity && opts.unpinned),
@@ -682,6 +694,7 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     // results[server][size] = samples
     let mut results: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); sizes.len()]; Server::ALL.len()];
     let started = Instant::now();
+    let mut unpins = 0;
     for rep in 0..opts.reps {
         let mut order = Server::ALL.to_vec();
         order.rotate_left(rep % Server::ALL.len());
@@ -726,13 +739,24 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
                 );
                 results[Server::ALL.iter().position(|x| *x == server).unwrap_or(0)][i].push(s);
             }
+            // A run in which the valve moved a worker measured partly unpinned: say so.
+            if let Some(n) = dashboard.and_then(worker_unpins) {
+                unpins += n;
+                if n > 0 {
+                    println!(
+                        "xtask: bench: rep {} {}: the valve moved a worker {n} times",
+                        rep + 1,
+                        server.name()
+                    );
+                }
+            }
             drop(zc_guard);
         }
     }
     if !stats_before.trim().is_empty() {
         let _ = std::fs::write(stats_path, stats_before.trim());
     }
-    let report = report(&opts, &sizes, &results, started.elapsed())?;
+    let report = report(&opts, &sizes, &results, unpins, started.elapsed())?;
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
     // Pinned runs answer a different question (steady CPU per GB), so they keep their own file.
@@ -756,6 +780,7 @@ fn report(
     opts: &Options,
     sizes: &[usize],
     results: &[Vec<Vec<Sample>>],
+    unpins: u64,
     took: Duration,
 ) -> anyhow::Result<String> {
     let mut r = String::new();
@@ -837,6 +862,10 @@ fn report(
             best_p99
         )?;
     }
+    writeln!(
+        r,
+        "\nzerocache workers moved off their CPU by `workers.cpu_affinity: auto` during the runs: {unpins}."
+    )?;
     writeln!(r, "\n## The probe's own cost\n")?;
     writeln!(
         r,

@@ -59,14 +59,12 @@ pub fn allow_thread(tid: i32, cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
-/// How long a thread of this process has run and waited on a run queue for a CPU, in total, and
-/// how many times it was given one: `/proc/self/task/TID/schedstat` (scheduler delay accounting,
-/// present without `CONFIG_SCHEDSTATS`). The wait is added when the thread gets its CPU, so a
-/// thread that never gets it shows no wait at all: see [`runnable`].
+/// How long a thread of this process has waited on a run queue for a CPU, in total, and how many
+/// times it was given one: `/proc/self/task/TID/schedstat` (scheduler delay accounting, present
+/// without `CONFIG_SCHEDSTATS`). The wait is added when the thread gets its CPU, so a thread that
+/// never gets it shows no wait at all: see [`runnable`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WaitStats {
-    /// Nanoseconds spent on a CPU.
-    pub on_cpu_ns: u64,
     /// Nanoseconds spent runnable but not running.
     pub waited_ns: u64,
     /// Times the thread was put on a CPU.
@@ -86,11 +84,33 @@ pub fn wait_stats(tid: i32) -> io::Result<WaitStats> {
 
 fn parse_schedstat(text: &str) -> Option<WaitStats> {
     let mut fields = text.split_ascii_whitespace().map(|f| f.parse::<u64>().ok());
+    let _on_cpu_ns = fields.next()??;
     Some(WaitStats {
-        on_cpu_ns: fields.next()??,
         waited_ns: fields.next()??,
         runs: fields.next()??,
     })
+}
+
+/// CPU time used by thread `tid` of this process, from its thread CPU clock: exact, where
+/// schedstat's figure for a running thread only moves at scheduler ticks (and hardly at all on a
+/// `nohz_full` CPU).
+pub fn thread_cpu_time(tid: i32) -> io::Result<std::time::Duration> {
+    // The kernel's encoding of a thread's CPU clock (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)):
+    // !tid << 3, | 4 for "thread", | 2 for the scheduler clock. Any thread of the calling process
+    // may be read.
+    let clock = ((!tid) << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(std::time::Duration::new(
+        ts.tv_sec as u64,
+        ts.tv_nsec as u32,
+    ))
 }
 
 /// Whether thread `tid` of this process is runnable (state `R` in `/proc/self/task/TID/stat`):
@@ -136,7 +156,6 @@ mod tests {
         assert_eq!(
             parse_schedstat("5188212 73102 41\n"),
             Some(WaitStats {
-                on_cpu_ns: 5188212,
                 waited_ns: 73102,
                 runs: 41
             })
@@ -146,6 +165,14 @@ mod tests {
         assert!(now.runs >= 1, "{now:?}");
         // The calling thread is running, so runnable; a thread blocked on a channel is not.
         assert!(runnable(current_tid()).expect("own stat"));
+        // Its CPU clock moves while it spins (no scheduler tick needed for a millisecond).
+        let before = thread_cpu_time(current_tid()).expect("own clock");
+        let spin = std::time::Instant::now();
+        while thread_cpu_time(current_tid()).expect("own clock") - before
+            < std::time::Duration::from_millis(1)
+        {
+            assert!(spin.elapsed() < std::time::Duration::from_secs(5));
+        }
         let (tx, rx) = std::sync::mpsc::channel::<i32>();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
@@ -162,6 +189,10 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert!(blocked, "a thread blocked in recv stayed runnable");
+        // Another thread's clock can be read, and a blocked thread's does not move.
+        let a = thread_cpu_time(tid).expect("other thread's clock");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(thread_cpu_time(tid).expect("other thread's clock"), a);
         done_tx.send(()).expect("send");
         t.join().expect("join");
     }

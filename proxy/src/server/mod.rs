@@ -11,6 +11,7 @@ pub mod conn;
 pub mod fetch;
 pub mod hit;
 pub mod placement;
+pub mod valve;
 pub mod workers;
 
 use crate::accesslog::AccessLog;

@@ -127,6 +127,16 @@ impl Pool {
     }
 }
 
+/// Clears a worker's place if its thread unwinds (workers otherwise never end): its thread id
+/// may then be reused by another thread.
+struct Leave(Arc<Placement>, usize);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
+}
+
 /// The running workers: [`Workers::stopped`] resolves once all of them have stopped accepting.
 pub struct Workers {
     stopped: mpsc::Receiver<()>,
@@ -173,9 +183,9 @@ impl Workers {
             if pool.placement.pins() {
                 // Blocking-pool threads are spawned from the pinned worker and would inherit its
                 // one CPU: give them the whole mask back.
-                let pool = pool.clone();
+                let placement = pool.placement.clone();
                 builder.on_thread_start(move || {
-                    if let Err(e) = affinity::allow_current_thread(pool.placement.allowed()) {
+                    if let Err(e) = affinity::allow_current_thread(placement.allowed()) {
                         tracing::warn!(error = %e, "cannot unpin a blocking-pool thread");
                     }
                 });
@@ -186,6 +196,7 @@ impl Workers {
                 .spawn(move || {
                     WORKER.with(|w| w.set(me));
                     pool.placement.enter(me);
+                    let _leave = Leave(pool.placement.clone(), me);
                     rt.block_on(async move {
                         tokio::spawn(receive(me, inbox, shared.clone(), pool.clone()));
                         match TcpListener::from_std(listener) {

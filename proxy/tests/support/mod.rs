@@ -466,6 +466,23 @@ pub fn assert_complete_64mib_hit(all: &[u8]) {
     assert!(all[head_end..] == body(64 << 20)[..], "body bytes differ");
 }
 
+/// The value of one series (name and labels exactly as printed) in a `/metrics` text.
+pub fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+}
+
+/// How many data-plane workers `/metrics` lists.
+pub fn worker_count(proxy: &Proxy) -> usize {
+    let m = proxy.metrics();
+    m.lines()
+        .filter(|l| l.starts_with("zerocache_worker_connections{"))
+        .count()
+}
+
 /// Open connections per worker, from `/metrics`.
 pub fn worker_loads(proxy: &Proxy, workers: usize) -> Vec<usize> {
     let m = proxy.metrics();
