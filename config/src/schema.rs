@@ -474,7 +474,7 @@ pub struct WorkersConfig {
 /// worker on large hits (README, "Speed and the benchmark"). The price is that a pinned worker
 /// cannot leave a CPU that something else holds. An ordinary busy loop costs a waking worker
 /// little (the scheduler lets it preempt), but a real-time task or a crowded CPU can hold it off
-/// for hundreds of milliseconds; nginx ships `worker_cpu_affinity` off for that reason. `auto`
+/// for hundreds of milliseconds (nginx leaves `worker_cpu_affinity` off unless asked). `auto`
 /// keeps the pinning and moves such a worker to the other CPUs while its CPU is taken.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CpuAffinity {
@@ -482,7 +482,8 @@ pub enum CpuAffinity {
     Off,
     /// Always pinned (`true`), as nginx's `worker_cpu_affinity auto`.
     On,
-    /// Pinned, but a worker whose runs keep waiting for its CPU is let run anywhere for a while.
+    /// Pinned, but a worker whose runs keep waiting for its CPU is moved to the other CPUs for a
+    /// while.
     #[default]
     Auto,
 }

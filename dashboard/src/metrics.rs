@@ -136,7 +136,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let pinned = IntGaugeVec::new(
         Opts::new(
             "zerocache_worker_pinned",
-            "1 while a data-plane worker thread is pinned to its CPU (workers.cpu_affinity); with auto, 0 while it runs anywhere because it kept waiting for its CPU.",
+            "1 while a data-plane worker thread is pinned to its CPU (workers.cpu_affinity); with auto, 0 while it has been moved to the other CPUs because it kept waiting for its own.",
         ),
         &["worker"],
     )?;
@@ -155,7 +155,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     r.register(Box::new(pinned))?;
     let unpins = IntCounter::new(
         "zerocache_worker_unpins_total",
-        "Times workers.cpu_affinity: auto let a pinned worker run anywhere because its runs kept waiting for its CPU (another task holding it).",
+        "Times workers.cpu_affinity: auto moved a pinned worker to the other CPUs because its runs kept waiting for its own (another task holding it).",
     )?;
     unpins.inc_by(workers.unpins);
     r.register(Box::new(unpins))?;

@@ -1,7 +1,8 @@
 //! Where the data-plane workers run by default (`workers.cpu_affinity: auto`): pinned one per
 //! CPU, moved off a CPU that a real-time task holds, and pinned again once it is free. Its own
-//! test binary, because it starves one CPU for a few seconds and `cargo test` runs test binaries
-//! one at a time: no other test's pinned worker shares that CPU meanwhile.
+//! test binary, because it starves one CPU for a few seconds and `cargo test` (which `cargo xtask
+//! test` runs) runs test binaries one at a time: no other test's pinned worker shares that CPU
+//! meanwhile. A runner that runs binaries in parallel (nextest) would let it slow others down.
 
 mod support;
 use std::sync::atomic::{AtomicBool, Ordering};

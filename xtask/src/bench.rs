@@ -273,9 +273,11 @@ fn start_nginx(
     })
 }
 
-/// zerocache's `workers.cpu_affinity` for the mode: its default, or like nginx's workers.
+/// zerocache's `workers.cpu_affinity` for the mode: its default, or like nginx's workers. With
+/// `--pin`, taskset puts every server thread on CPU 0, so zerocache must not pin (or steer by)
+/// CPUs of its own.
 fn zc_affinity(opts: &Options) -> &'static str {
-    match (opts.affinity, opts.unpinned) {
+    match (opts.affinity, opts.unpinned || opts.pin) {
         (true, _) => "true",
         (false, true) => "false",
         (false, false) => "auto",
@@ -694,7 +696,8 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     // results[server][size] = samples
     let mut results: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); sizes.len()]; Server::ALL.len()];
     let started = Instant::now();
-    let mut unpins = 0;
+    // None once a read of zerocache's /metrics failed: the count is then unknown.
+    let mut unpins = Some(0);
     for rep in 0..opts.reps {
         let mut order = Server::ALL.to_vec();
         order.rotate_left(rep % Server::ALL.len());
@@ -740,9 +743,10 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
                 results[Server::ALL.iter().position(|x| *x == server).unwrap_or(0)][i].push(s);
             }
             // A run in which the valve moved a worker measured partly unpinned: say so.
-            if let Some(n) = dashboard.and_then(worker_unpins) {
-                unpins += n;
-                if n > 0 {
+            if let Some(d) = dashboard {
+                let n = worker_unpins(d);
+                unpins = unpins.zip(n).map(|(a, b)| a + b);
+                if let Some(n) = n.filter(|n| *n > 0) {
                     println!(
                         "xtask: bench: rep {} {}: the valve moved a worker {n} times",
                         rep + 1,
@@ -780,7 +784,7 @@ fn report(
     opts: &Options,
     sizes: &[usize],
     results: &[Vec<Vec<Sample>>],
-    unpins: u64,
+    unpins: Option<u64>,
     took: Duration,
 ) -> anyhow::Result<String> {
     let mut r = String::new();
@@ -862,10 +866,15 @@ fn report(
             best_p99
         )?;
     }
-    writeln!(
-        r,
-        "\nzerocache workers moved off their CPU by `workers.cpu_affinity: auto` during the runs: {unpins}."
-    )?;
+    if zc_affinity(opts) == "auto" {
+        let n = unpins.map_or("unknown (a /metrics read failed)".to_string(), |n| {
+            n.to_string()
+        });
+        writeln!(
+            r,
+            "\nzerocache workers moved off their CPU by `workers.cpu_affinity: auto` during the runs: {n}."
+        )?;
+    }
     writeln!(r, "\n## The probe's own cost\n")?;
     writeln!(
         r,

@@ -116,16 +116,18 @@ pub fn thread_cpu_time(tid: i32) -> io::Result<std::time::Duration> {
 /// Whether thread `tid` of this process is runnable (state `R` in `/proc/self/task/TID/stat`):
 /// running, or waiting for a CPU.
 pub fn runnable(tid: i32) -> io::Result<bool> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))?;
-    // The state follows the command name, which is in parentheses and may itself hold any byte.
-    match text
-        .rfind(')')
-        .and_then(|i| text[i + 1..].split_ascii_whitespace().next())
-    {
-        Some(state) => Ok(state == "R"),
+    let bytes = std::fs::read(format!("/proc/self/task/{tid}/stat"))?;
+    // The state follows the command name, which is in parentheses and may hold any byte (not
+    // even UTF-8): find the last ')' and the first non-space after it.
+    let state = bytes
+        .iter()
+        .rposition(|b| *b == b')')
+        .and_then(|i| bytes[i + 1..].iter().find(|b| !b.is_ascii_whitespace()));
+    match state {
+        Some(s) => Ok(*s == b'R'),
         None => Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("unexpected stat line {text:?}"),
+            format!("unexpected stat line {:?}", String::from_utf8_lossy(&bytes)),
         )),
     }
 }

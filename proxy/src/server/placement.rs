@@ -1,13 +1,13 @@
-//! Where the data-plane workers run: each pinned to one CPU or free to run anywhere, and, with
+//! Where the data-plane workers run: each pinned to one CPU or not, and, with
 //! `workers.cpu_affinity: auto` (the default), the loop that applies the `valve`'s decisions.
 //!
 //! Why pin: a connection is cheapest when the thread that sends on it runs where its packets are
-//! received (see `affinity`). Pinned and steered there, a 16 MiB hit cost the proxy 0.061–0.070
+//! received (see `affinity`). Pinned and steered there, a 16 MiB hit cost the proxy 0.069–0.085
 //! CPU-s/GB against 0.086–0.160 unpinned in side-by-side runs, because the flow's segments all
 //! leave from one CPU's backlog queue and are never reordered (README, "Speed and the
 //! benchmark"). Placing connections on the CPU an unpinned worker happens to be on does not keep
 //! that: the scheduler reshuffles the worker and client threads within a second of a burst of
-//! connections (measured: half the runs ended up unaligned, 0.095–0.142).
+//! connections (measured: 0.067–0.142, half the runs unaligned).
 //!
 //! Why not always: a pinned worker cannot leave a CPU that a real-time task holds (see `valve`
 //! for what that measured, and the rules). This file reads each pinned worker's scheduler figures
@@ -130,7 +130,7 @@ impl Placement {
         }
         let start = Instant::now();
         let mut valves: Vec<Valve> = self.slots.iter().map(|_| Valve::new(start)).collect();
-        let mut warned = vec![false; self.slots.len()];
+        let mut warned = vec![Warned::default(); self.slots.len()];
         let mut quota = Quota::find();
         let mut tick = tokio::time::interval(valve::TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -145,7 +145,7 @@ impl Placement {
     }
 
     /// One tick of the valve for worker `w`.
-    fn turn(&self, w: usize, v: &mut Valve, warned: &mut bool, throttled: bool, now: Instant) {
+    fn turn(&self, w: usize, v: &mut Valve, warned: &mut Warned, throttled: bool, now: Instant) {
         let slot = &self.slots[w];
         let tid = slot.tid.load(Ordering::Relaxed);
         let Some(cpu) = slot.cpu else { return };
@@ -154,18 +154,29 @@ impl Placement {
         }
         let reading = match read(tid) {
             Ok(r) => {
-                *warned = false;
+                warned.read = false;
                 r
             }
             Err(e) => {
-                if !*warned {
+                if !warned.read {
                     tracing::warn!(worker = w, error = %e, "cannot read a worker's scheduler figures; it stays as it is");
-                    *warned = true;
+                    warned.read = true;
                 }
                 return;
             }
         };
-        let siblings = self.slots.iter().filter(|s| s.cpu == Some(cpu)).count() as u32;
+        // The workers that wait for this CPU with it: pinned there, started, not failed.
+        let siblings = self
+            .slots
+            .iter()
+            .filter(|s| {
+                s.cpu == Some(cpu)
+                    && s.pinned.load(Ordering::Relaxed)
+                    && s.tid.load(Ordering::Relaxed) != 0
+                    && !s.failed.load(Ordering::Relaxed)
+            })
+            .count()
+            .max(1) as u32;
         let pinned = slot.pinned.load(Ordering::Relaxed);
         match v.step(pinned, reading, siblings, throttled, now) {
             Action::Stay => {}
@@ -183,9 +194,14 @@ impl Placement {
                 };
                 if let Err(e) = moved {
                     v.unpin_failed(now);
-                    tracing::warn!(worker = w, cpu, error = %e, "cannot move a waiting worker off its CPU");
+                    // Once per episode: it is retried every second while the CPU stays taken.
+                    if !warned.moving {
+                        tracing::warn!(worker = w, cpu, error = %e, "cannot move a waiting worker off its CPU");
+                        warned.moving = true;
+                    }
                     return;
                 }
+                warned.moving = false;
                 slot.pinned.store(false, Ordering::Relaxed);
                 self.unpins.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
@@ -232,6 +248,13 @@ impl Placement {
     }
 }
 
+/// Warnings already given for one worker, so that a lasting condition is logged once.
+#[derive(Clone, Copy, Default)]
+struct Warned {
+    read: bool,
+    moving: bool,
+}
+
 /// One tick's reading of thread `tid`.
 fn read(tid: i32) -> std::io::Result<Reading> {
     let waits = affinity::wait_stats(tid)?;
@@ -243,38 +266,56 @@ fn read(tid: i32) -> std::io::Result<Reading> {
     })
 }
 
-/// The process's cgroup v2 CPU quota, if it has one: while the cgroup is throttled its threads
-/// count as waiting, which says nothing about their CPUs.
+/// The CPU quotas over this process (cgroup v2: its own cgroup's `cpu.max` and its ancestors'):
+/// while one is throttled its threads count as waiting, which says nothing about their CPUs.
+/// cgroup v1 quotas are not seen.
 struct Quota {
-    stat: std::path::PathBuf,
-    throttled: Option<u64>,
+    stats: Vec<std::path::PathBuf>,
+    throttled: Vec<Option<u64>>,
+    last_tick: bool,
 }
 
 impl Quota {
-    /// The cgroup's `cpu.stat`, if its `cpu.max` sets a quota.
+    /// The `cpu.stat` of every cgroup from this process's up to the root whose `cpu.max` sets a
+    /// quota; `None` if there is none.
     fn find() -> Option<Quota> {
         let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
         let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-        let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-        let max = std::fs::read_to_string(dir.join("cpu.max")).ok()?;
-        if max.split_whitespace().next() == Some("max") {
-            return None;
-        }
-        Some(Quota {
-            stat: dir.join("cpu.stat"),
-            throttled: None,
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        let own = root.join(path.trim_start_matches('/'));
+        let stats: Vec<_> = own
+            .ancestors()
+            .take_while(|d| d.starts_with(root))
+            .filter(|d| {
+                std::fs::read_to_string(d.join("cpu.max"))
+                    .is_ok_and(|m| m.split_whitespace().next().is_some_and(|q| q != "max"))
+            })
+            .map(|d| d.join("cpu.stat"))
+            .collect();
+        (!stats.is_empty()).then(|| Quota {
+            throttled: vec![None; stats.len()],
+            stats,
+            last_tick: false,
         })
     }
 
-    /// Whether the cgroup was throttled since the last call (`nr_throttled` grew).
+    /// Whether a quota throttled this tick or the one before. The tick before too: the valve's
+    /// thread, in the same cgroup, tends to run as the throttling lifts, before the workers'
+    /// waits have been added up.
     fn throttled(&mut self) -> bool {
-        let now = std::fs::read_to_string(&self.stat).ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("nr_throttled "))
-                .and_then(|n| n.trim().parse::<u64>().ok())
-        });
-        let before = std::mem::replace(&mut self.throttled, now);
-        matches!((before, now), (Some(b), Some(n)) if n > b)
+        let mut now = false;
+        for (stat, before) in self.stats.iter().zip(&mut self.throttled) {
+            let n = std::fs::read_to_string(stat).ok().and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("nr_throttled "))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+            });
+            now |= matches!((*before, n), (Some(b), Some(n)) if n > b);
+            *before = n;
+        }
+        let answer = now || self.last_tick;
+        self.last_tick = now;
+        answer
     }
 }
 

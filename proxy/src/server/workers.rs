@@ -23,7 +23,7 @@
 //! `affinity`) unless that worker has more than [`SLACK`] connections above the least loaded of
 //! all. Its sends, the ACKs that clock them and the socket lock then stay on one CPU and one
 //! backlog queue, so the flow is never reordered: 0 out-of-order events per GB at 16 and 64 MiB
-//! hits, against 4–90 unpinned. A worker's blocking-pool threads (cold-hit read-ahead) are not
+//! hits, against 4–120 unpinned. A worker's blocking-pool threads (cold-hit read-ahead) are not
 //! pinned: they would compete with their own worker for its CPU.
 
 use super::placement::Placement;
