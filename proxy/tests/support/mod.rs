@@ -10,6 +10,17 @@ use std::time::{Duration, Instant};
 
 pub use zerocache_origin::{Framing, Origin, Reply, body};
 
+/// Runs `start` up to three times, for a proxy that exited before listening because a port was
+/// taken between `free_port` and its bind.
+fn retry_on_other_ports(mut start: impl FnMut() -> Option<Proxy>) -> Proxy {
+    for _ in 0..3 {
+        if let Some(p) = start() {
+            return p;
+        }
+    }
+    panic!("zerocache exited before listening three times (see its errors above)");
+}
+
 /// A port free right now on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -56,6 +67,16 @@ impl Proxy {
 
     /// Starts zerocache with the cache in `dir` (kept by the caller, for restart tests).
     pub fn start_in(origin: SocketAddr, dir: &Path, config_dir: &Path, opts: Opts) -> Proxy {
+        retry_on_other_ports(|| Proxy::try_start_in(origin, dir, config_dir, &opts))
+    }
+
+    /// One try of [`Proxy::start_in`]: `None` if zerocache exited before listening.
+    fn try_start_in(
+        origin: SocketAddr,
+        dir: &Path,
+        config_dir: &Path,
+        opts: &Opts,
+    ) -> Option<Proxy> {
         let port = free_port();
         let dport = free_port();
         let config = config_dir.join(format!("zerocache-{port}.yaml"));
@@ -111,7 +132,7 @@ impl Proxy {
             .expect("spawn zerocache");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let dashboard: SocketAddr = format!("127.0.0.1:{dport}").parse().expect("addr");
-        let p = Proxy {
+        let mut p = Proxy {
             child,
             addr,
             dashboard,
@@ -119,13 +140,17 @@ impl Proxy {
             config,
             _tmp: None,
         };
-        p.wait_ready();
-        p
+        p.wait_ready().then_some(p)
     }
 
     /// Starts zerocache with a hand-written config; `{port}` and `{dport}` in `yaml` become the
     /// proxy's and the dashboard's ports.
     pub fn from_yaml(yaml: &str, dir: &Path) -> Proxy {
+        retry_on_other_ports(|| Proxy::try_from_yaml(yaml, dir))
+    }
+
+    /// One try of [`Proxy::from_yaml`]: `None` if zerocache exited before listening.
+    fn try_from_yaml(yaml: &str, dir: &Path) -> Option<Proxy> {
         let port = free_port();
         let dport = free_port();
         let config = dir.join(format!("zerocache-{port}.yaml"));
@@ -140,7 +165,7 @@ impl Proxy {
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn zerocache");
-        let p = Proxy {
+        let mut p = Proxy {
             child,
             addr: format!("127.0.0.1:{port}").parse().expect("addr"),
             dashboard: format!("127.0.0.1:{dport}").parse().expect("addr"),
@@ -148,15 +173,24 @@ impl Proxy {
             config,
             _tmp: None,
         };
-        p.wait_ready();
-        p
+        p.wait_ready().then_some(p)
     }
 
-    fn wait_ready(&self) {
+    /// Waits until both ports accept connections (true), or the process exits first (false: a
+    /// port picked by `free_port` was taken in between, by another test or by an outgoing
+    /// connection's ephemeral port; its error is on stderr).
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                eprintln!(
+                    "zerocache on {} exited before listening: {status}",
+                    self.addr
+                );
+                return false;
+            }
             if TcpStream::connect(self.addr).is_ok() && TcpStream::connect(self.dashboard).is_ok() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
