@@ -455,8 +455,8 @@ impl Default for Limits {
 #[serde(deny_unknown_fields)]
 pub struct WorkersConfig {
     /// Worker threads; absent means one per CPU the process may use (its affinity mask, so
-    /// `taskset` and cpusets count, and no more than a cgroup CPU quota allows). The data plane is syscall-bound: more threads than CPUs only
-    /// add context switches.
+    /// `taskset` and cpusets count, and no more than a cgroup CPU quota allows). The data plane
+    /// is syscall-bound: more threads than CPUs only add context switches.
     #[serde(default)]
     pub count: Option<usize>,
     /// Whether the workers are pinned one per allowed CPU, round robin, with each new connection
