@@ -243,14 +243,21 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         c.get(&format!("/obj/{s}"), &[]);
     }
     drop(c);
-    // Let the kernel records of the closed connection arrive.
+    // Let everything settle before the two snapshots are compared: the last response is recorded
+    // once its send returns (which can be after the client has read it), and the kernel's record
+    // of the connection once it is closed.
+    let settled = |s: &serde_json::Value| {
+        let requests: u64 = s["requests"]
+            .as_object()
+            .map(|r| r.values().filter_map(|v| v.as_u64()).sum())
+            .unwrap_or(0);
+        requests == 5
+            && s["kernel_body"]["connections"].as_u64().unwrap_or(0) >= 1
+            && s["kernel_body"]["zerocopy_bytes"].as_u64() == Some(2000)
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.api("/api/stats")["kernel_body"]["connections"]
-        .as_u64()
-        .unwrap_or(0)
-        < 1
-    {
-        assert!(Instant::now() < deadline);
+    while !settled(&proxy.api("/api/stats")) {
+        assert!(Instant::now() < deadline, "{}", proxy.api("/api/stats"));
         std::thread::sleep(Duration::from_millis(50));
     }
     let text = proxy.metrics();

@@ -10,6 +10,22 @@ use std::time::{Duration, Instant};
 
 pub use zerocache_origin::{Framing, Origin, Reply, body};
 
+/// Polls `read` every 10 ms for up to 5 s until it returns `want`, then asserts that it does:
+/// for figures the proxy records just after the client has its response (accounting, metrics).
+pub fn assert_eventually_eq<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    mut read: impl FnMut() -> T,
+    want: T,
+) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = read();
+    while got != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        got = read();
+    }
+    assert_eq!(got, want, "{what}");
+}
+
 /// Runs `start` up to three times, for a proxy that exited before listening because a port was
 /// taken between `free_port` and its bind.
 fn retry_on_other_ports(mut start: impl FnMut() -> Option<Proxy>) -> Proxy {
