@@ -23,6 +23,7 @@ fn fifty_sequential_keep_alive_hits_per_size_never_take_10ms() {
         // whole response: the timed requests start once it serves hits.
         assert_eventually_eq(
             "the entry is stored",
+            Duration::from_secs(5),
             || c.get(&path, &[]).x_cache().to_string(),
             "HIT".to_string(),
         );

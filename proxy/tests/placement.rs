@@ -20,15 +20,6 @@ fn cpu_list(text: &str) -> Vec<usize> {
     out
 }
 
-/// Polls `cond` every 20 ms until it holds or `limit` passes.
-fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A `SCHED_FIFO` thread spinning on `cpu` until `stop` (or 15 s, so that a failing test never
 /// leaves a CPU starved). Ordinary threads pinned there get only what RT throttling leaves them,
 /// which must be on (`kernel.sched_rt_runtime_us` not -1), or the CPU's kernel threads would
@@ -89,12 +80,18 @@ fn auto_pins_workers_and_lets_one_off_a_cpu_a_realtime_task_holds() {
     let pinned: Vec<Vec<usize>> = (0..workers).map(|w| vec![cpus[w % cpus.len()]]).collect();
     let lists =
         || -> Vec<Vec<usize>> { worker_cpu_lists(pid).iter().map(|l| cpu_list(l)).collect() };
-    let all_pinned = |m: &str| {
-        (0..workers).all(|w| metric(m, &format!("zerocache_worker_pinned{{worker=\"{w}\"}}")) == 1)
+    let flags = || {
+        let m = proxy.metrics();
+        (0..workers)
+            .map(|w| metric(&m, &format!("zerocache_worker_pinned{{worker=\"{w}\"}}")))
+            .collect::<Vec<_>>()
     };
-    wait_for(Duration::from_secs(5), "workers pinned", || {
-        lists() == pinned && all_pinned(&proxy.metrics())
-    });
+    assert_eventually_eq(
+        "workers pinned, in the kernel and in /metrics",
+        Duration::from_secs(5),
+        || (lists(), flags()),
+        (pinned.clone(), vec![1; workers]),
+    );
     let m = proxy.metrics();
     let unpins = metric(&m, "zerocache_worker_unpins_total");
     assert_workers_drain(&proxy, workers);
@@ -146,9 +143,12 @@ fn auto_pins_workers_and_lets_one_off_a_cpu_a_realtime_task_holds() {
     STOP.store(true, Ordering::Relaxed);
     hog.join().expect("hog");
     // Holds double while the CPU stays taken (1, 2, 4 s ...); the hog ran a few seconds at most.
-    wait_for(Duration::from_secs(20), "worker 0 pinned again", || {
-        lists() == pinned
-    });
+    assert_eventually_eq(
+        "worker 0 pinned again",
+        Duration::from_secs(20),
+        lists,
+        pinned.clone(),
+    );
     let m = proxy.metrics();
     assert_eq!(metric(&m, "zerocache_worker_pinned{worker=\"0\"}"), 1);
     let r = c.get("/obj/1024", &[]);

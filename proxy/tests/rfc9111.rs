@@ -27,6 +27,7 @@ fn assert_hit(proxy: &Proxy, r: &Response, x_cache: &str, body: &[u8], before: u
     // client has read it all: wait for the count, then require it exactly.
     assert_eventually_eq(
         "the hit's body went through sendfile",
+        Duration::from_secs(5),
         || zero_copy_bytes(proxy) - before,
         body.len() as u64,
     );

@@ -10,14 +10,16 @@ use std::time::{Duration, Instant};
 
 pub use zerocache_origin::{Framing, Origin, Reply, body};
 
-/// Polls `read` every 10 ms for up to 5 s until it returns `want`, then asserts that it does:
-/// for figures the proxy records just after the client has its response (accounting, metrics).
+/// Polls `read` every 10 ms for up to `within` until it returns `want`, then asserts that it
+/// does: for what the proxy does just after the client has its answer (accounting, metrics,
+/// committing an entry, releasing a connection, re-pinning a worker).
 pub fn assert_eventually_eq<T: PartialEq + std::fmt::Debug>(
     what: &str,
+    within: Duration,
     mut read: impl FnMut() -> T,
     want: T,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + within;
     let mut got = read();
     while got != want && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -562,15 +564,12 @@ pub fn worker_cpu_lists(pid: u32) -> Vec<String> {
 
 /// Waits until every worker's count is back to zero.
 pub fn assert_workers_drain(proxy: &Proxy, workers: usize) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while worker_loads(proxy, workers) != vec![0; workers] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "connections not released: {:?}",
-            worker_loads(proxy, workers)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_eventually_eq(
+        "connections released",
+        Duration::from_secs(5),
+        || worker_loads(proxy, workers),
+        vec![0; workers],
+    );
 }
 
 /// Each thread of process `pid` as (name, allowed-CPU list such as `0-1`), sorted. Threads that
