@@ -28,40 +28,6 @@ pub enum ConfigError {
     },
 }
 
-/// Keys the schema knows, for "did you mean" suggestions.
-const KNOWN_KEYS: &[&str] = &[
-    "listen",
-    "cache",
-    "upstreams",
-    "routes",
-    "dashboard",
-    "probe",
-    "limits",
-    "debug",
-    "path",
-    "max_size",
-    "sendfile_max_chunk",
-    "servers",
-    "connect_timeout",
-    "read_timeout",
-    "keepalive",
-    "match",
-    "upstream",
-    "host",
-    "path_prefix",
-    "enabled",
-    "watch",
-    "max_header_bytes",
-    "max_uri_bytes",
-    "header_timeout",
-    "idle_timeout",
-    "copy_hits",
-    "max_body_bytes",
-    "key_hash_bits",
-    "token",
-    "metrics_require_token",
-];
-
 pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> ConfigError {
     let (line, column) = e
         .location()
@@ -83,16 +49,21 @@ pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> Confi
     }
 }
 
-/// For "unknown field `x`", the closest known key within a small edit distance.
-fn suggest(message: &str) -> Option<&'static str> {
+/// For "unknown field `x`, expected one of `a`, `b`", the closest of the keys serde lists (the
+/// keys valid at that very place, so the list can never fall behind the schema) within a small
+/// edit distance.
+fn suggest(message: &str) -> Option<String> {
     let rest = message.split("unknown field `").nth(1)?;
     let field = rest.split('`').next()?;
-    KNOWN_KEYS
-        .iter()
-        .map(|k| (strsim::damerau_levenshtein(field, k), *k))
+    let expected = rest.split("expected ").nth(1)?;
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|k| (strsim::damerau_levenshtein(field, k), k))
         .filter(|(d, _)| *d <= 2)
         .min()
-        .map(|(_, k)| k)
+        .map(|(_, k)| k.to_string())
 }
 
 pub(crate) fn from_validation(file: &str, text: &str, v: Invalid) -> ConfigError {
@@ -189,10 +160,19 @@ mod tests {
     #[test]
     fn suggests_close_keys_only() {
         assert_eq!(
-            suggest("routes[0]: unknown field `upstrem`, expected"),
+            suggest("routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`")
+                .as_deref(),
             Some("upstream")
         );
-        assert_eq!(suggest("unknown field `zzzzzzzz`, expected"), None);
+        assert_eq!(
+            suggest("unknown field `alowed_hosts`, expected one of `token`, `allowed_hosts`")
+                .as_deref(),
+            Some("allowed_hosts")
+        );
+        assert_eq!(
+            suggest("unknown field `zzzzzzzz`, expected one of `match`, `upstream`"),
+            None
+        );
     }
 
     #[test]

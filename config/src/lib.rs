@@ -4,6 +4,7 @@
 //! Parsing is strict (`deny_unknown_fields` everywhere) because a misspelt key in a cache config
 //! silently falls back to a default, and the default is usually "cache more than you meant".
 
+pub mod cidr;
 pub mod error;
 pub mod schema;
 pub mod validate;

@@ -34,9 +34,60 @@ pub struct Config {
     /// Log level and access log.
     #[serde(default)]
     pub logging: LoggingConfig,
+    /// What the proxy does to requests it forwards.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
     /// Switches for demonstrations and tests; never on in production.
     #[serde(default)]
     pub debug: DebugConfig,
+}
+
+/// What the proxy does to the requests it forwards upstream.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Request fields never forwarded: each lets a client change what the origin answers without
+    /// being part of the cache key (unkeyed-input cache poisoning). Replaces the default list.
+    #[serde(default = "default_strip_request_fields")]
+    pub strip_request_fields: Vec<String>,
+    /// Peers (CIDRs or addresses) whose `X-Forwarded-For`, `Forwarded: for=`, `X-Real-IP` and
+    /// `True-Client-IP` are believed and appended to. From any other peer those fields are
+    /// replaced by the peer's own address, so a client cannot pick the address an origin
+    /// geolocates or rate-limits on.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+}
+
+/// The fields `proxy.strip_request_fields` lists by default.
+pub fn default_strip_request_fields() -> Vec<String> {
+    [
+        "X-Forwarded-Host",
+        "X-Forwarded-Proto",
+        "X-Forwarded-Scheme",
+        "X-Forwarded-Port",
+        "X-Forwarded-Prefix",
+        "X-Forwarded-Server",
+        "X-Forwarded-Uri",
+        "X-Original-Host",
+        "X-Host",
+        "X-Original-URL",
+        "X-Rewrite-URL",
+        "X-HTTP-Method-Override",
+        "X-HTTP-Method",
+        "X-Method-Override",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            strip_request_fields: default_strip_request_fields(),
+            trusted_proxies: Vec::new(),
+        }
+    }
 }
 
 /// Logging.
@@ -97,9 +148,11 @@ pub struct CacheConfig {
     /// Most entries in the in-memory index; beyond it the least recently used are evicted.
     #[serde(default = "default_max_entries")]
     pub max_entries: usize,
-    /// Most cache files kept open, so hot hits cost no open(2).
+    /// Most cache files kept open, so hot hits cost no open(2): `auto` (the default) or a
+    /// number. Every one is a file descriptor, so the proxy bounds it by RLIMIT_NOFILE at start-up
+    /// (see [`OpenFiles`]).
     #[serde(default = "default_open_files")]
-    pub open_files: usize,
+    pub open_files: OpenFiles,
     /// Cap of heuristic freshness: responses without explicit freshness but with
     /// `Last-Modified` stay fresh for 10% of their age, at most this long (RFC 9111 §4.2.2).
     #[serde(default = "default_heuristic_max", with = "humantime_serde")]
@@ -112,6 +165,30 @@ pub struct CacheConfig {
     /// `Cache-Control`, first present wins; they are not forwarded to clients.
     #[serde(default = "default_targeted")]
     pub targeted_fields: Vec<String>,
+    /// A `Range` request on a miss is forwarded and its 206 relayed, never stored; when the 206
+    /// says the whole object is at most this large, the whole object is fetched and stored in the
+    /// background, so the next request is a hit.
+    #[serde(default = "default_range_fill_max")]
+    pub range_fill_max: ByteSize,
+    /// Store 5xx responses that carry explicit freshness (RFC 9111 §3 allows it); `false` never
+    /// stores a 5xx.
+    #[serde(default = "default_true")]
+    pub store_5xx: bool,
+    /// A fill reads the origin into the cache file while clients read behind it; once no client
+    /// is reading, it stops after this many bytes.
+    #[serde(default = "default_range_fill_max")]
+    pub abandoned_fill_max: ByteSize,
+    /// ...or after this long with no client reading.
+    #[serde(default = "default_abandoned_fill_timeout", with = "humantime_serde")]
+    pub abandoned_fill_timeout: Duration,
+}
+
+fn default_abandoned_fill_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_range_fill_max() -> ByteSize {
+    ByteSize::mib(64)
 }
 
 fn default_targeted() -> Vec<String> {
@@ -128,8 +205,62 @@ fn default_levels() -> u8 {
 fn default_max_entries() -> usize {
     1_000_000
 }
-fn default_open_files() -> usize {
-    10_000
+fn default_open_files() -> OpenFiles {
+    OpenFiles::Auto
+}
+
+/// `cache.open_files`: `auto` or a number.
+///
+/// A fixed default (it was 10,000) ignores the fd limit: under `ulimit -n 256` the open-file
+/// cache alone exhausted the process's descriptors, and then neither connections nor cache files
+/// could be opened. The proxy turns this into a number at start-up, once RLIMIT_NOFILE is known.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OpenFiles {
+    /// min(10,000, RLIMIT_NOFILE / 4): the rest stays for connections, upstreams and fills.
+    #[default]
+    Auto,
+    /// At most this many; more than RLIMIT_NOFILE / 2 is clamped to that, with a warning.
+    Max(usize),
+}
+
+impl<'de> Deserialize<'de> for OpenFiles {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A visitor, as for `CpuAffinity`: a wrong value is named and located at the value.
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = OpenFiles;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`auto` or a non-negative integer")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<OpenFiles, E> {
+                usize::try_from(n)
+                    .map(OpenFiles::Max)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<OpenFiles, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+                    .and_then(|n| self.visit_u64(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<OpenFiles, E> {
+                match s {
+                    "auto" => Ok(OpenFiles::Auto),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Serialize for OpenFiles {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // As written, so that `zerocache check`'s effective config reads back.
+        match self {
+            OpenFiles::Auto => s.serialize_str("auto"),
+            OpenFiles::Max(n) => s.serialize_u64(*n as u64),
+        }
+    }
 }
 
 fn default_sendfile_max_chunk() -> ByteSize {
@@ -190,6 +321,10 @@ pub struct Route {
     /// Requests that must never be served from, or stored in, the cache (`X-Cache: BYPASS`).
     #[serde(default)]
     pub bypass: BypassRules,
+    /// Forward `TRACE` (which echoes the request, cookies and credentials included); otherwise
+    /// it is answered 405.
+    #[serde(default)]
+    pub allow_trace: bool,
 }
 
 fn default_stale_grace() -> Duration {
@@ -274,6 +409,13 @@ pub struct DashboardConfig {
     /// Require the token for `/metrics` too (Prometheus then sends it as `authorization`).
     #[serde(default)]
     pub metrics_require_token: bool,
+    /// More names (`name` or `name:port`, case-insensitive; without a port, any port) the
+    /// dashboard answers to. It always answers to its `listen` address, on loopback also to
+    /// `localhost`, `127.0.0.1` and `[::1]` on its port, and on a wildcard address to any IP
+    /// literal; a request with any other `Host` gets 421 (against DNS rebinding). List the names
+    /// a wildcard listener is reached by, such as the one Prometheus scrapes.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 fn default_dashboard_listen() -> String {
@@ -287,6 +429,7 @@ impl Default for DashboardConfig {
             listen: default_dashboard_listen(),
             token: None,
             metrics_require_token: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -405,6 +548,14 @@ pub struct Limits {
     /// On SIGTERM/SIGINT, how long in-flight responses may run before the process exits anyway.
     #[serde(default = "default_drain_timeout", with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Longest time between two writes to a client that make progress (nginx's `send_timeout`);
+    /// a client that stops reading is disconnected after it.
+    #[serde(default = "default_send_timeout", with = "humantime_serde")]
+    pub send_timeout: Duration,
+}
+
+fn default_send_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 
 fn default_max_connections() -> usize {
@@ -445,6 +596,7 @@ impl Default for Limits {
             max_body_bytes: default_max_body(),
             max_connections: default_max_connections(),
             drain_timeout: default_drain_timeout(),
+            send_timeout: default_send_timeout(),
         }
     }
 }
@@ -527,9 +679,9 @@ impl Serialize for CpuAffinity {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DebugConfig {
-    /// Plant the zero-copy bug on purpose: send cache-hit bodies with read(2)+write(2) instead of
-    /// sendfile(2), while still declaring them zero-copy, so the violation detector has something
-    /// to find.
+    /// Plant the zero-copy bug on purpose: send bodies from cache files (hits, and misses read
+    /// behind their fill) with read(2)+write(2) instead of sendfile(2), while still declaring them
+    /// zero-copy, so the violation detector has something to find.
     #[serde(default)]
     pub copy_hits: bool,
     /// Use only this many bits of the cache-key hash, to force collisions in tests. Never set it

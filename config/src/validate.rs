@@ -32,6 +32,18 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             format!("`{}` is not an address (host:port): {e}", config.listen),
         )
     })?;
+    if config
+        .dashboard
+        .token
+        .as_deref()
+        .is_some_and(|t| t.trim().is_empty())
+    {
+        return Err(invalid(
+            "dashboard.token",
+            "is empty or only whitespace, which is no token: set a real one or remove the key"
+                .into(),
+        ));
+    }
     if config.dashboard.enabled {
         let dash: SocketAddr = config.dashboard.listen.parse().map_err(|e| {
             invalid(
@@ -141,8 +153,53 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
                 format!("`{}` must start with `/`", r.matcher.path_prefix),
             ));
         }
+        for (j, h) in r.cache_key.headers.iter().enumerate() {
+            if let Some(why) = never_forwarded(config, h) {
+                return Err(invalid(
+                    format!("routes[{i}].cache_key.headers[{j}]"),
+                    format!("`{h}` is {why}, so it can never be part of what the origin answers"),
+                ));
+            }
+        }
+    }
+    for (i, c) in config.proxy.trusted_proxies.iter().enumerate() {
+        crate::cidr::Cidr::parse(c)
+            .map_err(|e| invalid(format!("proxy.trusted_proxies[{i}]"), e))?;
     }
     Ok(())
+}
+
+/// Fields hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1). The proxy strips the same
+/// list, so `check` and the data plane can never disagree about it.
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+
+/// Why a request field never reaches the origin, if it doesn't: such a field in the key would
+/// split entries on something the origin never saw.
+fn never_forwarded(config: &Config, name: &str) -> Option<&'static str> {
+    if name.contains('_') {
+        Some("dropped (field names with `_` are never forwarded)")
+    } else if HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) {
+        Some("hop-by-hop")
+    } else if config
+        .proxy
+        .strip_request_fields
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case(name))
+    {
+        Some("in `proxy.strip_request_fields`")
+    } else {
+        None
+    }
 }
 
 /// Creates the cache directory if needed and checks it is writable (a separate step: `check`

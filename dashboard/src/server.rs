@@ -2,6 +2,7 @@
 //! connections, and sampling the counters once a second for the charts.
 
 use crate::accounting::{Accounting, CacheStatus};
+use crate::guard::{self, HostPolicy};
 use crate::history::{History, Sample};
 use crate::{api, metrics};
 use axum::extract::{Query, Request, State};
@@ -43,8 +44,12 @@ pub struct DashboardState {
     /// Per-second samples.
     pub history: Mutex<History>,
     /// Bearer token required for the page and the API (and `/metrics` if
-    /// `metrics_require_token`); `None`: no authentication (loopback).
+    /// `metrics_require_token`); `None`: no authentication (loopback). A blank one is refused:
+    /// pass the config's through [`guard::check_token`].
     pub token: Option<String>,
+    /// Extra names (`name` or `name:port`) the dashboard answers to besides its listen address
+    /// (and, on loopback, `localhost`): `dashboard.allowed_hosts`. See [`guard`].
+    pub allowed_hosts: Vec<String>,
     /// Whether `/metrics` needs the token too.
     pub metrics_require_token: bool,
     /// Removes cached entries; answers how many went.
@@ -92,7 +97,20 @@ static UPLOT_JS: &str = include_str!("../assets/vendor/uplot/uPlot.iife.min.js")
 static UPLOT_CSS: &str = include_str!("../assets/vendor/uplot/uPlot.min.css");
 
 /// Starts the background tasks and serves the app on `listener` until the task is dropped.
+///
+/// Every request first passes the [`guard`] checks (Host; and for anything but GET and HEAD,
+/// `Origin` and `Content-Type`), then the token. Fails at once, serving nothing, if `state.token`
+/// is set but blank.
 pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io::Result<()> {
+    guard::check_token(state.token.clone())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let (policy, invalid) = HostPolicy::new(listener.local_addr()?, &state.allowed_hosts);
+    for entry in invalid {
+        tracing::warn!(
+            entry,
+            "dashboard.allowed_hosts: not a host name or address (name or name:port); ignored"
+        );
+    }
     spawn_joiner(state.clone());
     spawn_sampler(state.clone());
     let metrics = Router::new().route("/metrics", get(metrics_handler));
@@ -111,12 +129,30 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/api/purge", axum::routing::post(purge))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)
+        .layer(middleware::from_fn_with_state(Arc::new(policy), edge))
         .with_state(state);
     axum::serve(listener, app).await
 }
 
+/// The checks at the edge, before authentication and before any handler: the request must be
+/// made to one of the dashboard's own names (else 421), and a state-changing one must come from
+/// no other origin (else 403) with a JSON body (else 415). See [`guard`].
+async fn edge(State(policy): State<Arc<HostPolicy>>, req: Request, next: Next) -> Response {
+    let host = match guard::check_host(&policy, &req) {
+        Ok(host) => host,
+        Err(refused) => return refused.into_response(),
+    };
+    if guard::is_state_changing(req.method())
+        && let Err(refused) = guard::check_write(req.headers(), host)
+    {
+        return refused.into_response();
+    }
+    next.run(req).await
+}
+
 /// Bearer-token check: `Authorization: Bearer T`, or `?token=T` so a browser can open the page
-/// (the page then sends the header on its API calls). Comparison is constant-time.
+/// (the page then sends the header on its API calls). The comparison takes time that depends only
+/// on the token's length, and an empty or blank bearer never passes.
 async fn auth(State(state): State<Arc<DashboardState>>, req: Request, next: Next) -> Response {
     let Some(token) = state.token.as_deref() else {
         return next.run(req).await;
@@ -125,15 +161,12 @@ async fn auth(State(state): State<Arc<DashboardState>>, req: Request, next: Next
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let query = req
-        .uri()
-        .query()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+        .and_then(guard::bearer);
+    let query = guard::query_token(req.uri());
     let ok = [header, query]
         .into_iter()
         .flatten()
-        .any(|given| constant_time_eq(given.as_bytes(), token.as_bytes()));
+        .any(|given| guard::bearer_matches(given, token));
     if ok {
         next.run(req).await
     } else {
@@ -144,10 +177,6 @@ async fn auth(State(state): State<Arc<DashboardState>>, req: Request, next: Next
         )
             .into_response()
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn uplot_js() -> Response {
@@ -270,7 +299,9 @@ async fn connections(
 
 /// `POST /api/purge` with `{"url": "http://host/path"}` or `{"prefix": "http://host/dir/"}`:
 /// the entries are gone from the index before the answer, so no request that arrives after it is
-/// served them; transfers already running finish from their open files.
+/// served them; transfers already running finish from their open files. Like every
+/// state-changing request it needs `Content-Type: application/json` and no foreign `Origin`
+/// ([`edge`]).
 async fn purge(State(state): State<Arc<DashboardState>>, body: axum::body::Bytes) -> Response {
     let parsed: Result<PurgeBody, _> = serde_json::from_slice(&body);
     let target = match parsed {

@@ -24,6 +24,8 @@ pub struct Route {
     pub stale_grace: std::time::Duration,
     /// Requests that bypass the cache.
     pub bypass: zerocache_config::BypassRules,
+    /// Forward TRACE instead of answering 405.
+    pub allow_trace: bool,
 }
 
 impl Route {
@@ -73,6 +75,7 @@ impl Routes {
                     key_headers: r.cache_key.headers.clone(),
                     stale_grace: r.stale_grace,
                     bypass: r.bypass.clone(),
+                    allow_trace: r.allow_trace,
                 })
             })
             .collect();

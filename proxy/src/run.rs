@@ -3,7 +3,7 @@
 
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
-use crate::cache::store::Store;
+use crate::cache::store::{Store, open_files_budget};
 use crate::http::request::Limits;
 use crate::routing::Routes;
 use crate::server::placement::Placement;
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
-use zerocache_config::{Config, Keyword, WatchEntry};
+use zerocache_config::{Config, Keyword, OpenFiles, WatchEntry};
 use zerocache_dashboard::WorkerStats;
 use zerocache_dashboard::{Accounting, CacheStats, DashboardState};
 use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
@@ -37,6 +37,30 @@ pub fn raise_nofile() -> u64 {
         }
     }
     lim.rlim_cur
+}
+
+/// The open-file cache's size for `cache.open_files` under a soft RLIMIT_NOFILE of `nofile`
+/// (see [`open_files_budget`]), logged since it depends on the environment and not only on the
+/// config.
+fn open_files_for(setting: OpenFiles, nofile: u64) -> usize {
+    let requested = match setting {
+        OpenFiles::Auto => None,
+        OpenFiles::Max(n) => Some(n),
+    };
+    let (open_files, clamped) = open_files_budget(requested, nofile);
+    if clamped {
+        tracing::warn!(
+            requested,
+            open_files,
+            nofile,
+            "cache.open_files is above half of RLIMIT_NOFILE; clamped so connections keep the other half"
+        );
+    }
+    match requested {
+        None => tracing::info!(open_files, nofile, "cache.open_files: auto"),
+        Some(_) => tracing::info!(open_files, nofile, "cache.open_files"),
+    }
+    open_files
 }
 
 fn watch_targets(config: &Config) -> Vec<WatchTarget> {
@@ -110,12 +134,34 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         offload_cold_hits: config.cache.offload_cold_hits,
         hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
         copy_hits: config.debug.copy_hits,
+        send_timeout: config.limits.send_timeout,
+        strip_fields: config
+            .proxy
+            .strip_request_fields
+            .iter()
+            .map(|f| f.to_ascii_lowercase())
+            .collect(),
+        // Validated at load: an entry that does not parse never gets this far.
+        trusted_proxies: config
+            .proxy
+            .trusted_proxies
+            .iter()
+            .filter_map(|c| zerocache_config::cidr::Cidr::parse(c).ok())
+            .collect(),
+        range_fill_max: config.cache.range_fill_max.as_u64(),
+        store_5xx: config.cache.store_5xx,
+        abandoned_fill_max: config.cache.abandoned_fill_max.as_u64(),
+        abandoned_fill_timeout: config.cache.abandoned_fill_timeout,
     }
 }
 
 /// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
-    let nofile = raise_nofile();
+    let raised = raise_nofile();
+    // Read the limit back rather than trust the raise, which may have been refused.
+    let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(raised, |(soft, _)| soft);
+    let open_files = open_files_for(config.cache.open_files, nofile);
     crate::cache::directives::set_targeted(&config.cache.targeted_fields);
     let store = Arc::new(
         Store::open(
@@ -124,7 +170,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                 max_size: config.cache.max_size.as_u64(),
                 max_entries: config.cache.max_entries,
                 levels: config.cache.levels,
-                open_files: config.cache.open_files,
+                open_files,
             },
         )
         .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?,
@@ -194,7 +240,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                 })
             },
             history: Mutex::new(Default::default()),
-            token: config.dashboard.token.clone(),
+            token: zerocache_dashboard::guard::check_token(config.dashboard.token.clone())?,
+            allowed_hosts: config.dashboard.allowed_hosts.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
             purge: Box::new(move |p| purge(&purge_store, p)),
         });

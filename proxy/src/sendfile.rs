@@ -9,8 +9,69 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+
+/// Runs the non-blocking socket write `op` once the socket is writable, allowing at most
+/// `timeout` for it to become so (nginx's `send_timeout`: the longest time between two writes
+/// that make progress). A client that stops reading can hold nothing for longer: not a worker's
+/// buffers, not an upstream connection, not a fill lock. The first attempt is made without arming
+/// a timer, so a socket with room (every small hit) pays nothing for the deadline.
+async fn when_writable<R>(
+    sock: &TcpStream,
+    timeout: Duration,
+    mut op: impl FnMut() -> io::Result<R>,
+) -> io::Result<R> {
+    match sock.try_io(Interest::WRITABLE, &mut op) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        done => return done,
+    }
+    match tokio::time::timeout(timeout, sock.async_io(Interest::WRITABLE, op)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client took no bytes within send_timeout",
+        )),
+    }
+}
+
+/// Writes all of `buf` to `sock` (send(2) with `MSG_NOSIGNAL`), within `timeout` per write that
+/// makes progress.
+pub async fn send_all(sock: &TcpStream, buf: &[u8], timeout: Duration) -> io::Result<()> {
+    send_flags(sock, buf, 0, timeout).await
+}
+
+async fn send_flags(
+    sock: &TcpStream,
+    buf: &[u8],
+    flags: libc::c_int,
+    timeout: Duration,
+) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        done += when_writable(sock, timeout, || {
+            // SAFETY: fd is open (borrowed from sock) and rest is a live buffer of its length.
+            let r = unsafe {
+                libc::send(
+                    fd,
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    flags | libc::MSG_NOSIGNAL,
+                )
+            };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
 
 /// Why a sendfile transfer stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -33,31 +94,8 @@ pub enum SendfileError {
 /// instead of two (one transmit, one receive and one wake-up of the client fewer per request).
 /// Safe from the corked-tail stall that `tcp_nopush` gives nginx: the socket has `TCP_NODELAY`,
 /// and sendfile's last call carries no `MSG_MORE`, so the tail is pushed the moment it is queued.
-pub async fn send_head(sock: &TcpStream, head: &[u8]) -> io::Result<()> {
-    let fd = sock.as_raw_fd();
-    let mut done = 0;
-    while done < head.len() {
-        let rest = &head[done..];
-        done += sock
-            .async_io(Interest::WRITABLE, || {
-                // SAFETY: fd is open (borrowed from sock) and rest is a live buffer of its length.
-                let r = unsafe {
-                    libc::send(
-                        fd,
-                        rest.as_ptr().cast(),
-                        rest.len(),
-                        libc::MSG_MORE | libc::MSG_NOSIGNAL,
-                    )
-                };
-                if r < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(r as usize)
-                }
-            })
-            .await?;
-    }
-    Ok(())
+pub async fn send_head(sock: &TcpStream, head: &[u8], timeout: Duration) -> io::Result<()> {
+    send_flags(sock, head, libc::MSG_MORE, timeout).await
 }
 
 /// Sends `len` bytes of `file` from `offset` to `sock`. Returns the bytes sent (always `len` on
@@ -68,6 +106,7 @@ pub async fn send(
     offset: u64,
     len: u64,
     max_chunk: u64,
+    timeout: Duration,
 ) -> Result<u64, SendfileError> {
     let out_fd = sock.as_raw_fd();
     let in_fd = file.as_raw_fd();
@@ -76,18 +115,17 @@ pub async fn send(
     let mut sent = 0u64;
     while sent < len {
         let want = (end - off as u64).min(max_chunk) as usize;
-        let n = sock
-            .async_io(Interest::WRITABLE, || {
-                // SAFETY: both fds are open for the duration of the call (borrowed above); `off`
-                // is a valid pointer the kernel advances.
-                let r = unsafe { libc::sendfile(out_fd, in_fd, &mut off, want) };
-                if r < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(r as u64)
-                }
-            })
-            .await?;
+        let n = when_writable(sock, timeout, || {
+            // SAFETY: both fds are open for the duration of the call (borrowed above); `off`
+            // is a valid pointer the kernel advances.
+            let r = unsafe { libc::sendfile(out_fd, in_fd, &mut off, want) };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(r as u64)
+            }
+        })
+        .await?;
         if n == 0 {
             return Err(SendfileError::Truncated {
                 sent,
@@ -110,6 +148,7 @@ pub async fn send_by_copy(
     file: &File,
     offset: u64,
     len: u64,
+    timeout: Duration,
 ) -> Result<u64, SendfileError> {
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 64 * 1024];
@@ -127,17 +166,16 @@ pub async fn send_by_copy(
         while done < n {
             let fd = sock.as_raw_fd();
             let chunk = &buf[done..n];
-            let w = sock
-                .async_io(Interest::WRITABLE, || {
-                    // SAFETY: valid fd and buffer.
-                    let r = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
-                    if r < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(r as usize)
-                    }
-                })
-                .await?;
+            let w = when_writable(sock, timeout, || {
+                // SAFETY: valid fd and buffer.
+                let r = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(r as usize)
+                }
+            })
+            .await?;
             done += w;
         }
         sent += n as u64;

@@ -136,7 +136,7 @@ fn the_access_log_has_one_exact_line_per_response() {
     let fields = |l: &str| l.split(' ').skip(1).take(7).collect::<Vec<_>>().join(" ");
     assert_eq!(
         fields(&lines[0]),
-        format!("{peer} \"GET /obj/1000\" 200 1000 MISS copy")
+        format!("{peer} \"GET /obj/1000\" 200 1000 MISS sendfile")
     );
     assert_eq!(
         fields(&lines[1]),
@@ -205,7 +205,8 @@ fn the_systemd_units_capabilities_are_enough_for_the_probe() {
     );
     let stats = proxy.api("/api/stats");
     assert_eq!(stats["probe"]["state"], "attached", "{stats}");
-    // And it works as a probe, not just as a load: a hit is counted through sendfile.
+    // And it works as a probe, not just as a load: the miss (read behind its fill) and the hit
+    // are counted through sendfile.
     proxy.get("/obj/4096");
     let mut c = proxy.client();
     c.get("/obj/4096", &[("Connection", "close")]);
@@ -213,7 +214,7 @@ fn the_systemd_units_capabilities_are_enough_for_the_probe() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = proxy.api("/api/stats");
-        if s["kernel_body"]["zerocopy_bytes"].as_u64() == Some(4096) {
+        if s["kernel_body"]["zerocopy_bytes"].as_u64() == Some(8192) {
             break;
         }
         assert!(Instant::now() < deadline, "{s}");

@@ -86,20 +86,36 @@ fn hits_go_through_sendfile_and_only_heads_are_copied() {
 }
 
 #[test]
-fn a_miss_shows_its_body_on_the_copy_path() {
+fn a_stored_miss_is_read_behind_its_fill_and_an_uncacheable_one_is_copied() {
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), probe_opts(""));
+    // Stored: the body goes from the cache file to the socket with sendfile as it is filled.
     let mut c = proxy.client();
     let r = c.get("/obj/200000", &[]);
-    assert_eq!(r.x_cache(), "MISS");
+    assert_eq!((r.x_cache(), r.body.len()), ("MISS", 200_000));
+    let head = r.head_len as u64;
+    let local = c.sock.local_addr().expect("local").to_string();
+    drop(c);
+    let conn = closed_conn(&proxy, |c| c["peer"] == local.as_str());
+    assert_eq!(u(&conn["kernel"]["zerocopy_bytes"]), 200_000, "{conn}");
+    assert_eq!(u(&conn["kernel"]["copy_bytes"]), head);
+    assert_eq!(conn["verdict"], "zero-copy");
+    // Not stored (the request forbids it): streamed through the proxy, as declared.
+    let mut c = proxy.client();
+    let r = c.get("/obj/300000", &[("Cache-Control", "no-store")]);
+    assert_eq!((r.x_cache(), r.body.len()), ("MISS", 300_000));
     let head = r.head_len as u64;
     let local = c.sock.local_addr().expect("local").to_string();
     drop(c);
     let conn = closed_conn(&proxy, |c| c["peer"] == local.as_str());
     assert_eq!(u(&conn["kernel"]["zerocopy_bytes"]), 0);
-    assert_eq!(u(&conn["kernel"]["copy_bytes"]), head + 200_000);
+    assert_eq!(u(&conn["kernel"]["copy_bytes"]), head + 300_000);
     assert_eq!(conn["verdict"], "copied");
-    assert_eq!(u(&conn["violations"]), 0, "a miss is meant to copy");
+    assert_eq!(
+        u(&conn["violations"]),
+        0,
+        "an uncacheable miss is meant to copy"
+    );
 }
 
 #[test]
@@ -158,15 +174,16 @@ fn the_planted_copy_bug_is_reported_as_violations() {
     let local = c.sock.local_addr().expect("local").to_string();
     drop(c);
     let conn = closed_conn(&proxy, |c| c["peer"] == local.as_str());
-    assert_eq!(u(&conn["violations"]), 3, "{conn}");
+    // The miss (read behind its fill) and the three hits were all meant for sendfile.
+    assert_eq!(u(&conn["violations"]), 4, "{conn}");
     assert_eq!(u(&conn["kernel"]["zerocopy_bytes"]), 0);
     let stats = proxy.api("/api/stats");
-    assert_eq!(u(&stats["violations"]), 3);
-    assert_eq!(u(&stats["violation_bytes"]), 210_000);
+    assert_eq!(u(&stats["violations"]), 4);
+    assert_eq!(u(&stats["violation_bytes"]), 280_000);
     let v = &stats["recent_violations"][0];
     assert_eq!(v["request"], "GET /obj/70000");
     let m = proxy.metrics();
-    assert!(m.contains("zerocache_zero_copy_violations_total 3"), "{m}");
+    assert!(m.contains("zerocache_zero_copy_violations_total 4"), "{m}");
 }
 
 #[test]

@@ -368,7 +368,7 @@ fn bpf_programs(pid: u32) -> BTreeMap<String, (u64, u64)> {
 /// zerocache's /metrics text; empty if it cannot be read.
 fn metrics_text(dashboard: SocketAddr) -> String {
     SimpleClient::connect(dashboard)
-        .and_then(|mut c| c.get("bench", "/metrics", true))
+        .and_then(|mut c| c.get(&dashboard.to_string(), "/metrics", true))
         .map(|r| String::from_utf8_lossy(&r.body).into_owned())
         .unwrap_or_default()
 }

@@ -5,6 +5,17 @@
 use crate::http::request::RequestHead;
 use std::time::SystemTime;
 
+/// Fields a 304 from the cache carries (RFC 9110 §15.4.5): those that guide cache updates.
+pub const NOT_MODIFIED_FIELDS: &[&str] = &[
+    "cache-control",
+    "content-location",
+    "date",
+    "etag",
+    "expires",
+    "vary",
+    "last-modified",
+];
+
 /// The outcome of evaluating a request's preconditions against a stored response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precondition {

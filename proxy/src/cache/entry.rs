@@ -3,7 +3,7 @@
 //! File layout (little-endian):
 //!
 //! ```text
-//! 0   magic "ZCENTRY1"                                     8 B
+//! 0   magic "ZCENTRY4"                                     8 B
 //! 8   meta_len: u32                                         4 B
 //! 12  checksum: u32 (xxh3-64 of bytes 16..32 and meta, low) 4 B
 //! 16  body_len: u64                                         8 B
@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// File magic, versioned.
-pub const MAGIC: &[u8; 8] = b"ZCENTRY3";
+pub const MAGIC: &[u8; 8] = b"ZCENTRY4";
 /// Bytes before the meta block.
 pub const FIXED: usize = 32;
 /// Body alignment.
@@ -350,7 +350,7 @@ mod tests {
 
     fn meta() -> Meta {
         Meta {
-            key: "GET|http|h|/x".into(),
+            key: "GET http://h/x".into(),
             stored_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             initial_age: Duration::from_secs(5),
             lifetime: Duration::from_secs(3600),
@@ -358,7 +358,7 @@ mod tests {
             reason: "OK".into(),
             fields: b"Cache-Control: max-age=3600\r\n".to_vec(),
             vary: vec!["accept-encoding".into()],
-            url: "GET|http|h|/x".into(),
+            url: "GET http://h/x".into(),
         }
     }
 
@@ -368,7 +368,7 @@ mod tests {
         let enc = m.encode();
         assert_eq!(
             enc.len(),
-            4 + 13 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29 + 4 + 15 + 4 + 13
+            4 + 14 + 8 + 8 + 8 + 2 + 4 + 2 + 4 + 29 + 4 + 15 + 4 + 14
         );
         assert_eq!(Meta::decode(&enc), Some(m));
         assert_eq!(body_offset(10), 4096);

@@ -16,7 +16,7 @@ pub struct Fill {
     hash: u128,
     meta: Vec<u8>,
     decoded_meta: Meta,
-    file: File,
+    file: Arc<File>,
     tmp: PathBuf,
     body_offset: u64,
     written: u64,
@@ -39,7 +39,7 @@ impl Fill {
             hash,
             meta: encoded,
             decoded_meta: meta,
-            file,
+            file: Arc::new(file),
             tmp,
             body_offset,
             written: 0,
@@ -53,6 +53,47 @@ impl Fill {
             .write_all_at(data, self.body_offset + self.written)?;
         self.written += data.len() as u64;
         Ok(())
+    }
+
+    /// Reserves the disk space of a body of `len` bytes (fallocate(2)), so a disk that cannot
+    /// hold it says so before any client reads behind the fill: a full disk then degrades to
+    /// pass-through instead of cutting readers off mid-body. A filesystem without fallocate
+    /// reserves nothing and is not an error.
+    pub fn reserve(&self, len: u64) -> io::Result<()> {
+        use nix::fcntl::{FallocateFlags, fallocate};
+        if len == 0 {
+            return Ok(());
+        }
+        match fallocate(
+            &*self.file,
+            FallocateFlags::empty(),
+            self.body_offset as i64,
+            len as i64,
+        ) {
+            Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+
+    /// The file being written, for clients that read behind the fill.
+    pub fn file(&self) -> Arc<File> {
+        self.file.clone()
+    }
+
+    /// Where the body starts in the file.
+    pub fn body_offset(&self) -> u64 {
+        self.body_offset
+    }
+
+    /// The entry as it will be indexed, with the body length not yet known (0).
+    pub fn entry_preview(&self) -> Entry {
+        Entry::new(
+            self.hash,
+            self.decoded_meta.clone(),
+            self.tmp.clone(),
+            self.body_offset,
+            0,
+        )
     }
 
     /// Body bytes written so far.

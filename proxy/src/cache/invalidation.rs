@@ -70,8 +70,8 @@ mod tests {
         assert_eq!(
             invalidated("shop.example", "/items", &res, true),
             vec![
-                "GET|http|shop.example|/items",
-                "GET|http|shop.example|/items/7"
+                "GET http://shop.example/items",
+                "GET http://shop.example/items/7"
             ]
         );
         let same = crate::http::response::parse(
@@ -82,7 +82,7 @@ mod tests {
         .0;
         assert_eq!(
             invalidated("shop.example", "/items", &same, false),
-            vec!["GET|http|shop.example|/items", "GET|http|shop.example|/a"]
+            vec!["GET http://shop.example/items", "GET http://shop.example/a"]
         );
         assert!(is_safe("GET") && !is_safe("POST") && !is_safe("M-SEARCH"));
     }

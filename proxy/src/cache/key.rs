@@ -1,6 +1,13 @@
 //! Cache keys. A key is the request's method class, scheme, host and target, joined into one
 //! string that the entry file stores in full, plus a 128-bit hash of it that names the file.
 //!
+//! The text is `GET http://host/target`, then for each key field of the route `\n` + name +
+//! `=` + the value's length + `:` + the value (`!` for an absent field). No two different
+//! requests can share a text: the method class is a token (no SP), the host has passed the
+//! `uri-host` grammar (no SP, no `/`), the target begins with `/` and holds no SP or LF (the
+//! request line's grammar), and the field values are length-prefixed, so a `|` or `=` in a
+//! target or a value is only ever itself.
+//!
 //! Why these parts and nothing more: the host is lower-cased and its default port dropped (those
 //! spellings are one origin resource), but the path and query are kept byte for byte as received,
 //! because decoding `%2F` or reordering a query could make two different resources one entry.
@@ -13,7 +20,7 @@ use xxhash_rust::xxh3::xxh3_128;
 /// A cache key: the full text and its hash.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheKey {
-    /// `method-class|scheme|host|target`. Bytes: ~4 + 5 + host + target.
+    /// `method-class scheme://host target` (see the module doc). Bytes: ~11 + host + target.
     pub text: String,
     /// xxh3-128 of `text` (masked to fewer bits only when a test forces collisions). 16 bytes.
     pub hash: u128,
@@ -24,7 +31,7 @@ impl CacheKey {
     /// stored GET response.
     pub fn new(method: &str, scheme: &str, host: &str, target: &str, hash_bits: u32) -> CacheKey {
         let class = if method == "HEAD" { "GET" } else { method };
-        let text = format!("{class}|{scheme}|{host}|{target}");
+        let text = format!("{class} {scheme}://{host}{target}");
         let mut hash = xxh3_128(text.as_bytes());
         if hash_bits < 128 {
             hash &= (1u128 << hash_bits) - 1;
@@ -66,11 +73,13 @@ impl CacheKey {
             return self;
         }
         for h in headers {
-            self.text.push('|');
+            self.text.push('\n');
             self.text.push_str(&h.to_ascii_lowercase());
             match value(h) {
                 Some(v) => {
                     self.text.push('=');
+                    self.text.push_str(&v.len().to_string());
+                    self.text.push(':');
                     self.text.push_str(&v);
                 }
                 None => self.text.push('!'),
@@ -93,7 +102,7 @@ mod tests {
         let get = CacheKey::new("GET", "http", "a.example", "/x?b=1&a=2", 128);
         let head = CacheKey::new("HEAD", "http", "a.example", "/x?b=1&a=2", 128);
         assert_eq!(get, head);
-        assert_eq!(get.text, "GET|http|a.example|/x?b=1&a=2");
+        assert_eq!(get.text, "GET http://a.example/x?b=1&a=2");
         let reordered = CacheKey::new("GET", "http", "a.example", "/x?a=2&b=1", 128);
         assert_ne!(get.hash, reordered.hash);
         let encoded = CacheKey::new("GET", "http", "a.example", "/a%2Fb", 128);
@@ -123,6 +132,32 @@ mod tests {
             |h| (h == "Accept-Encoding").then(|| "gzip".into()),
             128,
         );
-        assert_eq!(k.text, "GET|http|h|/a|accept-encoding=gzip|x-absent!");
+        assert_eq!(k.text, "GET http://h/a\naccept-encoding=4:gzip\nx-absent!");
+    }
+
+    #[test]
+    fn different_requests_never_share_a_text() {
+        let tenant = ["X-Tenant".to_string(), "X-Region".to_string()];
+        let key = |target: &str, t: Option<&str>, r: Option<&str>| {
+            CacheKey::new("GET", "http", "h", target, 128)
+                .with_headers(
+                    &tenant,
+                    |h| if h == "X-Tenant" { t } else { r }.map(str::to_string),
+                    128,
+                )
+                .text
+        };
+        // Each pair collided under the old `|`-joined encoding.
+        let pairs = [
+            (
+                key("/x", Some("a|x-region=b"), Some("c")),
+                key("/x", Some("a"), Some("b|x-region=c")),
+            ),
+            (key("/x", Some("a=b"), None), key("/x", Some("a"), None)),
+            (key("/x|x-tenant=a", None, None), key("/x", Some("a"), None)),
+        ];
+        for (a, b) in pairs {
+            assert_ne!(a, b);
+        }
     }
 }

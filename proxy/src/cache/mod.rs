@@ -7,6 +7,7 @@ pub mod directives;
 pub mod entry;
 pub mod fill;
 pub mod freshness;
+pub mod growing;
 pub mod invalidation;
 pub mod key;
 pub mod lock;

@@ -24,8 +24,11 @@ pub enum NotStored {
     NoFreshness,
     /// `Vary: *`: no request can ever match it.
     VaryStar,
-    /// 1xx, 206 or 304: partial or bodiless answers that are not the resource.
+    /// 1xx, 206, 304, 412, 416, anything outside 100-599, or a `Content-Range`: answers that
+    /// are not the whole resource (or not HTTP at all).
     Status,
+    /// A 5xx, with `cache.store_5xx: false`.
+    ServerError,
 }
 
 impl NotStored {
@@ -39,6 +42,7 @@ impl NotStored {
             NotStored::NoFreshness => "no-freshness",
             NotStored::VaryStar => "vary-star",
             NotStored::Status => "status",
+            NotStored::ServerError => "server-error",
         }
     }
 }
@@ -113,12 +117,22 @@ pub fn storable(
     request_time: SystemTime,
     response_time: SystemTime,
     heuristics: Heuristics,
+    store_5xx: bool,
 ) -> Result<Storable, NotStored> {
     if req.method != "GET" {
         return Err(NotStored::Method);
     }
-    if res.status < 200 || res.status == 206 || res.status == 304 {
+    // The request that fills an entry never carries Range or preconditions (they are answered
+    // from the whole representation), so a partial or precondition answer can only be an
+    // origin's mistake: never what every later client gets.
+    if !(200..=599).contains(&res.status)
+        || matches!(res.status, 206 | 304 | 412 | 416)
+        || res.field("content-range").is_some()
+    {
         return Err(NotStored::Status);
+    }
+    if res.status >= 500 && !store_5xx {
+        return Err(NotStored::ServerError);
     }
     if freshness::request_directives(req).no_store {
         return Err(NotStored::RequestNoStore);
@@ -172,7 +186,34 @@ mod tests {
 
     fn st(req_extra: &str, status: u16, res_extra: &str) -> Result<Storable, NotStored> {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        storable(&req(req_extra), &res(status, res_extra), t, t, H)
+        storable(&req(req_extra), &res(status, res_extra), t, t, H, true)
+    }
+
+    #[test]
+    fn partial_precondition_and_invalid_answers_are_never_the_resource() {
+        let fresh = "Cache-Control: max-age=600\r\n";
+        for status in [206, 412, 416, 999, 600, 304] {
+            assert_eq!(
+                st("", status, fresh).err(),
+                Some(NotStored::Status),
+                "{status}"
+            );
+        }
+        assert_eq!(
+            st(
+                "",
+                200,
+                "Cache-Control: max-age=600\r\nContent-Range: bytes 0-9/100\r\n"
+            )
+            .err(),
+            Some(NotStored::Status)
+        );
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(
+            storable(&req(""), &res(503, fresh), t, t, H, false).err(),
+            Some(NotStored::ServerError)
+        );
+        assert!(storable(&req(""), &res(503, fresh), t, t, H, true).is_ok());
     }
 
     #[test]

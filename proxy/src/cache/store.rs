@@ -9,17 +9,72 @@ use super::entry::{self, Entry, OpenFile, OpenSlot};
 use super::key::CacheKey;
 use lru::LruCache;
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// How long an open file is trusted before its link count is checked again: a hot entry costs one
 /// fstat(2) per second, not one per hit.
 const NLINK_RECHECK: Duration = Duration::from_secs(1);
+
+/// Size of the open-file cache for `cache.open_files: auto` when the fd limit allows it.
+pub const OPEN_FILES_AUTO_MAX: usize = 10_000;
+
+/// The open-file cache's size for `requested` (`None` for `auto`) under a soft RLIMIT_NOFILE of
+/// `nofile`, and whether an explicit value had to be clamped.
+///
+/// `auto` takes a quarter of the fd limit (at most [`OPEN_FILES_AUTO_MAX`]) and an explicit value
+/// at most half: the rest is for client connections, upstream connections and fills. A cache
+/// allowed as many files as the limit (10,000 under `ulimit -n 256`) once took every descriptor,
+/// after which neither a connection nor a cache file could be opened.
+pub fn open_files_budget(requested: Option<usize>, nofile: u64) -> (usize, bool) {
+    let share = |divisor: u64| usize::try_from(nofile / divisor).unwrap_or(usize::MAX);
+    match requested {
+        None => (OPEN_FILES_AUTO_MAX.min(share(4)), false),
+        Some(n) if n > share(2) => (share(2), true),
+        Some(n) => (n, false),
+    }
+}
+
+/// What a failed open of an entry file says about the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenFailure {
+    /// The file is gone (ENOENT): [`Store::open_file`] has dropped the entry from the index.
+    Gone,
+    /// The process (EMFILE) or the system (ENFILE) is out of file descriptors, even after the
+    /// open-file cache gave back its idle ones. The entry is intact; only this request cannot be
+    /// served from it now.
+    NoFds,
+    /// Anything else (EACCES, EIO...): the entry is kept, since the file may well still be there.
+    Other,
+}
+
+impl OpenFailure {
+    /// Classifies an error of open(2) on an entry file. Only ENOENT says the file is gone:
+    /// treating every error that way deleted entries wholesale once the fd limit was reached.
+    pub fn of(err: &io::Error) -> OpenFailure {
+        match err.raw_os_error() {
+            Some(libc::ENOENT) => OpenFailure::Gone,
+            Some(libc::EMFILE | libc::ENFILE) => OpenFailure::NoFds,
+            _ => OpenFailure::Other,
+        }
+    }
+}
+
+/// Opens an entry file. Tests make it fail with a chosen errno (see `tests::fail_next_opens`),
+/// since a real EMFILE would need the whole test process's fd limit lowered.
+fn open_entry_file(path: &Path) -> io::Result<File> {
+    #[cfg(test)]
+    if let Some(errno) = tests::injected_open_error() {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    File::open(path)
+}
 
 /// The disk cache.
 pub struct Store {
@@ -29,6 +84,12 @@ pub struct Store {
     levels: u8,
     open_files_max: usize,
     open_files: Arc<AtomicUsize>,
+    /// The entries that were given a slot in the open-file cache, oldest first, so that running
+    /// out of fds can close the idle ones without walking the whole index. May hold entries that
+    /// have since been dropped or lost their slot; [`Store::hold`] prunes those.
+    held: Mutex<VecDeque<Weak<Entry>>>,
+    /// Rate limit of the out-of-fds warning: when it was last logged, and failures since.
+    fd_warning: Mutex<(Option<Instant>, u64)>,
     inner: Mutex<Inner>,
     tmp_seq: AtomicU64,
     /// False after a write failure: the cache degrades to pass-through until a write works again.
@@ -82,7 +143,7 @@ pub struct StoreLimits {
     pub max_entries: usize,
     /// Shard directory levels.
     pub levels: u8,
-    /// Files kept open.
+    /// Files kept open (already bounded by the fd limit: see [`open_files_budget`]).
     pub open_files: usize,
 }
 
@@ -106,6 +167,8 @@ impl Store {
             levels: limits.levels,
             open_files_max: limits.open_files,
             open_files: Arc::new(AtomicUsize::new(0)),
+            held: Mutex::new(VecDeque::new()),
+            fd_warning: Mutex::new((None, 0)),
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 bytes: 0,
@@ -222,7 +285,9 @@ impl Store {
     }
 
     /// An open handle on the entry's file, from the open-file cache when possible. Detects a file
-    /// deleted underneath (`st_nlink == 0`) and drops the entry.
+    /// deleted underneath (`st_nlink == 0`, then ENOENT) and drops the entry; any other error
+    /// leaves the entry indexed (see [`OpenFailure::of`] to tell them apart). Out of fds, it closes
+    /// the open-file cache's idle files and tries once more before giving up.
     pub fn open_file(&self, e: &Arc<Entry>) -> io::Result<Arc<File>> {
         let now = Instant::now();
         {
@@ -240,7 +305,20 @@ impl Store {
                 *slot = None;
             }
         }
-        match File::open(&e.path) {
+        let opened = match open_entry_file(&e.path) {
+            Err(err) if OpenFailure::of(&err) == OpenFailure::NoFds => {
+                // The idle files of the open-file cache are the only descriptors the store can
+                // give back; a file still being sent keeps its fd until the send ends.
+                let released = self.release_open_files(e);
+                let retried = open_entry_file(&e.path);
+                if let Err(err) = &retried {
+                    self.warn_no_fds(err, released);
+                }
+                retried
+            }
+            other => other,
+        };
+        match opened {
             Ok(f) => {
                 let f = Arc::new(f);
                 // Keep it open only while the open-file cache has room; a cold entry beyond
@@ -251,16 +329,80 @@ impl Store {
                         checked: now,
                         _slot: OpenSlot(self.open_files.clone()),
                     });
+                    self.hold(e);
                 } else {
                     self.open_files.fetch_sub(1, Ordering::Relaxed);
                 }
                 Ok(f)
             }
             Err(err) => {
-                self.remove_if_same(e);
+                // Only a missing file means the entry is gone: out of fds, or denied, or an I/O
+                // error, the file is most likely intact and the entry must survive.
+                if OpenFailure::of(&err) == OpenFailure::Gone {
+                    self.remove_if_same(e);
+                }
                 Err(err)
             }
         }
+    }
+
+    /// Records that `e` was given a slot in the open-file cache.
+    fn hold(&self, e: &Arc<Entry>) {
+        let mut held = self.held.lock();
+        held.push_back(Arc::downgrade(e));
+        // Evicted entries and entries whose slot went leave stale references behind: prune them
+        // once the list is twice the cache's size, so it stays O(open_files) at O(1) amortised.
+        if held.len() > 2 * self.open_files_max.max(32) {
+            held.retain(|w| {
+                w.upgrade()
+                    .is_some_and(|x| x.file.try_lock().is_none_or(|slot| slot.is_some()))
+            });
+        }
+    }
+
+    /// Closes the files the open-file cache holds for entries other than `except`; returns how
+    /// many slots were given back. Entries keep their place in the index: their next hit opens
+    /// the file again.
+    fn release_open_files(&self, except: &Arc<Entry>) -> usize {
+        let held = std::mem::take(&mut *self.held.lock());
+        let mut kept = Vec::new();
+        let mut released = 0;
+        for w in held {
+            let Some(x) = w.upgrade() else { continue };
+            if Arc::ptr_eq(&x, except) {
+                kept.push(w);
+                continue;
+            }
+            // A slot locked right now is being checked or filled by another hit; skip it
+            // rather than wait on it.
+            match x.file.try_lock() {
+                Some(mut slot) => released += usize::from(slot.take().is_some()),
+                None => kept.push(w),
+            }
+        }
+        if !kept.is_empty() {
+            self.held.lock().extend(kept);
+        }
+        released
+    }
+
+    /// Logs running out of fds at most once a second, with the failures it did not log.
+    fn warn_no_fds(&self, err: &io::Error, released: usize) {
+        let mut w = self.fd_warning.lock();
+        if w.0.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            w.1 += 1;
+            return;
+        }
+        let suppressed = std::mem::take(&mut w.1);
+        w.0 = Some(Instant::now());
+        drop(w);
+        tracing::warn!(
+            error = %err,
+            released,
+            suppressed,
+            open_files = self.open_files(),
+            "out of file descriptors opening a cache file, even after closing idle cached files; entry kept"
+        );
     }
 
     /// Path of the final file for `hash`, creating its shard directories.
@@ -417,5 +559,189 @@ impl Store {
         if !self.writable.swap(true, Ordering::Relaxed) {
             tracing::info!("cache writable again");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::entry::Meta;
+    use crate::cache::fill::Fill;
+    use std::cell::RefCell;
+    use std::time::SystemTime;
+
+    thread_local! {
+        /// Errnos the next opens of entry files on this thread fail with, in order (per thread,
+        /// since tests run in parallel).
+        static FAIL_OPENS: RefCell<VecDeque<i32>> = const { RefCell::new(VecDeque::new()) };
+    }
+
+    /// The errno the next open of an entry file on this thread must fail with, if any.
+    pub(super) fn injected_open_error() -> Option<i32> {
+        FAIL_OPENS.with(|f| f.borrow_mut().pop_front())
+    }
+
+    fn fail_next_opens(errnos: &[i32]) {
+        FAIL_OPENS.with(|f| f.borrow_mut().extend(errnos));
+    }
+
+    fn store(dir: &Path, open_files: usize) -> Arc<Store> {
+        let limits = StoreLimits {
+            max_size: 1 << 30,
+            max_entries: 1000,
+            levels: 1,
+            open_files,
+        };
+        Arc::new(Store::open(dir, limits).expect("store"))
+    }
+
+    /// Stores `body` for `target` through a real fill, as the proxy does.
+    fn put(store: &Arc<Store>, target: &str, body: &[u8]) -> Arc<Entry> {
+        let key = CacheKey::new("GET", "http", "h", target, 128);
+        let meta = Meta {
+            key: key.text.clone(),
+            stored_at: SystemTime::now(),
+            initial_age: Duration::ZERO,
+            lifetime: Duration::from_secs(600),
+            status: 200,
+            reason: "OK".into(),
+            fields: b"Cache-Control: max-age=600\r\n".to_vec(),
+            vary: Vec::new(),
+            url: key.text.clone(),
+        };
+        let mut fill = Fill::create(store.clone(), key.hash, meta).expect("fill");
+        fill.write(body).expect("write");
+        fill.commit().expect("commit")
+    }
+
+    fn indexed(store: &Store, e: &Arc<Entry>) -> bool {
+        let key = CacheKey::from_text(e.meta.key.clone(), 128);
+        store
+            .lookup_varying(&key, |_| key.clone())
+            .is_some_and(|found| Arc::ptr_eq(&found, e))
+    }
+
+    #[test]
+    fn only_enoent_means_gone() {
+        let of = |errno| OpenFailure::of(&io::Error::from_raw_os_error(errno));
+        assert_eq!(of(libc::ENOENT), OpenFailure::Gone);
+        assert_eq!(of(libc::EMFILE), OpenFailure::NoFds);
+        assert_eq!(of(libc::ENFILE), OpenFailure::NoFds);
+        for errno in [libc::EACCES, libc::EIO, libc::ENOTDIR, libc::ENOMEM] {
+            assert_eq!(of(errno), OpenFailure::Other, "errno {errno}");
+        }
+        assert_eq!(
+            OpenFailure::of(&io::Error::other("not an OS error")),
+            OpenFailure::Other
+        );
+    }
+
+    #[test]
+    fn a_deleted_file_drops_its_entry() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let e = put(&s, "/gone", b"body");
+        fs::remove_file(&e.path).expect("rm");
+        let err = s.open_file(&e).expect_err("file is gone");
+        assert_eq!(OpenFailure::of(&err), OpenFailure::Gone);
+        assert!(!indexed(&s, &e));
+        assert_eq!(s.usage(), (0, 0));
+    }
+
+    #[test]
+    fn a_file_deleted_while_cached_drops_its_entry_at_the_recheck() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let e = put(&s, "/gone-later", b"body");
+        s.open_file(&e).expect("open");
+        assert_eq!(s.open_files(), 1);
+        fs::remove_file(&e.path).expect("rm");
+        // Age the cached handle past the link-count recheck.
+        if let Some(of) = e.file.lock().as_mut() {
+            of.checked -= NLINK_RECHECK;
+        }
+        let err = s.open_file(&e).expect_err("file is gone");
+        assert_eq!(OpenFailure::of(&err), OpenFailure::Gone);
+        assert!(!indexed(&s, &e));
+        assert_eq!(s.open_files(), 0);
+    }
+
+    #[test]
+    fn out_of_fds_gives_back_idle_files_and_retries() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let a = put(&s, "/a", b"aaaa");
+        let b = put(&s, "/b", b"bbbb");
+        s.open_file(&a).expect("open a");
+        assert_eq!(s.open_files(), 1);
+        fail_next_opens(&[libc::EMFILE]);
+        let f = s
+            .open_file(&b)
+            .expect("the retry after giving back a's fd works");
+        let mut got = [0u8; 4];
+        std::os::unix::fs::FileExt::read_exact_at(&*f, &mut got, b.body_offset).expect("read");
+        assert_eq!(&got, b"bbbb");
+        // a's idle handle went, b's took its place; both entries stay.
+        assert!(a.file.lock().is_none());
+        assert!(b.file.lock().is_some());
+        assert_eq!(s.open_files(), 1);
+        assert!(indexed(&s, &a) && indexed(&s, &b));
+        // a opens again on its next hit.
+        s.open_file(&a).expect("reopen a");
+        assert_eq!(s.open_files(), 2);
+    }
+
+    #[test]
+    fn emfile_or_any_other_error_keeps_the_entry() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let e = put(&s, "/kept", b"kept");
+        for (errnos, want) in [
+            (&[libc::EMFILE, libc::EMFILE][..], OpenFailure::NoFds),
+            (&[libc::ENFILE, libc::ENFILE][..], OpenFailure::NoFds),
+            (&[libc::EACCES][..], OpenFailure::Other),
+            (&[libc::EIO][..], OpenFailure::Other),
+        ] {
+            fail_next_opens(errnos);
+            let err = s.open_file(&e).expect_err("injected failure");
+            assert_eq!(OpenFailure::of(&err), want, "{errnos:?}");
+            assert!(indexed(&s, &e), "{errnos:?} must not drop the entry");
+            assert!(e.path.exists(), "{errnos:?} must not delete the file");
+            assert_eq!(injected_open_error(), None, "{errnos:?}: one retry at most");
+        }
+        assert_eq!(s.usage().1, 1);
+        s.open_file(&e).expect("opens once fds are back");
+    }
+
+    #[test]
+    fn the_held_list_stays_bounded() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 4);
+        for i in 0..500 {
+            // Each entry is replaced before the next: its slot goes with it.
+            let e = put(&s, "/churn", format!("{i}").as_bytes());
+            s.open_file(&e).expect("open");
+        }
+        assert!(s.held.lock().len() <= 2 * 32 + 1);
+        assert!(s.open_files() <= 4);
+    }
+
+    #[test]
+    fn open_files_follows_the_fd_limit() {
+        // auto: a quarter of the limit, at most 10,000.
+        assert_eq!(open_files_budget(None, 256), (64, false));
+        assert_eq!(
+            open_files_budget(None, 1 << 20),
+            (OPEN_FILES_AUTO_MAX, false)
+        );
+        assert_eq!(
+            open_files_budget(None, u64::MAX),
+            (OPEN_FILES_AUTO_MAX, false)
+        );
+        // An explicit value: kept up to half the limit, clamped above.
+        assert_eq!(open_files_budget(Some(10_000), 256), (128, true));
+        assert_eq!(open_files_budget(Some(128), 256), (128, false));
+        assert_eq!(open_files_budget(Some(0), 256), (0, false));
+        assert_eq!(open_files_budget(Some(50_000), 1 << 20), (50_000, false));
     }
 }

@@ -2,33 +2,7 @@
 //! connection, not the message, and so must never cross the proxy or enter the cache.
 
 /// Fields that are hop-by-hop whatever `Connection` says.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-];
-
-/// Request fields that let a client change what the origin answers without being part of the
-/// cache key (unkeyed-header cache poisoning). They are not forwarded.
-const UNKEYED_OVERRIDES: &[&str] = &[
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-forwarded-scheme",
-    "x-forwarded-port",
-    "x-forwarded-prefix",
-    "x-host",
-    "x-original-url",
-    "x-rewrite-url",
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-];
+use zerocache_config::validate::HOP_BY_HOP;
 
 /// A header field as owned bytes: names keep their case as received, values are raw.
 pub type Field = (String, Vec<u8>);
@@ -52,11 +26,11 @@ pub fn is_hop_by_hop(name: &str, connection_tokens: &[String]) -> bool {
             .any(|t| name.eq_ignore_ascii_case(t))
 }
 
-/// True for request fields that are dropped rather than forwarded (see [`UNKEYED_OVERRIDES`]).
-pub fn is_unkeyed_override(name: &str) -> bool {
-    UNKEYED_OVERRIDES
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h))
+/// True for the fields that make a request partial or conditional (`Range`, `If-*`): a request
+/// that fills the cache asks for the whole, unconditional representation without them.
+pub fn is_range_or_condition(name: &str) -> bool {
+    name.eq_ignore_ascii_case("range")
+        || name.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("if-"))
 }
 
 /// The lower-cased tokens of every `Connection` field.

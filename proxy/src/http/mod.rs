@@ -2,7 +2,9 @@
 //! Nothing here does I/O; the server and upstream modules drive it.
 
 pub mod chunked;
+pub mod framing;
 pub mod headers;
 pub mod range;
 pub mod request;
 pub mod response;
+pub mod target;

@@ -19,6 +19,22 @@ pub enum RangeAnswer {
     Unsatisfiable,
 }
 
+/// `1*DIGIT` as a number: `str::parse` would also take `+5`.
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// The complete length from a 206's or 416's `Content-Range` (`bytes a-b/len`, `bytes */len`);
+/// `None` when it is unknown (`/*`) or the field is not the grammar.
+pub fn complete_length(content_range: &str) -> Option<u64> {
+    let rest = content_range.strip_prefix("bytes ")?;
+    let (_, len) = rest.split_once('/')?;
+    digits(len)
+}
+
 /// Decides the answer to `range` (the field value) for a body of `len` bytes.
 pub fn answer(range: Option<&str>, len: u64) -> RangeAnswer {
     let Some(range) = range else {
@@ -37,14 +53,14 @@ pub fn answer(range: Option<&str>, len: u64) -> RangeAnswer {
     let (a, b) = (a.trim(), b.trim());
     let parsed = match (a.is_empty(), b.is_empty()) {
         (false, _) => {
-            let Ok(start) = a.parse::<u64>() else {
+            let Some(start) = digits(a) else {
                 return RangeAnswer::Full;
             };
             let end = if b.is_empty() {
                 u64::MAX
             } else {
-                match b.parse::<u64>() {
-                    Ok(e) if e >= start => e,
+                match digits(b) {
+                    Some(e) if e >= start => e,
                     _ => return RangeAnswer::Full,
                 }
             };
@@ -54,7 +70,7 @@ pub fn answer(range: Option<&str>, len: u64) -> RangeAnswer {
             (start, end.min(len - 1))
         }
         (true, false) => {
-            let Ok(n) = b.parse::<u64>() else {
+            let Some(n) = digits(b) else {
                 return RangeAnswer::Full;
             };
             if n == 0 || len == 0 {

@@ -1,6 +1,7 @@
 //! Request heads: parsing with httparse, the limits that earn 400/414/431, and the message-framing
 //! checks of RFC 9112 §6.3 that stop request smuggling.
 
+use super::framing::{self, Coding, FramingError};
 use super::headers::Field;
 
 /// A parsed request head.
@@ -8,7 +9,7 @@ use super::headers::Field;
 pub struct RequestHead {
     /// Method, as sent.
     pub method: String,
-    /// Request target, as sent (origin-form; absolute-form is reduced to its path).
+    /// Request target, normalised (see [`super::target`]); absolute-form is reduced to its path.
     pub target: String,
     /// Host from the `Host` field (or the absolute-form target), lower-cased, without the port
     /// when it is the default.
@@ -52,9 +53,12 @@ pub enum RequestError {
     /// Ambiguous framing (smuggling attempt or broken client).
     #[error("ambiguous message framing: {0}")]
     Framing(&'static str),
-    /// An HTTP version other than 1.0 and 1.1.
+    /// A major HTTP version other than 1.
     #[error("unsupported HTTP version")]
     Version,
+    /// A transfer coding the proxy does not implement (RFC 9112 §6.1).
+    #[error("unsupported transfer coding: {0}")]
+    Unsupported(&'static str),
 }
 
 impl RequestError {
@@ -65,6 +69,7 @@ impl RequestError {
             RequestError::HeadTooLarge => (431, "Request Header Fields Too Large"),
             RequestError::UriTooLong => (414, "URI Too Long"),
             RequestError::Version => (505, "HTTP Version Not Supported"),
+            RequestError::Unsupported(_) => (501, "Not Implemented"),
         }
     }
 }
@@ -81,11 +86,73 @@ pub struct Limits {
 /// Most header fields accepted in one request.
 const MAX_FIELDS: usize = 128;
 
+/// Where the request line's version stands, checked before httparse, which refuses every
+/// version but 1.0 and 1.1 alike.
+enum Version {
+    /// 1.0 or 1.1, or the line is not complete yet.
+    Plain,
+    /// HTTP/1.2 to 1.9: handled as 1.1 (RFC 9110 §2.5); the minor digit is at this offset.
+    LaterMinor(usize),
+}
+
+/// Checks the request line's version: `HTTP/` DIGIT `.` DIGIT exactly, major version 1.
+fn request_line_version(buf: &[u8]) -> Result<Version, RequestError> {
+    // RFC 9112 §2.2: empty lines before the request line are ignored.
+    let mut start = 0;
+    while buf[start..].starts_with(b"\r\n") {
+        start += 2;
+    }
+    let Some(nl) = buf[start..].iter().position(|b| *b == b'\n') else {
+        return Ok(Version::Plain);
+    };
+    let Some(line) = buf[start..start + nl].strip_suffix(b"\r") else {
+        return Err(RequestError::Malformed("bare LF in request line".into()));
+    };
+    let sp = line.iter().rposition(|b| *b == b' ').unwrap_or(0);
+    let v = &line[sp + 1..];
+    if v.len() != 8 || &v[..5] != b"HTTP/" || v[6] != b'.' {
+        return Err(RequestError::Malformed("invalid HTTP version".into()));
+    }
+    let (major, minor) = (v[5], v[7]);
+    if !major.is_ascii_digit() || !minor.is_ascii_digit() {
+        return Err(RequestError::Malformed("invalid HTTP version".into()));
+    }
+    if major != b'1' {
+        return Err(RequestError::Version);
+    }
+    Ok(if minor > b'1' {
+        Version::LaterMinor(start + sp + 1 + 7)
+    } else {
+        Version::Plain
+    })
+}
+
+/// True when a CR is not followed by LF or an LF not preceded by CR: RFC 9112 §2.2 allows a
+/// recipient to take a bare LF as a line end, but one that does and one that doesn't read two
+/// different messages from the same bytes, so a proxy refuses both.
+fn bare_cr_or_lf(head: &[u8]) -> bool {
+    head.iter().enumerate().any(|(i, &b)| match b {
+        b'\n' => i == 0 || head[i - 1] != b'\r',
+        b'\r' => head.get(i + 1) != Some(&b'\n'),
+        _ => false,
+    })
+}
+
 /// Tries to parse a request head from the start of `buf`. `Ok(None)`: incomplete, read more.
 pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>, RequestError> {
+    let rewritten: Vec<u8>;
+    let input: &[u8] = match request_line_version(buf)? {
+        Version::Plain => buf,
+        Version::LaterMinor(at) => {
+            let mut v = buf.to_vec();
+            v[at] = b'1';
+            rewritten = v;
+            &rewritten
+        }
+    };
     let mut storage = [httparse::EMPTY_HEADER; MAX_FIELDS];
     let mut req = httparse::Request::new(&mut storage);
-    let status = match req.parse(buf) {
+    let status = match req.parse(input) {
         Ok(s) => s,
         Err(httparse::Error::TooManyHeaders) => return Err(RequestError::HeadTooLarge),
         Err(e) => {
@@ -111,6 +178,9 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
     if consumed > limits.max_head {
         return Err(RequestError::HeadTooLarge);
     }
+    if bare_cr_or_lf(&input[..consumed]) {
+        return Err(RequestError::Malformed("bare CR or LF in head".into()));
+    }
     let method = req.method.unwrap_or_default().to_string();
     let raw_target = req.path.unwrap_or_default();
     if raw_target.len() > limits.max_uri {
@@ -121,17 +191,18 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
         Some(1) => false,
         _ => return Err(RequestError::Version),
     };
-    let fields: Vec<Field> = req
+    // Field names with `_` are dropped, as nginx's `underscores_in_headers off` does: CGI-style
+    // origins map `X_Forwarded_Host` and `X-Forwarded-Host` to the same variable, so forwarding
+    // the one the proxy doesn't know would let a client set the one it strips.
+    let mut fields: Vec<Field> = req
         .headers
         .iter()
+        .filter(|h| !h.name.contains('_'))
         .map(|h| (h.name.to_string(), h.value.to_vec()))
         .collect();
     let (target, target_host) = split_target(raw_target)?;
-    let mut host: Option<String> = target_host;
+    let mut host_field: Option<String> = None;
     let mut host_fields = 0;
-    let mut content_length: Option<u64> = None;
-    let mut chunked = false;
-    let mut transfer_encoding = false;
     let mut close = http10;
     let mut expect_continue = false;
     for (name, value) in &fields {
@@ -139,33 +210,12 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             .map_err(|_| RequestError::Malformed("non-UTF-8 field".into()));
         if name.eq_ignore_ascii_case("host") {
             host_fields += 1;
-            if host.is_none() {
-                host = Some(normalise_host(v?.trim()));
-            }
-        } else if name.eq_ignore_ascii_case("content-length") {
-            for part in v?.split(',') {
-                let n: u64 = part
-                    .trim()
-                    .parse()
-                    .map_err(|_| RequestError::Framing("invalid Content-Length"))?;
-                if content_length.is_some_and(|c| c != n) {
-                    return Err(RequestError::Framing("differing Content-Length values"));
-                }
-                content_length = Some(n);
-            }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            transfer_encoding = true;
-            let v = v?.to_ascii_lowercase();
-            let last = v.split(',').map(str::trim).rfind(|s| !s.is_empty());
-            chunked = last == Some("chunked");
-            if !chunked {
-                return Err(RequestError::Framing(
-                    "Transfer-Encoding without final chunked",
-                ));
-            }
+            let h = super::target::authority(v?, "80")
+                .map_err(|e| RequestError::Malformed(format!("Host: {}", e.0)))?;
+            host_field = Some(h);
         } else if name.eq_ignore_ascii_case("connection") {
             let v = v?.to_ascii_lowercase();
-            for t in v.split(',').map(str::trim) {
+            for t in v.split(',').map(|t| t.trim_matches([' ', '\t'])) {
                 if t == "close" {
                     close = true;
                 } else if t == "keep-alive" && http10 {
@@ -173,28 +223,59 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
                 }
             }
         } else if name.eq_ignore_ascii_case("expect")
-            && v?.trim().eq_ignore_ascii_case("100-continue")
+            && v?
+                .trim_matches([' ', '\t'])
+                .eq_ignore_ascii_case("100-continue")
         {
             expect_continue = !http10;
         }
     }
-    if transfer_encoding && content_length.is_some() {
+    let values = |n: &'static str| {
+        fields
+            .iter()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.as_slice())
+    };
+    let content_length = framing::content_length(values("content-length"))?;
+    let coding = framing::transfer_coding(values("transfer-encoding"))?;
+    if coding != Coding::Absent && content_length.is_some() {
         return Err(RequestError::Framing(
             "both Content-Length and Transfer-Encoding",
         ));
     }
-    if transfer_encoding && http10 {
+    if coding != Coding::Absent && http10 {
         return Err(RequestError::Framing("Transfer-Encoding in HTTP/1.0"));
+    }
+    if coding == Coding::NotChunked {
+        // RFC 9112 §6.3: a request whose final coding isn't chunked has no knowable length.
+        return Err(RequestError::Framing(
+            "Transfer-Encoding without final chunked",
+        ));
     }
     if host_fields > 1 {
         return Err(RequestError::Malformed("more than one Host field".into()));
     }
-    let host = match host {
-        Some(h) if !h.is_empty() => h,
-        _ if http10 => String::new(),
-        _ => return Err(RequestError::Malformed("missing Host".into())),
-    };
-    let body = if chunked {
+    if host_fields == 0 && !http10 {
+        return Err(RequestError::Malformed("missing Host".into()));
+    }
+    // RFC 9112 §3.2.2: the target's authority wins over Host; routing, the key and the Host sent
+    // upstream all use the one chosen here.
+    let host = target_host.or(host_field).unwrap_or_default();
+    if host.is_empty() && !http10 {
+        return Err(RequestError::Malformed("empty Host".into()));
+    }
+    // Fields a `Connection` option names are hop-by-hop (RFC 9110 §7.6.1): removed here, once,
+    // so that the key, Vary, bypass rules, conditionals and the upstream request all see the
+    // same request.
+    let nominated =
+        super::headers::connection_tokens(fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+    if !nominated.is_empty() {
+        fields.retain(|(k, _)| {
+            k.eq_ignore_ascii_case("connection")
+                || !nominated.iter().any(|t| k.eq_ignore_ascii_case(t))
+        });
+    }
+    let body = if coding == Coding::Chunked {
         BodyFraming::Chunked
     } else {
         match content_length {
@@ -217,14 +298,28 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
     )))
 }
 
+impl From<FramingError> for RequestError {
+    fn from(e: FramingError) -> RequestError {
+        match e {
+            FramingError::Invalid(why) => RequestError::Framing(why),
+            FramingError::Unsupported(why) => RequestError::Unsupported(why),
+        }
+    }
+}
+
 fn first_line_len(buf: &[u8]) -> usize {
     buf.iter().position(|b| *b == b'\n').unwrap_or(buf.len())
 }
 
-/// Origin-form targets pass through untouched; absolute-form (`http://host/path`) gives its host
-/// and path; `*` (OPTIONS) passes.
+/// Origin-form targets are normalised (see [`super::target`]); absolute-form
+/// (`http://host/path`) gives its validated authority and its normalised path; `*` (OPTIONS)
+/// passes.
 fn split_target(t: &str) -> Result<(String, Option<String>), RequestError> {
-    if t.starts_with('/') || t == "*" {
+    let bad = |e: super::target::Invalid| RequestError::Malformed(e.0.into());
+    if t.starts_with('/') {
+        return Ok((super::target::normalise(t).map_err(bad)?, None));
+    }
+    if t == "*" {
         return Ok((t.to_string(), None));
     }
     let lower = t.get(..8).map(str::to_ascii_lowercase).unwrap_or_default();
@@ -242,7 +337,15 @@ fn split_target(t: &str) -> Result<(String, Option<String>), RequestError> {
         Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
         None => (rest, "/".to_string()),
     };
-    Ok((path, Some(normalise_host(authority))))
+    if authority.contains('@') {
+        // RFC 9110 §4.2.4: userinfo is deprecated in http(s) URIs and only ever used to deceive.
+        return Err(RequestError::Malformed("userinfo in target".into()));
+    }
+    let host = super::target::authority(authority, "80").map_err(bad)?;
+    if host.is_empty() {
+        return Err(RequestError::Malformed("empty authority".into()));
+    }
+    Ok((super::target::normalise(&path).map_err(bad)?, Some(host)))
 }
 
 /// Lower-cases the host and drops a default port, so `Example.com:80` and `example.com` are one.
@@ -367,6 +470,69 @@ mod tests {
                 .0,
             400
         );
+    }
+
+    #[test]
+    fn versions_are_checked_before_httparse() {
+        let r = parse_ok("GET / HTTP/1.2\r\nHost: a\r\n\r\n");
+        assert!(!r.http10);
+        for (line, status) in [
+            ("GET / HTTP/2.0", 505),
+            ("GET / HTTP/0.9", 505),
+            ("GET / http/1.1", 400),
+            ("GET / HTTP/1.10", 400),
+            ("GET / HTTP/1", 400),
+        ] {
+            let s = format!("{line}\r\nHost: a\r\n\r\n");
+            assert_eq!(
+                parse(s.as_bytes(), L).expect_err(line).status().0,
+                status,
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_identity_per_request() {
+        // The target's authority wins over Host, and userinfo is refused.
+        let r = parse_ok("GET http://victim.example/x HTTP/1.1\r\nHost: attacker.example\r\n\r\n");
+        assert_eq!(
+            (r.host.as_str(), r.target.as_str()),
+            ("victim.example", "/x")
+        );
+        for bad in [
+            "GET http://victim.example@attacker.example/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a.example|/pipe\r\n\r\n",
+            "GET / HTTP/1.1\nHost: a\n\n",
+            "GET / HTTP/1.1\r\nHost: a\nX: 1\r\n\r\n",
+            "GET /a/..\\b HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(
+                parse(bad.as_bytes(), L).expect_err(bad).status().0,
+                400,
+                "{bad:?}"
+            );
+        }
+        // Fields a Connection option names, and names with `_`, are gone before anyone looks.
+        let r = parse_ok(
+            "GET /a/%2e%2e/b HTTP/1.1\r\nHost: a\r\nAccept-Language: de\r\nX_Y: 1\r\nConnection: close, Accept-Language\r\n\r\n",
+        );
+        assert_eq!(r.target, "/b");
+        assert_eq!(r.field("accept-language"), None);
+        assert_eq!(r.fields.iter().filter(|(k, _)| k.contains('_')).count(), 0);
+        assert!(r.close);
+        let e = parse(
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            L,
+        )
+        .expect_err("coding before chunked");
+        assert_eq!(e.status().0, 501);
+        let e = parse(
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
+            L,
+        )
+        .expect_err("signed length");
+        assert_eq!(e.status().0, 400);
     }
 
     #[test]

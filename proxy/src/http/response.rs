@@ -1,6 +1,7 @@
 //! Upstream response heads: parsing, body framing (RFC 9112 §6.3), and the client-facing head the
 //! proxy writes.
 
+use super::framing::{self, Coding, FramingError};
 use super::headers::Field;
 
 /// A parsed response head.
@@ -27,6 +28,17 @@ pub enum BodyFraming {
     Chunked,
     /// Until the upstream closes the connection.
     Close,
+}
+
+impl BodyFraming {
+    /// The body length, when the framing says it in advance.
+    pub fn length(self) -> Option<u64> {
+        match self {
+            BodyFraming::None => Some(0),
+            BodyFraming::Length(n) => Some(n),
+            BodyFraming::Chunked | BodyFraming::Close => None,
+        }
+    }
 }
 
 /// Parses a response head from the start of `buf`; `Ok(None)` means incomplete.
@@ -82,43 +94,31 @@ impl ResponseHead {
     }
 
     /// The body framing, or why the response cannot be trusted (answered 502, never stored).
+    /// The framing fields follow their exact grammar ([`framing`]): a malformed or contradictory
+    /// Content-Length or Transfer-Encoding, or a transfer coding other than chunked before a final
+    /// chunked (which the proxy cannot decode), is an error whatever the status.
     pub fn framing(&self, request_was_head: bool) -> Result<BodyFraming, &'static str> {
-        let mut content_length: Option<u64> = None;
-        let mut te = false;
-        let mut chunked = false;
-        for (name, value) in &self.fields {
-            if name.eq_ignore_ascii_case("content-length") {
-                let v = std::str::from_utf8(value).map_err(|_| "invalid Content-Length")?;
-                for part in v.split(',') {
-                    let n: u64 = part.trim().parse().map_err(|_| "invalid Content-Length")?;
-                    if content_length.is_some_and(|c| c != n) {
-                        return Err("differing Content-Length values");
-                    }
-                    content_length = Some(n);
-                }
-            } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                te = true;
-                let v = String::from_utf8_lossy(value).to_ascii_lowercase();
-                chunked = v.split(',').map(str::trim).rfind(|s| !s.is_empty()) == Some("chunked");
-            }
-        }
-        if te && content_length.is_some() {
+        let values = |name: &'static str| {
+            self.fields
+                .iter()
+                .filter(move |(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_slice())
+        };
+        let content_length =
+            framing::content_length(values("content-length")).map_err(FramingError::reason)?;
+        let coding =
+            framing::transfer_coding(values("transfer-encoding")).map_err(FramingError::reason)?;
+        if coding != Coding::Absent && content_length.is_some() {
             return Err("both Content-Length and Transfer-Encoding");
         }
         if request_was_head || self.status < 200 || self.status == 204 || self.status == 304 {
             return Ok(BodyFraming::None);
         }
-        Ok(if te {
-            if chunked {
-                BodyFraming::Chunked
-            } else {
-                BodyFraming::Close
-            }
-        } else {
-            match content_length {
-                Some(n) => BodyFraming::Length(n),
-                None => BodyFraming::Close,
-            }
+        Ok(match (coding, content_length) {
+            (Coding::Chunked, _) => BodyFraming::Chunked,
+            (Coding::NotChunked, _) => BodyFraming::Close,
+            (Coding::Absent, Some(n)) => BodyFraming::Length(n),
+            (Coding::Absent, None) => BodyFraming::Close,
         })
     }
 }
@@ -132,12 +132,15 @@ pub fn reason(status: u16) -> &'static str {
         304 => "Not Modified",
         400 => "Bad Request",
         404 => "Not Found",
+        405 => "Method Not Allowed",
         408 => "Request Timeout",
         413 => "Content Too Large",
+        412 => "Precondition Failed",
         414 => "URI Too Long",
         416 => "Range Not Satisfiable",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        501 => "Not Implemented",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
@@ -171,8 +174,12 @@ mod tests {
             Ok(BodyFraming::Length(5))
         );
         assert_eq!(
-            head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").framing(false),
+            head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").framing(false),
             Ok(BodyFraming::Chunked)
+        );
+        assert_eq!(
+            head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n").framing(false),
+            Ok(BodyFraming::Close)
         );
         assert_eq!(
             head("HTTP/1.1 200 OK\r\n\r\n").framing(false),
@@ -195,6 +202,88 @@ mod tests {
             head("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n")
                 .framing(false)
                 .is_err()
+        );
+    }
+
+    /// The response head with `fields` (raw bytes, so non-ASCII can be sent) after the status line.
+    fn raw(status: u16, fields: &[u8]) -> ResponseHead {
+        let mut wire = format!("HTTP/1.1 {status} OK\r\n").into_bytes();
+        wire.extend_from_slice(fields);
+        wire.extend_from_slice(b"\r\n");
+        parse(&wire).expect("parses").expect("complete").0
+    }
+
+    #[test]
+    fn framing_grammar_is_exact() {
+        for (fields, want) in [
+            (&b"Content-Length: 5\r\n"[..], BodyFraming::Length(5)),
+            (b"Content-Length: 005\r\n", BodyFraming::Length(5)),
+            (b"Content-Length: 5, 5\r\n", BodyFraming::Length(5)),
+            (
+                b"Content-Length: 5\r\nContent-Length: 5\r\n",
+                BodyFraming::Length(5),
+            ),
+            (b"Transfer-Encoding: Chunked\r\n", BodyFraming::Chunked),
+            (b"Transfer-Encoding: gzip, deflate\r\n", BodyFraming::Close),
+        ] {
+            assert_eq!(raw(200, fields).framing(false), Ok(want), "{fields:?}");
+        }
+        for (fields, why) in [
+            (&b"Content-Length: +5\r\n"[..], "invalid Content-Length"),
+            (b"Content-Length: 5, +5\r\n", "invalid Content-Length"),
+            (b"Content-Length: -1\r\n", "invalid Content-Length"),
+            (b"Content-Length: 5\xc2\xa0\r\n", "invalid Content-Length"),
+            (b"Content-Length: \xc2\xa05\r\n", "invalid Content-Length"),
+            (b"Content-Length: 0x5\r\n", "invalid Content-Length"),
+            (b"Content-Length: 5,\r\n", "empty Content-Length element"),
+            (
+                b"Content-Length: 99999999999999999999999\r\n",
+                "Content-Length too large",
+            ),
+            (
+                b"Content-Length: 5, 6\r\n",
+                "differing Content-Length values",
+            ),
+            (
+                b"Transfer-Encoding: chunked\xc2\xa0\r\n",
+                "invalid Transfer-Encoding",
+            ),
+            (
+                b"Transfer-Encoding: gzip, chunked\r\n",
+                "transfer coding other than chunked",
+            ),
+            (
+                b"Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n",
+                "transfer coding other than chunked",
+            ),
+            (
+                b"Transfer-Encoding: chunked, chunked\r\n",
+                "chunked applied more than once",
+            ),
+            (
+                b"Transfer-Encoding: chunked, gzip\r\n",
+                "chunked is not the final transfer coding",
+            ),
+            (
+                b"Transfer-Encoding: chunked;x=1\r\n",
+                "chunked with parameters",
+            ),
+            (b"Transfer-Encoding:\r\n", "empty Transfer-Encoding element"),
+            (
+                b"Transfer-Encoding: gzip\r\nContent-Length: 5\r\n",
+                "both Content-Length and Transfer-Encoding",
+            ),
+        ] {
+            assert_eq!(raw(200, fields).framing(false), Err(why), "{fields:?}");
+        }
+        // Bodiless responses get no pass for malformed framing fields either.
+        assert_eq!(
+            raw(304, b"Content-Length: +5\r\n").framing(false),
+            Err("invalid Content-Length")
+        );
+        assert_eq!(
+            raw(200, b"Transfer-Encoding: gzip, chunked\r\n").framing(true),
+            Err("transfer coding other than chunked")
         );
     }
 }

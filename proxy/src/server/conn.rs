@@ -2,9 +2,10 @@
 //! dispatching each request through route → cache lookup → hit or fetch, and answering malformed
 //! input with its 4xx before closing.
 
-use super::fetch::Fetch;
+use super::fetch::{Fetch, RangeFill};
 use super::hit::{HitKind, HitOutcome};
 use super::{Ctx, Shared};
+use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
 use crate::cache::freshness::{self, Use};
 use crate::cache::invalidation;
@@ -15,6 +16,7 @@ use crate::http::chunked::ChunkedDecoder;
 use crate::http::headers::put_num;
 use crate::http::request::{self, BodyFraming, RequestHead};
 use crate::http::response::reason;
+use crate::sendfile;
 use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -24,6 +26,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use zerocache_dashboard::accounting::ConnId;
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+
+/// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
+const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
 
 /// A client connection's state.
 pub struct Conn {
@@ -156,7 +161,7 @@ impl Conn {
     /// be sending, and closing with unread data would reset the connection and lose the answer.
     async fn reject(&mut self, status: u16) {
         let body_len = self.simple_response(status, true, &[]);
-        let _ = self.sock.write_all(&self.head).await;
+        let _ = self.send_head().await;
         self.record_simple("-", "-", status, body_len, Duration::ZERO);
         let _ = self.sock.shutdown().await;
         let mut sink = [0u8; 4096];
@@ -204,7 +209,7 @@ impl Conn {
             let len = self.head.len() - body_len as usize;
             self.head.truncate(len);
         }
-        self.sock.write_all(&self.head).await?;
+        self.send_head().await?;
         let body = if req.method == "HEAD" { 0 } else { body_len };
         self.record(&ResponseRecord {
             method: &req.method,
@@ -232,6 +237,16 @@ impl Conn {
         });
     }
 
+    /// Sends the response head built in `self.head`, within `limits.send_timeout` per write.
+    pub async fn send_head(&self) -> Result<(), ConnError> {
+        self.send(&self.head).await
+    }
+
+    /// Sends `bytes` to the client, within `limits.send_timeout` per write that makes progress.
+    pub async fn send(&self, bytes: &[u8]) -> Result<(), ConnError> {
+        Ok(sendfile::send_all(&self.sock, bytes, self.ctx.send_timeout).await?)
+    }
+
     /// Records a response in the accounting (the proxy's "intent" side of the ledger).
     pub fn record(&self, r: &ResponseRecord<'_>) {
         self.ctx.accounting.response(self.id, r);
@@ -253,9 +268,7 @@ impl Conn {
             return Ok(None);
         }
         if req.expect_continue && self.buf.is_empty() {
-            self.sock
-                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                .await?;
+            self.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
         }
         let timeout = self.ctx.read_timeout;
         let mut body = Vec::new();
@@ -307,11 +320,21 @@ impl Conn {
             return Ok(false);
         };
         let ctx = self.ctx.clone();
-        let Some(route) = ctx.routes.find(&req.host, &req.target) else {
+        // `OPTIONS *` names the server, not a path: it is routed by its host alone.
+        let route_path = if req.target == "*" { "/" } else { &req.target };
+        let Some(route) = ctx.routes.find(&req.host, route_path) else {
             return self
                 .respond_simple(&req, 404, CacheStatus::Error, &[], started)
                 .await;
         };
+        if req.method == "TRACE" && !route.allow_trace {
+            // TRACE echoes the request back, cookies and credentials included, to any script
+            // that can read the answer (cross-site tracing); only a route that allows it
+            // forwards it (RFC 9110 §9.3.8, §15.5.6).
+            return self
+                .respond_simple(&req, 405, CacheStatus::Error, &[("Allow", ALLOW)], started)
+                .await;
+        }
         let upstream = route.upstream.clone();
         let default_ttl = route.default_ttl;
         let cacheable_method = req.method == "GET" || req.method == "HEAD";
@@ -334,6 +357,23 @@ impl Conn {
                 started,
             )
             .invalidating(invalidate)
+            .run(self)
+            .await;
+        }
+        if req.body != BodyFraming::None {
+            // A GET or HEAD with a body: its meaning is the origin's business, so it goes upstream
+            // with its body, but the answer depends on bytes no key holds, so it is neither
+            // served from the cache nor stored.
+            return Fetch::new(
+                &req,
+                body,
+                upstream,
+                CacheStatus::Miss,
+                "miss",
+                None,
+                started,
+            )
+            .not_stored("request-body")
             .run(self)
             .await;
         }
@@ -391,7 +431,7 @@ impl Conn {
                                 upstream.clone(),
                                 primary.clone(),
                                 url.text.clone(),
-                                e.clone(),
+                                Some(e.clone()),
                                 route.default_ttl,
                                 guard,
                             );
@@ -419,6 +459,20 @@ impl Conn {
                 )
                 .await;
         }
+        if req.method == "GET" && stale.is_none() && req.field("range").is_some() {
+            // A Range miss: the size is unknown, so the range is forwarded and the 206 relayed,
+            // never stored; the whole object is then filled in the background when it is small
+            // enough (`cache.range_fill_max`), so the next request is a hit.
+            return Fetch::new(&req, body, upstream, status, "miss", None, started)
+                .not_stored("range")
+                .range_fill(RangeFill {
+                    primary,
+                    url: url.text,
+                    default_ttl,
+                })
+                .run(self)
+                .await;
+        }
         if req.method == "HEAD" {
             // A HEAD cannot fill a GET entry; forward it without taking the fill lock.
             return Fetch::new(&req, body, upstream, status, "miss", None, started)
@@ -428,20 +482,51 @@ impl Conn {
         let guard = match ctx.locks.acquire(primary.hash) {
             Role::Leader(g) => Some(g),
             Role::Follower(rx) => {
-                let waited = tokio::time::timeout(upstream.read_timeout, lock::wait(rx)).await;
-                if waited.is_ok()
-                    && let Some(e) = lookup()
-                    && freshness::decide(
-                        e.age(SystemTime::now()),
-                        e.meta.lifetime,
-                        e.reuse,
-                        &directives,
-                    ) == Use::Fresh
-                    && let HitOutcome::Served(keep) = self
-                        .serve_hit(&req, &e, HitKind::Coalesced, started)
-                        .await?
-                {
-                    return Ok(keep);
+                match tokio::time::timeout(upstream.read_timeout, lock::wait(rx)).await {
+                    // The leader's response is being stored: read behind it when it is the
+                    // variant this request selects and fresh enough for it.
+                    Ok(Some(g)) => {
+                        let e = &g.entry;
+                        let key = if e.meta.vary.is_empty() {
+                            primary.clone()
+                        } else {
+                            variance::variant(&primary, &e.meta.vary, &req, ctx.hash_bits)
+                        };
+                        let usable = key.text == e.meta.key
+                            && freshness::decide(
+                                e.age(SystemTime::now()),
+                                e.meta.lifetime,
+                                e.reuse,
+                                &directives,
+                            ) == Use::Fresh
+                            && conditional::evaluate(
+                                &req,
+                                e.etag.as_deref(),
+                                e.last_modified.as_deref(),
+                            ) == Precondition::Proceed;
+                        if usable {
+                            return self
+                                .serve_collapsed(&req, &g, upstream.read_timeout, started)
+                                .await;
+                        }
+                    }
+                    // The leader is done: what it stored is a hit now.
+                    Ok(None) => {
+                        if let Some(e) = lookup()
+                            && freshness::decide(
+                                e.age(SystemTime::now()),
+                                e.meta.lifetime,
+                                e.reuse,
+                                &directives,
+                            ) == Use::Fresh
+                            && let HitOutcome::Served(keep) = self
+                                .serve_hit(&req, &e, HitKind::Coalesced, started)
+                                .await?
+                        {
+                            return Ok(keep);
+                        }
+                    }
+                    Err(_) => {}
                 }
                 None
             }

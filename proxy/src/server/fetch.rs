@@ -8,27 +8,29 @@
 
 use super::conn::{Conn, ConnError};
 use super::hit::{HitKind, HitOutcome};
+use crate::cache::conditional::{self, Precondition};
 use crate::cache::directives;
 use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::fill::Fill;
 use crate::cache::freshness::{self, Heuristics};
+use crate::cache::growing::{Growing, Writer};
 use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
-use crate::cache::lock::LeaderGuard;
+use crate::cache::lock::{LeaderGuard, Role};
 use crate::cache::policy;
 use crate::cache::validation;
 use crate::cache::variance;
 use crate::http::headers::{self, put, put_num};
+use crate::http::range;
 use crate::http::request::RequestHead;
 use crate::http::response::BodyFraming;
-use crate::http::response::ResponseHead;
-use crate::upstream::Group;
+use crate::http::response::{ResponseHead, reason};
 use crate::upstream::body::BodyReader;
+use crate::upstream::{Group, UpstreamConn};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::io::AsyncWriteExt;
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
 
 /// One upstream fetch for one client request.
@@ -51,6 +53,20 @@ pub struct Fetch<'a> {
     invalidate: Option<bool>,
     /// How long past expiry the revalidated entry may be served if the upstream fails.
     stale_grace: std::time::Duration,
+    /// Why the response will not be stored, decided before it arrives (a fat GET, a Range miss).
+    not_stored: Option<&'static str>,
+    /// A Range miss: the whole object to fill in the background once its size is known.
+    range_fill: Option<RangeFill>,
+}
+
+/// What a Range miss needs to fill the whole object in the background.
+pub struct RangeFill {
+    /// The primary key of the object.
+    pub primary: CacheKey,
+    /// The URL key text (see `Meta::url`).
+    pub url: String,
+    /// The route's `default_ttl`.
+    pub default_ttl: Option<std::time::Duration>,
 }
 
 /// A background refresh for stale-while-revalidate: the same exchange as a fetch, with no
@@ -60,12 +76,28 @@ pub struct Background {
     upstream: Arc<Group>,
     primary: CacheKey,
     url: String,
-    stale: Arc<Entry>,
+    /// The entry being refreshed; `None` for the first fill after a Range miss.
+    stale: Option<Arc<Entry>>,
     default_ttl: Option<std::time::Duration>,
-    _guard: LeaderGuard,
+    guard: LeaderGuard,
 }
 
 use crate::cache::policy::proxy_owned;
+
+/// The `for=` pairs of a trusted proxy's `Forwarded` field, one element each: `host=`, `proto=`
+/// and `by=` describe the request as the client framed it, and none of them is in the cache key,
+/// so they are never passed on (RFC 7239 §5).
+fn forwarded_for_only(v: &str) -> String {
+    v.split(',')
+        .filter_map(|element| {
+            element
+                .split(';')
+                .map(str::trim)
+                .find(|pair| pair.len() > 4 && pair[..4].eq_ignore_ascii_case("for="))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 impl<'a> Fetch<'a> {
     /// Prepares a fetch.
@@ -91,7 +123,22 @@ impl<'a> Fetch<'a> {
             url: String::new(),
             invalidate: None,
             stale_grace: std::time::Duration::ZERO,
+            not_stored: None,
+            range_fill: None,
         }
+    }
+
+    /// The response will not be stored, for this reason (`Cache-Status: detail=`).
+    pub fn not_stored(mut self, why: &'static str) -> Self {
+        self.not_stored = Some(why);
+        self
+    }
+
+    /// A Range miss: after a 206 whose complete length is at most `cache.range_fill_max`, fill
+    /// the whole object in the background.
+    pub fn range_fill(mut self, r: RangeFill) -> Self {
+        self.range_fill = Some(r);
+        self
     }
 
     /// How long past expiry the entry being revalidated may be served if the upstream fails.
@@ -106,7 +153,7 @@ impl<'a> Fetch<'a> {
         upstream: Arc<Group>,
         primary: CacheKey,
         url: String,
-        stale: Arc<Entry>,
+        stale: Option<Arc<Entry>>,
         default_ttl: Option<std::time::Duration>,
         guard: LeaderGuard,
     ) -> Background {
@@ -117,7 +164,7 @@ impl<'a> Fetch<'a> {
             url,
             stale,
             default_ttl,
-            _guard: guard,
+            guard,
         }
     }
 
@@ -171,51 +218,73 @@ impl<'a> Fetch<'a> {
         self
     }
 
-    fn upstream_request(&self, peer: IpAddr) -> Vec<u8> {
+    /// The request sent upstream: the client's, minus hop-by-hop fields, the fields the operator
+    /// strips, and the client's own claims about where it came from (unless its peer is a trusted
+    /// proxy); `Host` regenerated from the one normalised authority the key and the route used.
+    fn upstream_request(&self, peer: IpAddr, ctx: &crate::server::Ctx) -> Vec<u8> {
         let req = self.req;
         let mut out = Vec::with_capacity(512 + self.body.len());
         out.extend_from_slice(req.method.as_bytes());
         out.push(b' ');
         out.extend_from_slice(req.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
+        put(&mut out, "Host", req.host.as_bytes());
         let tokens =
             headers::connection_tokens(req.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
-        let mut host_sent = false;
+        let trusted = ctx.trusted_proxies.iter().any(|c| c.contains(peer));
         let mut xff: Option<String> = None;
         let mut forwarded: Option<String> = None;
         let mut via: Option<String> = None;
-        // When revalidating a stored response, the cache's own validators replace the client's
-        // conditionals: the client's are answered from the stored response afterwards.
+        // A fetch that may be stored asks for the whole, unconditional representation: the
+        // client's preconditions and Range are answered from it afterwards (locally, or from the
+        // entry), so the origin's 206, 304, 412 or 416 to one client can never become what every
+        // client gets. When revalidating, the cache's own validators go instead.
+        let whole = self.fill.is_some() || self.revalidating.is_some();
         let validators = self
             .revalidating
             .as_ref()
             .map(|e| validation::conditional_fields(e))
             .unwrap_or_default();
-        let ours = !validators.is_empty();
         for (name, value) in &req.fields {
             let n = name.as_str();
             if headers::is_hop_by_hop(n, &tokens)
-                || headers::is_unkeyed_override(n)
+                || ctx.strip_fields.iter().any(|s| n.eq_ignore_ascii_case(s))
+                || n.eq_ignore_ascii_case("host")
                 || n.eq_ignore_ascii_case("content-length")
                 || n.eq_ignore_ascii_case("expect")
-                || (ours && n.len() > 3 && n[..3].eq_ignore_ascii_case("if-"))
+                || (whole && headers::is_range_or_condition(n))
             {
                 continue;
             }
             let v = String::from_utf8_lossy(value);
             if n.eq_ignore_ascii_case("x-forwarded-for") {
-                xff = Some(v.into_owned());
+                if trusted {
+                    xff = Some(match xff {
+                        Some(p) => format!("{p}, {v}"),
+                        None => v.into_owned(),
+                    });
+                }
             } else if n.eq_ignore_ascii_case("forwarded") {
-                forwarded = Some(v.into_owned());
+                if trusted {
+                    let nodes = forwarded_for_only(&v);
+                    if !nodes.is_empty() {
+                        forwarded = Some(match forwarded {
+                            Some(p) => format!("{p}, {nodes}"),
+                            None => nodes,
+                        });
+                    }
+                }
+            } else if n.eq_ignore_ascii_case("x-real-ip")
+                || n.eq_ignore_ascii_case("true-client-ip")
+            {
+                if trusted {
+                    put(&mut out, n, value);
+                }
             } else if n.eq_ignore_ascii_case("via") {
                 via = Some(v.into_owned());
             } else {
-                host_sent |= n.eq_ignore_ascii_case("host");
                 put(&mut out, n, value);
             }
-        }
-        if !host_sent {
-            put(&mut out, "Host", req.host.as_bytes());
         }
         for (k, v) in &validators {
             put(&mut out, k, v.as_bytes());
@@ -254,7 +323,7 @@ impl<'a> Fetch<'a> {
     pub async fn run(mut self, conn: &mut Conn) -> Result<bool, ConnError> {
         let ctx = conn.ctx.clone();
         let req = self.req;
-        let request = self.upstream_request(conn.peer.ip());
+        let request = self.upstream_request(conn.peer.ip(), &ctx);
         let idempotent = matches!(
             req.method.as_str(),
             "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
@@ -296,7 +365,7 @@ impl<'a> Fetch<'a> {
                     put(&mut conn.head, k, v);
                 }
                 conn.head.extend_from_slice(b"\r\n");
-                conn.sock.write_all(&conn.head).await?;
+                conn.send_head().await?;
                 interim_bytes += conn.head.len() as u64;
             }
         }
@@ -371,7 +440,7 @@ impl<'a> Fetch<'a> {
         let tokens =
             headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         let mut fill: Option<Fill> = None;
-        let mut not_stored: Option<&'static str> = None;
+        let mut not_stored: Option<&'static str> = self.not_stored;
         if let Some((primary, _)) = &self.fill {
             // An unwritable cache is retried on every storable miss (one failed open(2)), so a
             // freed disk or fixed permission brings the cache back without a restart.
@@ -381,6 +450,7 @@ impl<'a> Fetch<'a> {
                 request_time,
                 response_time,
                 self.heuristics(&ctx),
+                ctx.store_5xx,
             ) {
                 Ok(st) => {
                     let (key, meta) = fill_meta(
@@ -392,7 +462,10 @@ impl<'a> Fetch<'a> {
                         &self.url,
                         ctx.hash_bits,
                     );
-                    match Fill::create(ctx.store.clone(), key.hash, meta) {
+                    match Fill::create(ctx.store.clone(), key.hash, meta).and_then(|f| {
+                        f.reserve(framing.length().unwrap_or(0))?;
+                        Ok(f)
+                    }) {
                         Ok(f) => {
                             fill = Some(f);
                             not_stored = None;
@@ -405,6 +478,67 @@ impl<'a> Fetch<'a> {
                 }
                 Err(why) => not_stored = Some(why.token()),
             }
+        }
+
+        // Only a storable response keeps the followers waiting; for any other, let them go now
+        // and fetch on their own (hit-for-miss), so an uncacheable URL never queues its clients.
+        let fetched_whole = self.fill.is_some();
+        let guard = self.fill.take().and_then(|(_, g)| g);
+        let guard = if fill.is_some() { guard } else { None };
+        let upstream_close = head.http10
+            || head
+                .field("connection")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+
+        // A storable body goes into the cache file by a task of its own, at the origin's speed;
+        // this client, and followers whose variant matches, read behind it.
+        let mut up = Some(up);
+        let behind = match (fill, up.take()) {
+            (Some(f), Some(u)) => {
+                let (g, w) = Growing::new(f.file(), f.entry_preview(), framing.length());
+                let reader = g.reader();
+                if let Some(guard) = &guard {
+                    guard.publish(g.clone());
+                }
+                tokio::spawn(pump(
+                    ctx.clone(),
+                    u,
+                    framing,
+                    self.upstream.clone(),
+                    f,
+                    w,
+                    guard,
+                    !upstream_close,
+                    true,
+                ));
+                Some((g, reader))
+            }
+            (_, u) => {
+                up = u;
+                None
+            }
+        };
+
+        // The whole representation was fetched in place of the client's conditional request:
+        // its preconditions are answered here, from what the origin sent (RFC 9110 §13.2.2),
+        // while the body still goes into the cache.
+        let local = if fetched_whole && (200..300).contains(&head.status) {
+            conditional::evaluate(req, head.field("etag"), head.field("last-modified"))
+        } else {
+            Precondition::Proceed
+        };
+        if local != Precondition::Proceed {
+            return self
+                .answer_precondition(conn, local, &head, interim_bytes)
+                .await;
+        }
+
+        if let Some(r) = self.range_fill.take()
+            && head.status == 206
+            && let Some(total) = head.field("content-range").and_then(range::complete_length)
+            && total <= ctx.range_fill_max
+        {
+            self.spawn_range_fill(&ctx, r, conn.peer.ip());
         }
 
         // Client head.
@@ -452,11 +586,13 @@ impl<'a> Fetch<'a> {
             CacheStatus::Bypass => self.detail,
             _ => "miss",
         };
-        let cache_status = match (&fill, not_stored, self.status) {
+        // `detail` says why a response will not be stored.
+        let cache_status = match (behind.is_some(), not_stored, self.status) {
             (_, _, CacheStatus::Bypass) => format!("zerocache; fwd={fwd}"),
-            (Some(_), _, _) => format!("zerocache; fwd={fwd}; stored"),
-            (None, Some(why), _) => format!("zerocache; fwd={fwd}; detail={why}"),
-            (None, None, _) => format!("zerocache; fwd={fwd}"),
+            // Every response that completes was stored: a fill that fails aborts its readers.
+            (true, _, _) => format!("zerocache; fwd={fwd}; stored"),
+            (false, Some(why), _) => format!("zerocache; fwd={fwd}; detail={why}"),
+            (false, None, _) => format!("zerocache; fwd={fwd}"),
         };
         put(h, "Cache-Status", cache_status.as_bytes());
         let via_me = if head.http10 {
@@ -473,48 +609,42 @@ impl<'a> Fetch<'a> {
             h.extend_from_slice(b"Connection: close\r\n");
         }
         h.extend_from_slice(b"\r\n");
-        conn.sock.write_all(&conn.head).await?;
         let head_bytes = conn.head.len() as u64 + interim_bytes;
 
-        // Body: upstream → (file) → client.
+        if let Some((g, reader)) = behind {
+            let (body, framing_bytes, result) = match conn.send_head().await {
+                Ok(()) => {
+                    conn.read_behind(&g, reader, to_client_chunked, self.upstream.read_timeout)
+                        .await
+                }
+                Err(e) => (0, 0, Err(e)),
+            };
+            self.record_path(
+                conn,
+                head.status,
+                head_bytes + framing_bytes,
+                body,
+                DataPath::Zerocopy,
+            );
+            result?;
+            return Ok(!close_after);
+        }
+        conn.send_head().await?;
+        let Some(mut up) = up else {
+            return Err(ConnError::Aborted("upstream connection lost".into()));
+        };
+
+        // Body: upstream → client, for a response that is not stored.
         let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
         let mut piece = Vec::with_capacity(64 * 1024);
         let mut out = Vec::with_capacity(if to_client_chunked { 64 * 1024 + 32 } else { 0 });
         let mut body_bytes = 0u64;
-        let mut committed = false;
-        if reader.is_done()
-            && let Some(f) = fill.take()
-        {
-            // An empty body: nothing to stream, the entry is complete already.
-            match f.commit() {
-                Ok(_) => committed = true,
-                Err(e) => ctx.store.write_failed(&e),
-            }
-        }
         while !reader.is_done() {
             if let Err(e) = reader.next(&mut up, &mut piece).await {
-                tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, received = body_bytes, "upstream body failed; nothing stored, closing client connection");
+                tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, received = body_bytes, "upstream body failed; closing client connection");
                 ctx.accounting.upstream_error(&self.upstream.name, e.kind());
-                drop(fill);
                 self.record(conn, head.status, head_bytes, body_bytes);
                 return Err(ConnError::Aborted(e.to_string()));
-            }
-            if let Some(f) = fill.as_mut()
-                && !piece.is_empty()
-                && let Err(e) = f.write(&piece)
-            {
-                ctx.store.write_failed(&e);
-                fill = None;
-            }
-            if reader.is_done()
-                && let Some(f) = fill.take()
-            {
-                // Commit before the last byte leaves: a client that read the whole MISS and asks
-                // again must get a HIT.
-                match f.commit() {
-                    Ok(_) => committed = true,
-                    Err(e) => ctx.store.write_failed(&e),
-                }
             }
             if to_client_chunked {
                 out.clear();
@@ -526,26 +656,82 @@ impl<'a> Fetch<'a> {
                 if reader.is_done() {
                     out.extend_from_slice(b"0\r\n\r\n");
                 }
-                conn.sock.write_all(&out).await?;
+                conn.send(&out).await?;
             } else if !piece.is_empty() {
-                conn.sock.write_all(&piece).await?;
+                conn.send(&piece).await?;
             }
             body_bytes += piece.len() as u64;
         }
-        if committed {
-            tracing::debug!(target = %req.target, bytes = body_bytes, "stored");
-        }
-        let upstream_close = head.http10
-            || head
-                .field("connection")
-                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
         if reader.reusable() && !upstream_close {
             self.upstream.release(up);
         }
-        // Followers waiting on this fill look the entry up now.
-        self.fill = None;
         self.record(conn, head.status, head_bytes, body_bytes);
         Ok(!close_after)
+    }
+
+    /// Answers the client's precondition (304 or 412) from the response just received. A body
+    /// being stored goes on into the cache without this client; any other is not read at all
+    /// (dropping the upstream connection closes it).
+    async fn answer_precondition(
+        self,
+        conn: &mut Conn,
+        p: Precondition,
+        head: &ResponseHead,
+        interim_bytes: u64,
+    ) -> Result<bool, ConnError> {
+        let req = self.req;
+        let status = if p == Precondition::NotModified {
+            304
+        } else {
+            412
+        };
+        let h = &mut conn.head;
+        h.clear();
+        h.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+        if status == 304 {
+            for (k, v) in &head.fields {
+                if conditional::NOT_MODIFIED_FIELDS
+                    .iter()
+                    .any(|f| k.eq_ignore_ascii_case(f))
+                {
+                    put(h, k, v);
+                }
+            }
+        } else {
+            put_num(h, "Content-Length", 0);
+        }
+        put(h, "X-Cache", self.status.as_str().as_bytes());
+        put(h, "Cache-Status", b"zerocache; fwd=miss");
+        put(h, "Via", b"1.1 zerocache");
+        if req.close {
+            h.extend_from_slice(b"Connection: close\r\n");
+        }
+        h.extend_from_slice(b"\r\n");
+        conn.send_head().await?;
+        self.record(conn, status, conn.head.len() as u64 + interim_bytes, 0);
+        Ok(!req.close)
+    }
+
+    /// Starts the background fill of the whole object after a Range miss, unless a fill of it is
+    /// under way already.
+    fn spawn_range_fill(&self, ctx: &Arc<crate::server::Ctx>, r: RangeFill, peer: IpAddr) {
+        let Role::Leader(guard) = ctx.locks.acquire(r.primary.hash) else {
+            return;
+        };
+        let mut whole = self.req.clone();
+        whole
+            .fields
+            .retain(|(k, _)| !headers::is_range_or_condition(k));
+        let bg = Fetch::background(
+            whole,
+            self.upstream.clone(),
+            r.primary,
+            r.url,
+            None,
+            r.default_ttl,
+            guard,
+        );
+        tokio::spawn(bg.refresh(ctx.clone(), peer));
     }
 
     fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics {
@@ -553,6 +739,17 @@ impl<'a> Fetch<'a> {
     }
 
     fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64) {
+        self.record_path(conn, status, head_bytes, body_bytes, DataPath::Copy);
+    }
+
+    fn record_path(
+        &self,
+        conn: &Conn,
+        status: u16,
+        head_bytes: u64,
+        body_bytes: u64,
+        path: DataPath,
+    ) {
         conn.record(&ResponseRecord {
             method: &self.req.method,
             target: &self.req.target,
@@ -560,7 +757,7 @@ impl<'a> Fetch<'a> {
             cache_status: self.status,
             head_bytes,
             body_bytes,
-            path: DataPath::Copy,
+            path,
             duration: self.started.elapsed(),
         });
     }
@@ -603,12 +800,71 @@ fn fill_meta(
     (key, meta)
 }
 
-/// Reads and discards a (304's) body, returning the connection to the pool when it can be.
-async fn drain(
-    up: &mut crate::upstream::UpstreamConn,
+/// Pumps an upstream body into the cache file at the origin's speed, publishing its progress to
+/// the clients reading behind it, then commits the entry, returns the connection to the pool and
+/// lets the followers go. `abandon`: a fill begun for clients stops once none has been reading for
+/// `cache.abandoned_fill_timeout` or it passes `cache.abandoned_fill_max` bytes with none, so
+/// connect-and-disconnect cannot make the origin stream huge objects for nobody.
+#[allow(clippy::too_many_arguments)]
+async fn pump(
+    ctx: Arc<crate::server::Ctx>,
+    mut up: UpstreamConn,
     framing: BodyFraming,
-    group: &Group,
-) -> bool {
+    group: Arc<Group>,
+    mut fill: Fill,
+    mut w: Writer,
+    guard: Option<LeaderGuard>,
+    reusable: bool,
+    abandon: bool,
+) {
+    let mut reader = BodyReader::new(framing, group.read_timeout);
+    let mut piece = Vec::with_capacity(64 * 1024);
+    let mut alone_since: Option<Instant> = None;
+    while !reader.is_done() {
+        if let Err(e) = reader.next(&mut up, &mut piece).await {
+            tracing::warn!(upstream = %group.name, error = %e, received = fill.written(), "upstream body failed; nothing stored, its readers aborted");
+            ctx.accounting.upstream_error(&group.name, e.kind());
+            return; // Dropping the writer fails the readers; dropping the fill deletes its file.
+        }
+        if let Err(e) = fill.write(&piece) {
+            ctx.store.write_failed(&e);
+            return;
+        }
+        if reader.is_done() {
+            break;
+        }
+        w.advance(fill.written());
+        if abandon && w.readers() == 0 {
+            let since = *alone_since.get_or_insert_with(Instant::now);
+            if fill.written() > ctx.abandoned_fill_max
+                || since.elapsed() > ctx.abandoned_fill_timeout
+            {
+                tracing::debug!(
+                    bytes = fill.written(),
+                    "fill abandoned by every client; stopped"
+                );
+                return;
+            }
+        } else {
+            alone_since = None;
+        }
+    }
+    let n = fill.written();
+    // Committed before the last bytes are published: a client that has read the whole MISS and
+    // asks again gets a HIT. A commit that fails leaves every byte in the open file, so the
+    // readers still finish.
+    if let Err(e) = fill.commit() {
+        ctx.store.write_failed(&e);
+    }
+    w.finish(n);
+    if reusable && reader.reusable() {
+        group.release(up);
+    }
+    drop(guard);
+}
+
+/// Reads and discards a (304's) body, returning the connection to the pool when it can be.
+async fn drain(up: &mut UpstreamConn, framing: BodyFraming, group: &Group) -> bool {
     let mut reader = BodyReader::new(framing, group.read_timeout);
     let mut sink = Vec::new();
     while !reader.is_done() {
@@ -666,8 +922,8 @@ impl Background {
             None,
             Instant::now(),
         )
-        .revalidating(Some(self.stale.clone()));
-        let request = f.upstream_request(peer);
+        .revalidating(self.stale.clone());
+        let request = f.upstream_request(peer, &ctx);
         let request_time = SystemTime::now();
         let (mut up, head) = match self
             .upstream
@@ -676,7 +932,7 @@ impl Background {
         {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(upstream = %self.upstream.name, target = %self.req.target, error = %e, "background refresh failed; keeping the stale entry");
+                tracing::warn!(upstream = %self.upstream.name, target = %self.req.target, error = %e, "background fetch failed; keeping what is stored");
                 ctx.accounting.upstream_error(&self.upstream.name, e.kind());
                 return;
             }
@@ -690,18 +946,29 @@ impl Background {
             if drain(&mut up, framing, &self.upstream).await {
                 self.upstream.release(up);
             }
-            let meta = revalidated_meta(&self.stale, &head, request_time, response_time, h);
-            ctx.store.replace_meta(&self.stale, meta);
+            if let Some(stale) = &self.stale {
+                let meta = revalidated_meta(stale, &head, request_time, response_time, h);
+                ctx.store.replace_meta(stale, meta);
+            }
             return;
         }
         if head.status >= 500 {
             return; // Keep serving what we have.
         }
-        let st = match policy::storable(&self.req, &head, request_time, response_time, h) {
+        let st = match policy::storable(
+            &self.req,
+            &head,
+            request_time,
+            response_time,
+            h,
+            ctx.store_5xx,
+        ) {
             Ok(st) => st,
             Err(_) => {
                 // The resource is no longer storable: stop serving the old copy.
-                ctx.store.remove_if_same(&self.stale);
+                if let Some(stale) = &self.stale {
+                    ctx.store.remove_if_same(stale);
+                }
                 return;
             }
         };
@@ -714,22 +981,31 @@ impl Background {
             &self.url,
             ctx.hash_bits,
         );
-        let Ok(mut fill) = Fill::create(ctx.store.clone(), key.hash, meta) else {
-            return;
-        };
-        let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
-        let mut piece = Vec::with_capacity(64 * 1024);
-        while !reader.is_done() {
-            if reader.next(&mut up, &mut piece).await.is_err() || fill.write(&piece).is_err() {
-                return; // Dropping the fill deletes its temp file.
+        let fill = match Fill::create(ctx.store.clone(), key.hash, meta) {
+            Ok(f) => f,
+            Err(e) => {
+                ctx.store.write_failed(&e);
+                return;
             }
-        }
-        match fill.commit() {
-            Ok(_) => tracing::debug!(target = %self.req.target, "refreshed in the background"),
-            Err(e) => ctx.store.write_failed(&e),
-        }
-        if reader.reusable() {
-            self.upstream.release(up);
-        }
+        };
+        let upstream_close = head.http10
+            || head
+                .field("connection")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
+        self.guard.publish(g);
+        pump(
+            ctx.clone(),
+            up,
+            framing,
+            self.upstream.clone(),
+            fill,
+            w,
+            Some(self.guard),
+            !upstream_close,
+            false,
+        )
+        .await;
+        tracing::debug!(target = %self.req.target, "filled in the background");
     }
 }

@@ -12,7 +12,6 @@ use crate::http::request::RequestHead;
 use crate::sendfile::{self, SendfileError};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::io::AsyncWriteExt;
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
 
 /// Why a stored response is being served, for `X-Cache` and `Cache-Status`.
@@ -37,17 +36,6 @@ impl HitKind {
         }
     }
 }
-
-/// Fields a 304 from the cache carries (RFC 9110 §15.4.5): those that guide cache updates.
-const NOT_MODIFIED_FIELDS: &[&str] = &[
-    "cache-control",
-    "content-location",
-    "date",
-    "etag",
-    "expires",
-    "vary",
-    "last-modified",
-];
 
 /// What became of a hit attempt.
 pub enum HitOutcome {
@@ -92,7 +80,7 @@ impl Conn {
                 for line in e.meta.fields.split(|b| *b == b'\n') {
                     let name = line.split(|b| *b == b':').next().unwrap_or(b"");
                     let name = String::from_utf8_lossy(name);
-                    if NOT_MODIFIED_FIELDS
+                    if conditional::NOT_MODIFIED_FIELDS
                         .iter()
                         .any(|f| name.trim().eq_ignore_ascii_case(f))
                     {
@@ -101,7 +89,7 @@ impl Conn {
                     }
                 }
                 self.dynamic_fields(kind, age, ttl, req.close);
-                self.sock.write_all(&self.head).await?;
+                self.send_head().await?;
                 self.record(&ResponseRecord {
                     method: &req.method,
                     target: &req.target,
@@ -122,10 +110,35 @@ impl Conn {
         } else {
             match ctx.store.open_file(e) {
                 Ok(f) => Some(f),
-                Err(err) => {
-                    tracing::warn!(path = %e.path.display(), error = %err, "cache file vanished; refetching");
-                    return Ok(HitOutcome::Gone);
-                }
+                Err(err) => match crate::cache::store::OpenFailure::of(&err) {
+                    crate::cache::store::OpenFailure::NoFds => {
+                        // The entry is intact; the process is out of fds (the store has logged
+                        // it). A refetch would need more of them, so the client comes back soon.
+                        let keep = self
+                            .respond_simple(
+                                req,
+                                503,
+                                CacheStatus::Error,
+                                &[
+                                    ("Retry-After", "1"),
+                                    ("X-Cache", CacheStatus::Error.as_str()),
+                                ],
+                                started,
+                            )
+                            .await?;
+                        return Ok(HitOutcome::Served(keep));
+                    }
+                    crate::cache::store::OpenFailure::Gone => {
+                        tracing::warn!(path = %e.path.display(), error = %err, "cache file vanished; refetching");
+                        return Ok(HitOutcome::Gone);
+                    }
+                    crate::cache::store::OpenFailure::Other => {
+                        // Kept in the index: the file is probably there, and a refetch that
+                        // succeeds replaces it anyway.
+                        tracing::warn!(path = %e.path.display(), error = %err, "cannot open cache file; refetching");
+                        return Ok(HitOutcome::Gone);
+                    }
+                },
             }
         };
         let answer = if req.method == "GET"
@@ -169,9 +182,9 @@ impl Conn {
         self.dynamic_fields(kind, age, ttl, req.close);
         let body_file = file.as_ref().filter(|_| len > 0);
         if body_file.is_some() && !ctx.copy_hits {
-            sendfile::send_head(&self.sock, &self.head).await?;
+            sendfile::send_head(&self.sock, &self.head, ctx.send_timeout).await?;
         } else {
-            self.sock.write_all(&self.head).await?;
+            self.send_head().await?;
         }
         let head_bytes = self.head.len() as u64;
         let mut sent = 0;
@@ -191,9 +204,17 @@ impl Conn {
                 crate::residency::warm(file.clone(), offset, len).await;
             }
             let result = if ctx.copy_hits {
-                sendfile::send_by_copy(&self.sock, file, offset, len).await
+                sendfile::send_by_copy(&self.sock, file, offset, len, ctx.send_timeout).await
             } else {
-                sendfile::send(&self.sock, file, offset, len, ctx.sendfile_max_chunk).await
+                sendfile::send(
+                    &self.sock,
+                    file,
+                    offset,
+                    len,
+                    ctx.sendfile_max_chunk,
+                    ctx.send_timeout,
+                )
+                .await
             };
             match result {
                 Ok(n) => sent = n,

@@ -7,6 +7,7 @@
 //! new requests while responses in flight finish on the old ones.
 
 pub mod affinity;
+pub mod behind;
 pub mod conn;
 pub mod fetch;
 pub mod hit;
@@ -60,6 +61,20 @@ pub struct Ctx {
     pub hash_bits: u32,
     /// The planted zero-copy bug: hits sent by read+write.
     pub copy_hits: bool,
+    /// Longest wait for a client to take more bytes of a response.
+    pub send_timeout: Duration,
+    /// Request fields never forwarded (lower-cased).
+    pub strip_fields: Vec<String>,
+    /// Peers whose forwarding fields are kept and appended to.
+    pub trusted_proxies: Vec<zerocache_config::cidr::Cidr>,
+    /// Largest object filled in the background after a ranged miss.
+    pub range_fill_max: u64,
+    /// Whether 5xx responses with explicit freshness are stored.
+    pub store_5xx: bool,
+    /// Bytes a fill may still read once no client is reading behind it.
+    pub abandoned_fill_max: u64,
+    /// How long a fill may go on once no client is reading behind it.
+    pub abandoned_fill_timeout: Duration,
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock for "recently hit" checks.

@@ -230,7 +230,7 @@ impl Group {
             .map_err(|e| ExchangeError::BeforeResponse(e.into()))?;
         let mut got_any = false;
         loop {
-            match response::parse(&conn.buf) {
+            match parse_head(&conn.buf) {
                 Ok(Some((head, n))) => {
                     let _ = conn.buf.split_to(n);
                     if (100..200).contains(&head.status) {
@@ -243,11 +243,6 @@ impl Group {
                 }
                 Ok(None) => {}
                 Err(e) => return Err(ExchangeError::After(UpstreamError::Protocol(e))),
-            }
-            if conn.buf.len() > 64 * 1024 {
-                return Err(ExchangeError::After(UpstreamError::Protocol(
-                    "response head too large".into(),
-                )));
             }
             let read =
                 tokio::time::timeout(self.read_timeout, conn.stream.read_buf(&mut conn.buf)).await;
@@ -269,6 +264,22 @@ impl Group {
     }
 }
 
+/// Largest response head (status line, fields and the blank line) accepted from an upstream;
+/// each interim (1xx) head is held to it separately.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// [`response::parse`] with the [`MAX_RESPONSE_HEAD`] limit, exact whatever the reads delivered:
+/// a complete head longer than the limit is rejected like an incomplete one that already is.
+fn parse_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, String> {
+    const TOO_LARGE: &str = "response head too large";
+    match response::parse(buf)? {
+        Some((_, n)) if n > MAX_RESPONSE_HEAD => Err(TOO_LARGE.into()),
+        Some(done) => Ok(Some(done)),
+        None if buf.len() > MAX_RESPONSE_HEAD => Err(TOO_LARGE.into()),
+        None => Ok(None),
+    }
+}
+
 enum ExchangeError {
     BeforeResponse(UpstreamError),
     After(UpstreamError),
@@ -279,5 +290,48 @@ impl ExchangeError {
         match self {
             ExchangeError::BeforeResponse(e) | ExchangeError::After(e) => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A response head of exactly `len` bytes (one padding field), followed by `body`.
+    fn head_of(len: usize, body: &[u8]) -> Vec<u8> {
+        let start = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Pad: ";
+        let end = b"\r\n\r\n";
+        let mut wire = start.to_vec();
+        wire.resize(len - end.len(), b'p');
+        wire.extend_from_slice(end);
+        assert_eq!(wire.len(), len);
+        wire.extend_from_slice(body);
+        wire
+    }
+
+    #[test]
+    fn response_head_limit_is_exact() {
+        let at = head_of(MAX_RESPONSE_HEAD, b"ok");
+        let (head, n) = parse_head(&at).expect("at the limit").expect("complete");
+        assert_eq!((head.status, n), (200, MAX_RESPONSE_HEAD));
+        // Complete in the buffer yet one byte over: rejected, however it arrived.
+        let over = head_of(MAX_RESPONSE_HEAD + 1, b"ok");
+        assert_eq!(
+            parse_head(&over).map(|h| h.is_some()),
+            Err("response head too large".to_string())
+        );
+        let big = head_of(70_000, b"ok");
+        assert!(parse_head(&big).is_err());
+        // Incomplete: wait up to the limit, reject past it.
+        assert!(matches!(parse_head(&over[..MAX_RESPONSE_HEAD]), Ok(None)));
+        assert_eq!(
+            parse_head(&over[..MAX_RESPONSE_HEAD + 1]).map(|h| h.is_some()),
+            Err("response head too large".to_string())
+        );
+        // A small head followed by a large body is fine.
+        let mut small = head_of(100, b"");
+        small.resize(200_000, b'b');
+        let (_, n) = parse_head(&small).expect("small head").expect("complete");
+        assert_eq!(n, 100);
     }
 }

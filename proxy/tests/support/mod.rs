@@ -71,6 +71,8 @@ pub struct Opts {
     pub run_as: Option<&'static str>,
     /// Run as nobody with exactly these capabilities (setpriv syntax: `+bpf,+perfmon`).
     pub run_as_caps: Option<String>,
+    /// Run under this RLIMIT_NOFILE, soft and hard (through util-linux's `prlimit`).
+    pub nofile: Option<u64>,
 }
 
 impl Proxy {
@@ -138,6 +140,14 @@ impl Proxy {
             }
             (None, None) => Command::new(bin),
         };
+        if let Some(n) = opts.nofile {
+            // prlimit execs the command: the child is still zerocache itself.
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--nofile={n}:{n}"))
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            cmd = c;
+        }
         let child = cmd
             .args(["run", "--config"])
             .arg(&config)
@@ -227,7 +237,7 @@ impl Proxy {
 
     /// GETs a dashboard path and parses JSON.
     pub fn api(&self, path: &str) -> serde_json::Value {
-        let mut c = Client::connect(self.dashboard);
+        let mut c = Client::connect_dashboard(self.dashboard);
         let r = c.get(path, &[("Connection", "close")]);
         assert_eq!(r.status, 200, "{path}");
         serde_json::from_slice(&r.body).expect("json")
@@ -235,7 +245,7 @@ impl Proxy {
 
     /// POSTs `{"url": ...}` or `{"prefix": ...}` to the purge API; returns (status, JSON).
     pub fn purge(&self, json: &str) -> (u16, serde_json::Value) {
-        let mut c = Client::connect(self.dashboard);
+        let mut c = Client::connect_dashboard(self.dashboard);
         let r = c.send_with_body(
             "POST",
             "/api/purge",
@@ -253,7 +263,7 @@ impl Proxy {
 
     /// `/metrics` text.
     pub fn metrics(&self) -> String {
-        let mut c = Client::connect(self.dashboard);
+        let mut c = Client::connect_dashboard(self.dashboard);
         let r = c.get("/metrics", &[("Connection", "close")]);
         String::from_utf8(r.body).expect("utf8")
     }
@@ -316,6 +326,9 @@ impl Response {
 pub struct Client {
     pub sock: TcpStream,
     buf: Vec<u8>,
+    /// The `Host` it sends: `test.example`, or the dashboard's own address (which only answers
+    /// to its own names).
+    pub host: String,
 }
 
 impl Client {
@@ -327,7 +340,15 @@ impl Client {
         Client {
             sock,
             buf: Vec::new(),
+            host: "test.example".into(),
         }
+    }
+
+    /// A client for the dashboard at `addr`, sending `Host: addr` as a browser would.
+    pub fn connect_dashboard(addr: SocketAddr) -> Client {
+        let mut c = Client::connect(addr);
+        c.host = addr.to_string();
+        c
     }
 
     /// Sends raw bytes.
@@ -336,7 +357,7 @@ impl Client {
     }
 
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test.example\r\n");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.host);
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -354,7 +375,8 @@ impl Client {
         body: &[u8],
     ) -> Response {
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: test.example\r\nContent-Length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
+            self.host,
             body.len()
         );
         for (k, v) in headers {

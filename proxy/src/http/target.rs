@@ -1,0 +1,242 @@
+//! The request target and the authority, as one normalised identity.
+//!
+//! Routing, bypass rules, the cache key and the request sent upstream are all computed from what
+//! this module returns, so they can never disagree about which resource a request names. An origin
+//! that decodes `%2e%2e` or merges `//` itself could otherwise be asked for `/account` while the
+//! cache files the answer under a public, cacheable path (web cache deception).
+//!
+//! The normalisation is RFC 3986 §6.2.2's and nothing more: percent-encoded *unreserved*
+//! characters are decoded, the hex digits of every other escape are upper-cased, and dot-segments
+//! are removed from the path. Reserved escapes stay opaque: `%2F` is not `/` (npm scoped packages,
+//! GitLab project paths and S3 keys depend on the difference). A backslash in the path is refused:
+//! some origins (IIS, some Java containers) treat it as `/` and some don't, so no single key can
+//! describe it safely.
+//!
+//! The authority grammar is RFC 9112 §3.2's `uri-host [ ":" port ]`: a name with `|`, a space, a
+//! non-ASCII byte or a `/` in it names no origin and gets 400.
+
+/// Why a target or authority was refused (always 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Invalid(pub &'static str);
+
+/// True for RFC 3986 `unreserved`.
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+/// True for RFC 3986 `sub-delims`.
+fn sub_delim(b: u8) -> bool {
+    matches!(
+        b,
+        b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'='
+    )
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Validates `uri-host [ ":" port ]` (RFC 9112 §3.2, RFC 3986 §3.2.2) and returns it lower-cased,
+/// without an empty port and without the default port `default_port`.
+pub fn authority(a: &str, default_port: &str) -> Result<String, Invalid> {
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let end = rest.find(']').ok_or(Invalid("unclosed IP literal"))?;
+        let literal = &rest[..end];
+        if literal.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(Invalid("invalid IP literal"));
+        }
+        let after = &rest[end + 1..];
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err(Invalid("junk after IP literal")),
+        };
+        (&a[..end + 2], port)
+    } else {
+        let (host, port) = match a.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (a, None),
+        };
+        let b = host.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                c if unreserved(c) || sub_delim(c) => i += 1,
+                b'%' if b.len() > i + 2 && hex(b[i + 1]).is_some() && hex(b[i + 2]).is_some() => {
+                    i += 3
+                }
+                _ => return Err(Invalid("invalid character in host")),
+            }
+        }
+        (host, port)
+    };
+    let port = match port {
+        Some(p) if p.len() > 5 || !p.bytes().all(|c| c.is_ascii_digit()) => {
+            return Err(Invalid("invalid port"));
+        }
+        Some(p) if p.is_empty() || p == default_port => None,
+        p => p,
+    };
+    let mut out = host.to_ascii_lowercase();
+    if let Some(p) = port {
+        out.push(':');
+        out.push_str(p);
+    }
+    Ok(out)
+}
+
+/// The normalised form of an origin-form target (`/path?query`). Returns the input unchanged (and
+/// unallocated beyond the copy) when there is nothing to normalise, which is the common case.
+pub fn normalise(t: &str) -> Result<String, Invalid> {
+    let (path, query) = match t.find('?') {
+        Some(i) => (&t[..i], Some(&t[i + 1..])),
+        None => (t, None),
+    };
+    if path.contains('\\') {
+        return Err(Invalid("backslash in path"));
+    }
+    let needs_work = t.contains('%') || has_dot_segment(path);
+    if !needs_work {
+        return Ok(t.to_string());
+    }
+    let path = remove_dot_segments(&decode_unreserved(path)?);
+    let mut out = path;
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(&decode_unreserved(q)?);
+    }
+    Ok(out)
+}
+
+/// True when some segment of `path` is `.` or `..` (before any decoding).
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|s| s == "." || s == "..")
+}
+
+/// Decodes escapes of unreserved characters and upper-cases the hex of the rest; a `%` not
+/// followed by two hex digits is refused (origins disagree on what it means).
+fn decode_unreserved(s: &str) -> Result<String, Invalid> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let (Some(h), Some(l)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            ) else {
+                return Err(Invalid("invalid percent-encoding"));
+            };
+            let c = h * 16 + l;
+            if unreserved(c) {
+                out.push(c);
+            } else {
+                out.push(b'%');
+                out.push(b[i + 1].to_ascii_uppercase());
+                out.push(b[i + 2].to_ascii_uppercase());
+            }
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    // Only ASCII was decoded and the rest copied byte for byte, so the bytes are still UTF-8.
+    String::from_utf8(out).map_err(|_| Invalid("invalid UTF-8 in target"))
+}
+
+/// RFC 3986 §5.2.4 on an absolute path: `.` segments vanish, `..` removes the segment before it
+/// (never climbing above the root), and a trailing `.`/`..` leaves the directory's slash.
+fn remove_dot_segments(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let last = segments.len().saturating_sub(1);
+    for (i, seg) in segments.iter().enumerate() {
+        match *seg {
+            "." | ".." => {
+                if *seg == ".." {
+                    out.pop();
+                }
+                if i == last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let mut s = String::with_capacity(path.len());
+    for seg in &out {
+        s.push('/');
+        s.push_str(seg);
+    }
+    if s.is_empty() {
+        s.push('/');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_follow_the_grammar() {
+        for (a, want) in [
+            ("A.Example", "a.example"),
+            ("a.example:80", "a.example"),
+            ("a.example:", "a.example"),
+            ("a.example:8080", "a.example:8080"),
+            ("127.0.0.1", "127.0.0.1"),
+            ("[::1]:8080", "[::1]:8080"),
+            ("[::1]:80", "[::1]"),
+            ("xn--r8jz45g.jp", "xn--r8jz45g.jp"),
+        ] {
+            assert_eq!(authority(a, "80"), Ok(want.to_string()), "{a}");
+        }
+        for bad in [
+            "a.example|/pipe",
+            "a b",
+            "a.example:abc",
+            "a@b",
+            "a/b",
+            "a.example\u{a0}",
+            "例え.jp",
+            "[::1",
+            "[zz]",
+            "a:123456",
+            "a%zz",
+            "a.example:80:80",
+        ] {
+            assert!(authority(bad, "80").is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn targets_are_normalised_once() {
+        for (t, want) in [
+            ("/a/b?x=1", "/a/b?x=1"),
+            ("/a/%2e%2e/admin", "/admin"),
+            ("/a/%2E%2e/admin", "/admin"),
+            ("/a/./b/../c", "/a/c"),
+            ("/../../etc", "/etc"),
+            ("/a/..", "/"),
+            ("/a/b/.", "/a/b/"),
+            ("/%7Euser/%41", "/~user/A"),
+            ("/a%2fb", "/a%2Fb"),
+            ("/a%2Fb", "/a%2Fb"),
+            ("/q?a=%41%2f", "/q?a=A%2F"),
+            ("/a//b", "/a//b"),
+            ("/x;jsessionid=1", "/x;jsessionid=1"),
+        ] {
+            assert_eq!(normalise(t), Ok(want.to_string()), "{t}");
+        }
+        for bad in ["/a\\b", "/a%", "/a%2", "/a%zz", "/q?a=%g1"] {
+            assert!(normalise(bad).is_err(), "{bad}");
+        }
+    }
+}

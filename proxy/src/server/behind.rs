@@ -1,0 +1,147 @@
+//! Serving a client from a fill in progress ([`Growing`]): the body goes from the cache file to
+//! the socket with sendfile as the fill task writes it, so a miss is zero-copy too, and a client
+//! that stops reading holds up only itself (see `cache::growing` for why).
+
+use super::conn::{Conn, ConnError};
+use crate::cache::entry::client_fields;
+use crate::cache::growing::{Growing, Progress, Reader};
+use crate::http::headers::{put, put_num};
+use crate::http::request::RequestHead;
+use crate::sendfile::{self, SendfileError};
+use std::time::{Duration, Instant, SystemTime};
+use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+
+impl Conn {
+    /// Sends the body of `g` as it grows, chunk-framed when `chunked` (the length is unknown and
+    /// the client speaks HTTP/1.1). `wait` bounds each wait for more bytes (the fill has its own
+    /// upstream timeouts; this only guards against a fill that stops publishing). Returns the
+    /// body bytes sent, the chunk-framing bytes sent, and how it ended.
+    pub async fn read_behind(
+        &mut self,
+        g: &Growing,
+        mut r: Reader,
+        chunked: bool,
+        wait: Duration,
+    ) -> (u64, u64, Result<(), ConnError>) {
+        let ctx = self.ctx.clone();
+        let mut sent = 0u64;
+        let mut framing = 0u64;
+        // A chunk's closing CRLF travels with the next chunk's size line: one send fewer.
+        let mut pending_crlf = false;
+        let mut p = r.now();
+        loop {
+            let avail = p.available();
+            if avail > sent {
+                let n = avail - sent;
+                if chunked {
+                    let line = format!("{}{n:x}\r\n", if pending_crlf { "\r\n" } else { "" });
+                    if let Err(e) =
+                        sendfile::send_head(&self.sock, line.as_bytes(), ctx.send_timeout).await
+                    {
+                        return (sent, framing, Err(e.into()));
+                    }
+                    framing += line.len() as u64;
+                    pending_crlf = true;
+                }
+                let offset = g.entry.body_offset + sent;
+                let result = if ctx.copy_hits {
+                    sendfile::send_by_copy(&self.sock, &g.file, offset, n, ctx.send_timeout).await
+                } else {
+                    sendfile::send(
+                        &self.sock,
+                        &g.file,
+                        offset,
+                        n,
+                        ctx.sendfile_max_chunk,
+                        ctx.send_timeout,
+                    )
+                    .await
+                };
+                match result {
+                    Ok(k) => sent += k,
+                    Err(SendfileError::Truncated { sent: k, .. }) => {
+                        sent += k;
+                        let e = ConnError::Aborted("fill file shorter than published".into());
+                        return (sent, framing, Err(e));
+                    }
+                    Err(SendfileError::Io(e)) => return (sent, framing, Err(e.into())),
+                }
+                p = r.now();
+                continue;
+            }
+            match p {
+                Progress::Done(_) => {
+                    if chunked {
+                        let end: &[u8] = if pending_crlf {
+                            b"\r\n0\r\n\r\n"
+                        } else {
+                            b"0\r\n\r\n"
+                        };
+                        if let Err(e) = self.send(end).await {
+                            return (sent, framing, Err(e));
+                        }
+                        framing += end.len() as u64;
+                    }
+                    return (sent, framing, Ok(()));
+                }
+                Progress::Failed(_) => {
+                    let e = ConnError::Aborted("the fill this response read behind failed".into());
+                    return (sent, framing, Err(e));
+                }
+                Progress::Writing(_) => p = r.next(wait).await,
+            }
+        }
+    }
+
+    /// Serves a follower from the fill another request started (RFC 9211 §2.7 `collapsed`):
+    /// the stored head, framed by the known length or chunked, then the body as it grows.
+    pub async fn serve_collapsed(
+        &mut self,
+        req: &RequestHead,
+        g: &Growing,
+        wait: Duration,
+        started: Instant,
+    ) -> Result<bool, ConnError> {
+        let e = &g.entry;
+        let reader = g.reader();
+        let chunked = g.length.is_none() && !req.http10;
+        let close = req.close || (g.length.is_none() && req.http10);
+        let h = &mut self.head;
+        h.clear();
+        h.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", e.meta.status, e.meta.reason).as_bytes());
+        h.extend_from_slice(&client_fields(&e.meta.fields));
+        match g.length {
+            Some(n) => put_num(h, "Content-Length", n),
+            None if chunked => h.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            None => {}
+        }
+        put_num(h, "Age", e.age(SystemTime::now()).as_secs());
+        // It sent nothing to the origin itself: a hit, as nginx counts requests that waited on
+        // `proxy_cache_lock`; `Cache-Status` says how (RFC 9211 §2.7).
+        h.extend_from_slice(b"X-Cache: HIT\r\n");
+        put(h, "Cache-Status", b"zerocache; fwd=miss; collapsed");
+        h.extend_from_slice(b"Via: 1.1 zerocache\r\n");
+        if close {
+            h.extend_from_slice(b"Connection: close\r\n");
+        }
+        h.extend_from_slice(b"\r\n");
+        let mut head_bytes = self.head.len() as u64;
+        let (body, framing, result) = match self.send_head().await {
+            Ok(()) if req.method != "HEAD" => self.read_behind(g, reader, chunked, wait).await,
+            sent => (0, 0, sent),
+        };
+        head_bytes += framing;
+        self.record(&ResponseRecord {
+            method: &req.method,
+            target: &req.target,
+            status: e.meta.status,
+            cache_status: CacheStatus::Hit,
+            head_bytes,
+            body_bytes: body,
+            path: DataPath::Zerocopy,
+            duration: started.elapsed(),
+        });
+        result?;
+        Ok(!close)
+    }
+}
