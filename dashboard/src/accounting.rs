@@ -108,6 +108,9 @@ pub struct ResponseRecord<'a> {
     pub path: DataPath,
     /// Time from request head to last byte.
     pub duration: Duration,
+    /// The whole response was sent; false when it was cut short (client gone, send timeout,
+    /// upstream failure mid-body), with `body_bytes` what actually went out.
+    pub complete: bool,
 }
 
 /// Connection id, unique for the process's lifetime.
@@ -649,6 +652,7 @@ mod tests {
             body_bytes: body,
             path,
             duration: Duration::from_millis(1),
+            complete: true,
         }
     }
 

@@ -89,11 +89,12 @@ pub fn format_line(
         zerocache_dashboard::DataPath::Zerocopy => "sendfile",
         zerocache_dashboard::DataPath::Copy => "copy",
     };
+    let ended = if r.complete { "complete" } else { "aborted" };
     match format {
         AccessLogFormat::Text => format!(
-            "{time} {peer} \"{} {}\" {} {} {} {path} {:.6}\n",
-            r.method,
-            r.target,
+            "{time} {peer} \"{} {}\" {} {} {} {path} {:.6} {ended}\n",
+            escape(r.method),
+            escape(r.target),
             r.status,
             r.body_bytes,
             r.cache_status.as_str(),
@@ -103,11 +104,29 @@ pub fn format_line(
             let v = serde_json::json!({
                 "time": time, "peer": peer.to_string(), "method": r.method, "path": r.target,
                 "status": r.status, "bytes": r.body_bytes, "cache": r.cache_status.as_str(),
-                "data_path": path, "duration_s": r.duration.as_secs_f64(),
+                "data_path": path, "duration_s": r.duration.as_secs_f64(), "complete": r.complete,
             });
             format!("{v}\n")
         }
     }
+}
+
+/// A client-controlled string for the text format, as nginx escapes it: `"`, `\\`, controls
+/// and non-ASCII bytes become `\xHH`, so no request can end the quoted field or forge a line.
+fn escape(s: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    if s.bytes().all(plain) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for b in s.bytes() {
+        if plain(b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\x{b:02X}"));
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// RFC 3339 UTC with milliseconds, without a date crate.
@@ -153,10 +172,21 @@ mod tests {
             body_bytes: 1024,
             path: DataPath::Zerocopy,
             duration: Duration::from_micros(213),
+            complete: true,
         };
         assert_eq!(
             format_line(AccessLogFormat::Text, t, &peer, &r),
-            "2026-11-30T08:26:58.499Z 127.0.0.1:5555 \"GET /obj/1024\" 200 1024 HIT sendfile 0.000213\n"
+            "2026-11-30T08:26:58.499Z 127.0.0.1:5555 \"GET /obj/1024\" 200 1024 HIT sendfile 0.000213 complete\n"
+        );
+        let hostile = ResponseRecord {
+            target: "/a\"b\\c\u{e9}",
+            body_bytes: 100,
+            complete: false,
+            ..r
+        };
+        assert_eq!(
+            format_line(AccessLogFormat::Text, t, &peer, &hostile),
+            "2026-11-30T08:26:58.499Z 127.0.0.1:5555 \"GET /a\\x22b\\x5Cc\\xC3\\xA9\" 200 100 HIT sendfile 0.000213 aborted\n"
         );
         let j: serde_json::Value =
             serde_json::from_str(&format_line(AccessLogFormat::Json, t, &peer, &r)).expect("json");

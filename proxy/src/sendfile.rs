@@ -84,9 +84,14 @@ pub enum SendfileError {
         /// Bytes expected.
         expected: u64,
     },
-    /// The socket failed (client went away).
-    #[error("sendfile: {0}")]
-    Io(#[from] io::Error),
+    /// The socket failed (client went away, or took nothing within the send timeout).
+    #[error("sendfile after {sent} bytes: {error}")]
+    Io {
+        /// Bytes sent before the failure.
+        sent: u64,
+        /// The failure.
+        error: io::Error,
+    },
 }
 
 /// Sends a response head that a sendfile body follows, with `MSG_MORE`: the kernel holds the
@@ -125,7 +130,8 @@ pub async fn send(
                 Ok(r as u64)
             }
         })
-        .await?;
+        .await
+        .map_err(|error| SendfileError::Io { sent, error })?;
         if n == 0 {
             return Err(SendfileError::Truncated {
                 sent,
@@ -155,7 +161,9 @@ pub async fn send_by_copy(
     let mut sent = 0u64;
     while sent < len {
         let want = ((len - sent) as usize).min(buf.len());
-        let n = file.read_at(&mut buf[..want], offset + sent)?;
+        let n = file
+            .read_at(&mut buf[..want], offset + sent)
+            .map_err(|error| SendfileError::Io { sent, error })?;
         if n == 0 {
             return Err(SendfileError::Truncated {
                 sent,
@@ -175,7 +183,11 @@ pub async fn send_by_copy(
                     Ok(r as usize)
                 }
             })
-            .await?;
+            .await
+            .map_err(|error| SendfileError::Io {
+                sent: sent + done as u64,
+                error,
+            })?;
             done += w;
         }
         sent += n as u64;

@@ -64,7 +64,9 @@ impl Conn {
                         let e = ConnError::Aborted("fill file shorter than published".into());
                         return (sent, framing, Err(e));
                     }
-                    Err(SendfileError::Io(e)) => return (sent, framing, Err(e.into())),
+                    Err(SendfileError::Io { sent: k, error }) => {
+                        return (sent + k, framing, Err(error.into()));
+                    }
                 }
                 p = r.now();
                 continue;
@@ -140,6 +142,7 @@ impl Conn {
             body_bytes: body,
             path: DataPath::Zerocopy,
             duration: started.elapsed(),
+            complete: result.is_ok(),
         });
         result?;
         Ok(!close)

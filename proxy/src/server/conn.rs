@@ -161,8 +161,8 @@ impl Conn {
     /// be sending, and closing with unread data would reset the connection and lose the answer.
     async fn reject(&mut self, status: u16) {
         let body_len = self.simple_response(status, true, &[]);
-        let _ = self.send_head().await;
-        self.record_simple("-", "-", status, body_len, Duration::ZERO);
+        let sent = self.send_head().await;
+        self.record_simple("-", "-", status, body_len, sent.is_ok(), Duration::ZERO);
         let _ = self.sock.shutdown().await;
         let mut sink = [0u8; 4096];
         let linger = Instant::now() + Duration::from_secs(1);
@@ -209,7 +209,7 @@ impl Conn {
             let len = self.head.len() - body_len as usize;
             self.head.truncate(len);
         }
-        self.send_head().await?;
+        let sent = self.send_head().await;
         let body = if req.method == "HEAD" { 0 } else { body_len };
         self.record(&ResponseRecord {
             method: &req.method,
@@ -217,23 +217,34 @@ impl Conn {
             status,
             cache_status,
             head_bytes: self.head.len() as u64 - body,
-            body_bytes: body,
+            body_bytes: if sent.is_ok() { body } else { 0 },
             path: DataPath::Copy,
             duration: started.elapsed(),
+            complete: sent.is_ok(),
         });
+        sent?;
         Ok(!req.close)
     }
 
-    fn record_simple(&self, method: &str, target: &str, status: u16, body: u64, d: Duration) {
+    fn record_simple(
+        &self,
+        method: &str,
+        target: &str,
+        status: u16,
+        body: u64,
+        complete: bool,
+        d: Duration,
+    ) {
         self.record(&ResponseRecord {
             method,
             target,
             status,
             cache_status: CacheStatus::Error,
             head_bytes: self.head.len() as u64 - body,
-            body_bytes: body,
+            body_bytes: if complete { body } else { 0 },
             path: DataPath::Copy,
             duration: d,
+            complete,
         });
     }
 

@@ -625,11 +625,15 @@ impl<'a> Fetch<'a> {
                 head_bytes + framing_bytes,
                 body,
                 DataPath::Zerocopy,
+                result.is_ok(),
             );
             result?;
             return Ok(!close_after);
         }
-        conn.send_head().await?;
+        if let Err(e) = conn.send_head().await {
+            self.record(conn, head.status, head_bytes, 0, false);
+            return Err(e);
+        }
         let Some(mut up) = up else {
             return Err(ConnError::Aborted("upstream connection lost".into()));
         };
@@ -643,10 +647,10 @@ impl<'a> Fetch<'a> {
             if let Err(e) = reader.next(&mut up, &mut piece).await {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, received = body_bytes, "upstream body failed; closing client connection");
                 ctx.accounting.upstream_error(&self.upstream.name, e.kind());
-                self.record(conn, head.status, head_bytes, body_bytes);
+                self.record(conn, head.status, head_bytes, body_bytes, false);
                 return Err(ConnError::Aborted(e.to_string()));
             }
-            if to_client_chunked {
+            let sent = if to_client_chunked {
                 out.clear();
                 if !piece.is_empty() {
                     out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
@@ -656,16 +660,20 @@ impl<'a> Fetch<'a> {
                 if reader.is_done() {
                     out.extend_from_slice(b"0\r\n\r\n");
                 }
-                conn.send(&out).await?;
-            } else if !piece.is_empty() {
-                conn.send(&piece).await?;
+                conn.send(&out).await
+            } else {
+                conn.send(&piece).await
+            };
+            if let Err(e) = sent {
+                self.record(conn, head.status, head_bytes, body_bytes, false);
+                return Err(e);
             }
             body_bytes += piece.len() as u64;
         }
         if reader.reusable() && !upstream_close {
             self.upstream.release(up);
         }
-        self.record(conn, head.status, head_bytes, body_bytes);
+        self.record(conn, head.status, head_bytes, body_bytes, true);
         Ok(!close_after)
     }
 
@@ -707,8 +715,15 @@ impl<'a> Fetch<'a> {
             h.extend_from_slice(b"Connection: close\r\n");
         }
         h.extend_from_slice(b"\r\n");
-        conn.send_head().await?;
-        self.record(conn, status, conn.head.len() as u64 + interim_bytes, 0);
+        let sent = conn.send_head().await;
+        self.record(
+            conn,
+            status,
+            conn.head.len() as u64 + interim_bytes,
+            0,
+            sent.is_ok(),
+        );
+        sent?;
         Ok(!req.close)
     }
 
@@ -738,8 +753,15 @@ impl<'a> Fetch<'a> {
         heuristics(ctx, self.default_ttl)
     }
 
-    fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64) {
-        self.record_path(conn, status, head_bytes, body_bytes, DataPath::Copy);
+    fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64, complete: bool) {
+        self.record_path(
+            conn,
+            status,
+            head_bytes,
+            body_bytes,
+            DataPath::Copy,
+            complete,
+        );
     }
 
     fn record_path(
@@ -749,6 +771,7 @@ impl<'a> Fetch<'a> {
         head_bytes: u64,
         body_bytes: u64,
         path: DataPath,
+        complete: bool,
     ) {
         conn.record(&ResponseRecord {
             method: &self.req.method,
@@ -759,6 +782,7 @@ impl<'a> Fetch<'a> {
             body_bytes,
             path,
             duration: self.started.elapsed(),
+            complete,
         });
     }
 }

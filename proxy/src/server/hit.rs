@@ -89,7 +89,7 @@ impl Conn {
                     }
                 }
                 self.dynamic_fields(kind, age, ttl, req.close);
-                self.send_head().await?;
+                let sent = self.send_head().await;
                 self.record(&ResponseRecord {
                     method: &req.method,
                     target: &req.target,
@@ -99,7 +99,9 @@ impl Conn {
                     body_bytes: 0,
                     path: DataPath::Zerocopy,
                     duration: started.elapsed(),
+                    complete: sent.is_ok(),
                 });
+                sent?;
                 return Ok(HitOutcome::Served(!req.close));
             }
         }
@@ -181,12 +183,18 @@ impl Conn {
         };
         self.dynamic_fields(kind, age, ttl, req.close);
         let body_file = file.as_ref().filter(|_| len > 0);
-        if body_file.is_some() && !ctx.copy_hits {
-            sendfile::send_head(&self.sock, &self.head, ctx.send_timeout).await?;
+        let head_sent = if body_file.is_some() && !ctx.copy_hits {
+            sendfile::send_head(&self.sock, &self.head, ctx.send_timeout)
+                .await
+                .map_err(ConnError::from)
         } else {
-            self.send_head().await?;
-        }
+            self.send_head().await
+        };
         let head_bytes = self.head.len() as u64;
+        if let Err(err) = head_sent {
+            self.record_hit(req, kind, status, head_bytes, 0, false, started);
+            return Err(err);
+        }
         let mut sent = 0;
         if let Some(file) = body_file {
             let offset = e.body_offset + start;
@@ -221,13 +229,16 @@ impl Conn {
                 Err(SendfileError::Truncated { sent: s, expected }) => {
                     tracing::warn!(path = %e.path.display(), sent = s, expected, "cache file truncated underneath; dropping entry and closing");
                     ctx.store.remove_if_same(e);
-                    self.record_hit(req, kind, status, head_bytes, s, started);
+                    self.record_hit(req, kind, status, head_bytes, s, false, started);
                     return Err(ConnError::Aborted("truncated cache file".into()));
                 }
-                Err(SendfileError::Io(err)) => return Err(err.into()),
+                Err(SendfileError::Io { sent: s, error }) => {
+                    self.record_hit(req, kind, status, head_bytes, s, false, started);
+                    return Err(error.into());
+                }
             }
         }
-        self.record_hit(req, kind, status, head_bytes, sent, started);
+        self.record_hit(req, kind, status, head_bytes, sent, true, started);
         Ok(HitOutcome::Served(!req.close))
     }
 
@@ -272,6 +283,7 @@ impl Conn {
         status: u16,
         head: u64,
         body: u64,
+        complete: bool,
         started: Instant,
     ) {
         self.record(&ResponseRecord {
@@ -284,6 +296,7 @@ impl Conn {
             // The planted bug still *declares* zero-copy: that is what makes it a violation.
             path: DataPath::Zerocopy,
             duration: started.elapsed(),
+            complete,
         });
     }
 }

@@ -122,7 +122,8 @@ impl Reserve {
     }
 }
 
-/// Sends [`OUT_OF_FDS_RESPONSE`] on a just-accepted non-blocking socket and closes it.
+/// Sends [`OUT_OF_FDS_RESPONSE`] on a just-accepted non-blocking socket and closes it: for a
+/// proxy out of fds or at `limits.max_connections`.
 fn refuse(sock: std::net::TcpStream) {
     // A fresh socket's send buffer takes the whole response at once; a client that cannot take
     // it is not waited for.
@@ -372,10 +373,15 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                     let max = shared.ctx.load().max_connections;
                     if !shared.admit(max) {
                         if last_full_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                            tracing::warn!(max, "limits.max_connections reached; closing new connections");
+                            tracing::warn!(max, "limits.max_connections reached; answering new connections 503");
                             last_full_warning = Some(Instant::now());
                         }
-                        drop(sock);
+                        // Answered at once, without waiting for a request: a full proxy must be
+                        // no slowloris amplifier, and a client told 503 with Retry-After backs
+                        // off where a reset would make it retry at once.
+                        if let Ok(sock) = sock.into_std() {
+                            refuse(sock);
+                        }
                         continue;
                     }
                     let to = pool.pick(me, &sock);
