@@ -192,7 +192,7 @@ impl Conn {
         };
         let head_bytes = self.head.len() as u64;
         if let Err(err) = head_sent {
-            self.record_hit(req, kind, status, head_bytes, 0, false, started);
+            self.record_hit(req, kind, status, (head_bytes, 0, false), started);
             return Err(err);
         }
         let mut sent = 0;
@@ -229,16 +229,16 @@ impl Conn {
                 Err(SendfileError::Truncated { sent: s, expected }) => {
                     tracing::warn!(path = %e.path.display(), sent = s, expected, "cache file truncated underneath; dropping entry and closing");
                     ctx.store.remove_if_same(e);
-                    self.record_hit(req, kind, status, head_bytes, s, false, started);
+                    self.record_hit(req, kind, status, (head_bytes, s, false), started);
                     return Err(ConnError::Aborted("truncated cache file".into()));
                 }
                 Err(SendfileError::Io { sent: s, error }) => {
-                    self.record_hit(req, kind, status, head_bytes, s, false, started);
+                    self.record_hit(req, kind, status, (head_bytes, s, false), started);
                     return Err(error.into());
                 }
             }
         }
-        self.record_hit(req, kind, status, head_bytes, sent, true, started);
+        self.record_hit(req, kind, status, (head_bytes, sent, true), started);
         Ok(HitOutcome::Served(!req.close))
     }
 
@@ -281,9 +281,7 @@ impl Conn {
         req: &RequestHead,
         kind: HitKind,
         status: u16,
-        head: u64,
-        body: u64,
-        complete: bool,
+        (head, body, complete): (u64, u64, bool),
         started: Instant,
     ) {
         self.record(&ResponseRecord {
