@@ -181,6 +181,22 @@ pub struct CacheConfig {
     /// ...or after this long with no client reading.
     #[serde(default = "default_abandoned_fill_timeout", with = "humantime_serde")]
     pub abandoned_fill_timeout: Duration,
+    /// At start-up, verify the bodies of at most this many entries, chosen at random, against the
+    /// checksum stored with them, before listening; a corrupt one is deleted. 0 verifies none.
+    #[serde(default = "default_verify_on_start")]
+    pub verify_on_start: usize,
+    /// Bytes per second the background scrub reads to verify every stored body against its
+    /// checksum, over and over; a corrupt entry is discarded. 0 turns the scrub off.
+    #[serde(default = "default_scrub_rate")]
+    pub scrub_rate: ByteSize,
+}
+
+fn default_verify_on_start() -> usize {
+    64
+}
+
+fn default_scrub_rate() -> ByteSize {
+    ByteSize::mib(8)
 }
 
 fn default_abandoned_fill_timeout() -> Duration {
@@ -325,6 +341,11 @@ pub struct Route {
     /// it is answered 405.
     #[serde(default)]
     pub allow_trace: bool,
+    /// Store responses that carry `Set-Cookie` and explicit freshness, replaying the cookie to
+    /// every client (RFC 9111 allows it; nginx and Varnish don't by default). `false` never
+    /// stores them.
+    #[serde(default = "default_true")]
+    pub store_set_cookie: bool,
 }
 
 fn default_stale_grace() -> Duration {

@@ -26,6 +26,8 @@ pub struct Route {
     pub bypass: zerocache_config::BypassRules,
     /// Forward TRACE instead of answering 405.
     pub allow_trace: bool,
+    /// Store responses that set cookies.
+    pub store_set_cookie: bool,
 }
 
 impl Route {
@@ -76,6 +78,7 @@ impl Routes {
                     stale_grace: r.stale_grace,
                     bypass: r.bypass.clone(),
                     allow_trace: r.allow_trace,
+                    store_set_cookie: r.store_set_cookie,
                 })
             })
             .collect();

@@ -587,3 +587,35 @@ fn trace_with_credentials_is_405_and_never_forwarded() {
     let innocent = c.get("/t", &[]);
     assert_innocent(&innocent, 200, &full(), "MISS");
 }
+
+#[test]
+fn set_cookie_is_stored_by_default_and_never_with_store_set_cookie_false() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/c",
+        text("session page", &[("Set-Cookie", "session=attacker")]),
+    );
+    // The default follows RFC 9111: stored, and the cookie replayed (the README says so).
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    assert_eq!(get(&proxy, "/c", &[]).x_cache(), "MISS");
+    let r = get(&proxy, "/c", &[]);
+    assert_innocent(&r, 200, b"session page", "HIT");
+    assert_eq!(r.header("set-cookie"), Some("session=attacker"));
+    drop(proxy);
+    // The opt-out: never stored, so no client gets another's cookie.
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    store_set_cookie: false\n".into(),
+            ..Opts::default()
+        },
+    );
+    let first = get(&proxy, "/c", &[]);
+    assert_eq!(
+        first.cache_status().as_deref(),
+        Some("zerocache; fwd=miss; detail=set-cookie")
+    );
+    let r = get(&proxy, "/c", &[]);
+    assert_innocent(&r, 200, b"session page", "MISS");
+    assert_eq!(origin.hits("/c"), 3);
+}

@@ -29,6 +29,8 @@ pub enum NotStored {
     Status,
     /// A 5xx, with `cache.store_5xx: false`.
     ServerError,
+    /// `Set-Cookie`, on a route with `store_set_cookie: false`.
+    SetCookie,
 }
 
 impl NotStored {
@@ -43,6 +45,7 @@ impl NotStored {
             NotStored::VaryStar => "vary-star",
             NotStored::Status => "status",
             NotStored::ServerError => "server-error",
+            NotStored::SetCookie => "set-cookie",
         }
     }
 }
@@ -110,6 +113,24 @@ pub fn vary_names(res: &ResponseHead) -> Option<Vec<String>> {
     Some(names)
 }
 
+/// The operator's narrowing of what RFC 9111 allows to be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// `cache.store_5xx`.
+    pub store_5xx: bool,
+    /// The route's `store_set_cookie`.
+    pub store_set_cookie: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            store_5xx: true,
+            store_set_cookie: true,
+        }
+    }
+}
+
 /// Decides storability (§3, §3.5) and what to store.
 pub fn storable(
     req: &RequestHead,
@@ -117,7 +138,7 @@ pub fn storable(
     request_time: SystemTime,
     response_time: SystemTime,
     heuristics: Heuristics,
-    store_5xx: bool,
+    rules: Rules,
 ) -> Result<Storable, NotStored> {
     if req.method != "GET" {
         return Err(NotStored::Method);
@@ -131,8 +152,11 @@ pub fn storable(
     {
         return Err(NotStored::Status);
     }
-    if res.status >= 500 && !store_5xx {
+    if res.status >= 500 && !rules.store_5xx {
         return Err(NotStored::ServerError);
+    }
+    if !rules.store_set_cookie && res.field("set-cookie").is_some() {
+        return Err(NotStored::SetCookie);
     }
     if freshness::request_directives(req).no_store {
         return Err(NotStored::RequestNoStore);
@@ -186,7 +210,14 @@ mod tests {
 
     fn st(req_extra: &str, status: u16, res_extra: &str) -> Result<Storable, NotStored> {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        storable(&req(req_extra), &res(status, res_extra), t, t, H, true)
+        storable(
+            &req(req_extra),
+            &res(status, res_extra),
+            t,
+            t,
+            H,
+            Rules::default(),
+        )
     }
 
     #[test]
@@ -209,11 +240,25 @@ mod tests {
             Some(NotStored::Status)
         );
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let no_5xx = Rules {
+            store_5xx: false,
+            ..Rules::default()
+        };
         assert_eq!(
-            storable(&req(""), &res(503, fresh), t, t, H, false).err(),
+            storable(&req(""), &res(503, fresh), t, t, H, no_5xx).err(),
             Some(NotStored::ServerError)
         );
-        assert!(storable(&req(""), &res(503, fresh), t, t, H, true).is_ok());
+        assert!(storable(&req(""), &res(503, fresh), t, t, H, Rules::default()).is_ok());
+        let no_cookies = Rules {
+            store_set_cookie: false,
+            ..Rules::default()
+        };
+        let cookie = "Cache-Control: max-age=600\r\nSet-Cookie: s=1\r\n";
+        assert_eq!(
+            storable(&req(""), &res(200, cookie), t, t, H, no_cookies).err(),
+            Some(NotStored::SetCookie)
+        );
+        assert!(storable(&req(""), &res(200, cookie), t, t, H, Rules::default()).is_ok());
     }
 
     #[test]

@@ -12,7 +12,6 @@ use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{self, Role};
 use crate::cache::variance;
-use crate::http::chunked::ChunkedDecoder;
 use crate::http::headers::put_num;
 use crate::http::request::{self, BodyFraming, RequestHead};
 use crate::http::response::reason;
@@ -46,6 +45,9 @@ pub struct Conn {
     pub ctx: Arc<Ctx>,
     /// What outlives reloads: the current context and the shutdown signal.
     pub shared: Arc<Shared>,
+    /// Close after the current response: the request's body was not read to its end, so the
+    /// next bytes on the connection are no request.
+    pub must_close: bool,
 }
 
 /// Why a connection must end without (further) response.
@@ -75,6 +77,7 @@ pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         head: Vec::with_capacity(1024),
         ctx: ctx.clone(),
         shared,
+        must_close: false,
     };
     if let Err(e) = conn.run().await {
         tracing::debug!(conn = id, %peer, error = %e, "connection ended");
@@ -97,7 +100,7 @@ impl Conn {
             // Each request runs under the context current when it starts (reloads apply to new
             // requests; responses in flight finish under the old one).
             self.ctx = self.shared.ctx.load_full();
-            let req = match self.read_head(&mut stop).await? {
+            let mut req = match self.read_head(&mut stop).await? {
                 Head::Request(r) => r,
                 Head::Closed => return Ok(()),
                 Head::Reject(status) => {
@@ -105,8 +108,12 @@ impl Conn {
                     return Ok(());
                 }
             };
+            if *stop.borrow() {
+                // Draining: this response is the connection's last, and says so.
+                req.close = true;
+            }
             let started = Instant::now();
-            if !self.handle(*req, started).await? {
+            if !self.handle(*req, started).await? || self.must_close {
                 return Ok(());
             }
         }
@@ -159,7 +166,7 @@ impl Conn {
 
     /// Answers a request the proxy will not process, then closes gracefully: the client may still
     /// be sending, and closing with unread data would reset the connection and lose the answer.
-    async fn reject(&mut self, status: u16) {
+    pub async fn reject(&mut self, status: u16) {
         let body_len = self.simple_response(status, true, &[]);
         let sent = self.send_head().await;
         self.record_simple("-", "-", status, body_len, sent.is_ok(), Duration::ZERO);
@@ -263,65 +270,6 @@ impl Conn {
         self.ctx.accounting.response(self.id, r);
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r);
-        }
-    }
-
-    /// Reads the request body, sending `100 Continue` first when asked. `Ok(None)`: the body was
-    /// refused and answered (413/400); the connection must close.
-    async fn read_body(&mut self, req: &RequestHead) -> Result<Option<Vec<u8>>, ConnError> {
-        if req.body == BodyFraming::None {
-            return Ok(Some(Vec::new()));
-        }
-        if let BodyFraming::Length(n) = req.body
-            && n > self.ctx.max_body
-        {
-            self.reject(413).await;
-            return Ok(None);
-        }
-        if req.expect_continue && self.buf.is_empty() {
-            self.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
-        }
-        let timeout = self.ctx.read_timeout;
-        let mut body = Vec::new();
-        match req.body {
-            BodyFraming::None => {}
-            BodyFraming::Length(n) => {
-                let n = n as usize;
-                while self.buf.len() < n {
-                    self.fill(timeout).await?;
-                }
-                body.extend_from_slice(&self.buf.split_to(n));
-            }
-            BodyFraming::Chunked => {
-                let mut dec = ChunkedDecoder::default();
-                loop {
-                    match dec.decode(&mut self.buf, &mut body) {
-                        Ok(true) => break,
-                        Ok(false) => {}
-                        Err(e) => {
-                            tracing::info!(conn = self.id, error = %e, "bad chunked request body");
-                            self.reject(400).await;
-                            return Ok(None);
-                        }
-                    }
-                    if body.len() as u64 > self.ctx.max_body {
-                        self.reject(413).await;
-                        return Ok(None);
-                    }
-                    self.fill(timeout).await?;
-                }
-            }
-        }
-        Ok(Some(body))
-    }
-
-    async fn fill(&mut self, timeout: Duration) -> Result<(), ConnError> {
-        self.buf.reserve(16 * 1024);
-        match tokio::time::timeout(timeout, self.sock.read_buf(&mut self.buf)).await {
-            Ok(Ok(0)) => Err(ConnError::Aborted("client closed mid-body".into())),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.into()),
-            Err(_) => Err(ConnError::Aborted("request body timed out".into())),
         }
     }
 
@@ -445,7 +393,8 @@ impl Conn {
                                 Some(e.clone()),
                                 route.default_ttl,
                                 guard,
-                            );
+                            )
+                            .store_set_cookie(route.store_set_cookie);
                             tokio::spawn(bg.refresh(ctx.clone(), self.peer.ip()));
                         }
                         match self.serve_hit(&req, &e, HitKind::Stale, started).await? {
@@ -476,6 +425,7 @@ impl Conn {
             // enough (`cache.range_fill_max`), so the next request is a hit.
             return Fetch::new(&req, body, upstream, status, "miss", None, started)
                 .not_stored("range")
+                .store_set_cookie(route.store_set_cookie)
                 .range_fill(RangeFill {
                     primary,
                     url: url.text,
@@ -555,6 +505,7 @@ impl Conn {
         .stale_grace(route.stale_grace)
         .url(url.text)
         .default_ttl(default_ttl)
+        .store_set_cookie(route.store_set_cookie)
         .run(self)
         .await
     }

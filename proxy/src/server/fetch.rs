@@ -8,6 +8,7 @@
 
 use super::conn::{Conn, ConnError};
 use super::hit::{HitKind, HitOutcome};
+use super::upload::{BUFFERED_MAX, BodyError, Remaining, RequestBody};
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::directives;
 use crate::cache::entry::Entry;
@@ -27,16 +28,17 @@ use crate::http::request::RequestHead;
 use crate::http::response::BodyFraming;
 use crate::http::response::{ResponseHead, reason};
 use crate::upstream::body::BodyReader;
-use crate::upstream::{Group, UpstreamConn};
+use crate::upstream::{Group, UpstreamConn, UpstreamError};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
+use tokio::io::AsyncWriteExt;
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
 
 /// One upstream fetch for one client request.
 pub struct Fetch<'a> {
     req: &'a RequestHead,
-    body: Vec<u8>,
+    body: RequestBody,
     upstream: Arc<Group>,
     status: CacheStatus,
     detail: &'static str,
@@ -57,6 +59,27 @@ pub struct Fetch<'a> {
     not_stored: Option<&'static str>,
     /// A Range miss: the whole object to fill in the background once its size is known.
     range_fill: Option<RangeFill>,
+    /// The route's `store_set_cookie`.
+    store_set_cookie: bool,
+    /// The origin answered before the whole request body was sent: its connection is not
+    /// pooled.
+    no_pool: bool,
+    /// ...and the client's body was not read to its end: its connection closes.
+    body_unfinished: bool,
+}
+
+/// Why a streamed request failed.
+enum StreamError {
+    /// The upstream failed (502/504).
+    Upstream(UpstreamError),
+    /// The client's body failed (408/400/413, or the client went away).
+    Body(BodyError),
+}
+
+impl From<UpstreamError> for StreamError {
+    fn from(e: UpstreamError) -> StreamError {
+        StreamError::Upstream(e)
+    }
 }
 
 /// What a Range miss needs to fill the whole object in the background.
@@ -80,6 +103,7 @@ pub struct Background {
     stale: Option<Arc<Entry>>,
     default_ttl: Option<std::time::Duration>,
     guard: LeaderGuard,
+    store_set_cookie: bool,
 }
 
 use crate::cache::policy::proxy_owned;
@@ -103,7 +127,7 @@ impl<'a> Fetch<'a> {
     /// Prepares a fetch.
     pub fn new(
         req: &'a RequestHead,
-        body: Vec<u8>,
+        body: RequestBody,
         upstream: Arc<Group>,
         status: CacheStatus,
         detail: &'static str,
@@ -125,6 +149,22 @@ impl<'a> Fetch<'a> {
             stale_grace: std::time::Duration::ZERO,
             not_stored: None,
             range_fill: None,
+            store_set_cookie: true,
+            no_pool: false,
+            body_unfinished: false,
+        }
+    }
+
+    /// The route's `store_set_cookie`: whether responses that set cookies may be stored.
+    pub fn store_set_cookie(mut self, store: bool) -> Self {
+        self.store_set_cookie = store;
+        self
+    }
+
+    fn rules(&self, ctx: &crate::server::Ctx) -> policy::Rules {
+        policy::Rules {
+            store_5xx: ctx.store_5xx,
+            store_set_cookie: self.store_set_cookie,
         }
     }
 
@@ -165,6 +205,7 @@ impl<'a> Fetch<'a> {
             stale,
             default_ttl,
             guard,
+            store_set_cookie: true,
         }
     }
 
@@ -223,7 +264,7 @@ impl<'a> Fetch<'a> {
     /// proxy); `Host` regenerated from the one normalised authority the key and the route used.
     fn upstream_request(&self, peer: IpAddr, ctx: &crate::server::Ctx) -> Vec<u8> {
         let req = self.req;
-        let mut out = Vec::with_capacity(512 + self.body.len());
+        let mut out = Vec::with_capacity(1024);
         out.extend_from_slice(req.method.as_bytes());
         out.push(b' ');
         out.extend_from_slice(req.target.as_bytes());
@@ -311,11 +352,25 @@ impl<'a> Fetch<'a> {
             "1.1 zerocache"
         };
         put(&mut out, "Via", append(via, via_me.to_string()).as_bytes());
-        if !self.body.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
-            put_num(&mut out, "Content-Length", self.body.len() as u64);
+        match &self.body {
+            RequestBody::Whole(b) => {
+                if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
+                    put_num(&mut out, "Content-Length", b.len() as u64);
+                }
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(b);
+            }
+            RequestBody::Streaming {
+                rest: Remaining::Length { total, .. },
+                ..
+            } => {
+                put_num(&mut out, "Content-Length", *total);
+                out.extend_from_slice(b"\r\n");
+            }
+            RequestBody::Streaming { .. } => {
+                out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+            }
         }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&self.body);
         out
     }
 
@@ -330,11 +385,28 @@ impl<'a> Fetch<'a> {
         );
         let mut interim = Vec::new();
         let request_time = SystemTime::now();
-        let (mut up, head) = match self
-            .upstream
-            .exchange(&request, idempotent, &mut interim)
-            .await
-        {
+        let exchanged = match std::mem::replace(&mut self.body, RequestBody::Whole(Vec::new())) {
+            RequestBody::Whole(_) => {
+                self.upstream
+                    .exchange(&request, idempotent, &mut interim)
+                    .await
+            }
+            RequestBody::Streaming { first, rest } => {
+                match self
+                    .exchange_streaming(conn, &request, first, rest, &mut interim)
+                    .await
+                {
+                    Ok(x) => Ok(x),
+                    Err(StreamError::Upstream(e)) => Err(e),
+                    Err(StreamError::Body(e)) => {
+                        // The origin got part of a body: its connection is dropped, never pooled.
+                        conn.refuse_body(e).await?;
+                        return Ok(false);
+                    }
+                }
+            }
+        };
+        let (mut up, head) = match exchanged {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
@@ -450,7 +522,7 @@ impl<'a> Fetch<'a> {
                 request_time,
                 response_time,
                 self.heuristics(&ctx),
-                ctx.store_5xx,
+                self.rules(&ctx),
             ) {
                 Ok(st) => {
                     let (key, meta) = fill_meta(
@@ -508,7 +580,7 @@ impl<'a> Fetch<'a> {
                     f,
                     w,
                     guard,
-                    !upstream_close,
+                    !upstream_close && !self.no_pool,
                     true,
                 ));
                 Some((g, reader))
@@ -542,7 +614,7 @@ impl<'a> Fetch<'a> {
         }
 
         // Client head.
-        let client_close = req.close;
+        let client_close = req.close || self.body_unfinished;
         let to_client_chunked =
             matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && !req.http10;
         let close_after = client_close
@@ -670,11 +742,69 @@ impl<'a> Fetch<'a> {
             }
             body_bytes += piece.len() as u64;
         }
-        if reader.reusable() && !upstream_close {
+        if reader.reusable() && !upstream_close && !self.no_pool {
             self.upstream.release(up);
         }
         self.record(conn, head.status, head_bytes, body_bytes, true);
         Ok(!close_after)
+    }
+
+    /// Sends a request whose body is too large to hold: the head, then the body as it arrives from
+    /// the client (re-framed as it came: Content-Length or chunked), then reads the response head.
+    /// Always on a fresh connection: a pooled one that turned out dead could not be retried, the
+    /// body being gone. An origin that answers before the whole body is sent (a 413, say) has its
+    /// answer relayed; that connection is never pooled and the client's is closed afterwards,
+    /// since neither side's framing can be trusted any more.
+    async fn exchange_streaming(
+        &mut self,
+        conn: &mut Conn,
+        head: &[u8],
+        first: Vec<u8>,
+        mut rest: Remaining,
+        interim: &mut Vec<ResponseHead>,
+    ) -> Result<(UpstreamConn, ResponseHead), StreamError> {
+        let mut up = self.upstream.connect_fresh().await?;
+        let chunked = matches!(rest, Remaining::Chunked { .. });
+        up.stream
+            .write_all(head)
+            .await
+            .map_err(UpstreamError::from)?;
+        let mut piece = first;
+        let mut framed = Vec::with_capacity(BUFFERED_MAX + 32);
+        let mut done = false;
+        loop {
+            framed.clear();
+            if chunked && !piece.is_empty() {
+                framed.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                framed.extend_from_slice(&piece);
+                framed.extend_from_slice(b"\r\n");
+            } else if !chunked {
+                framed.extend_from_slice(&piece);
+            }
+            if done && chunked {
+                framed.extend_from_slice(b"0\r\n\r\n");
+            }
+            // An origin that has answered already is not reading: stop sending, read its answer.
+            let answered = matches!(up.stream.try_read_buf(&mut up.buf), Ok(n) if n > 0);
+            if answered || up.stream.write_all(&framed).await.is_err() {
+                self.body_unfinished = !done;
+                self.no_pool = true;
+                break;
+            }
+            if done {
+                break;
+            }
+            piece.clear();
+            done = conn
+                .body_piece(&mut rest, &mut piece)
+                .await
+                .map_err(StreamError::Body)?;
+        }
+        if self.body_unfinished {
+            conn.must_close = true;
+        }
+        let head = self.upstream.response_head(&mut up, interim).await?;
+        Ok((up, head))
     }
 
     /// Answers the client's precondition (304 or 412) from the response just received. A body
@@ -745,7 +875,8 @@ impl<'a> Fetch<'a> {
             None,
             r.default_ttl,
             guard,
-        );
+        )
+        .store_set_cookie(self.store_set_cookie);
         tokio::spawn(bg.refresh(ctx.clone(), peer));
     }
 
@@ -934,12 +1065,18 @@ fn revalidated_meta(
 }
 
 impl Background {
+    /// The route's `store_set_cookie`.
+    pub fn store_set_cookie(mut self, store: bool) -> Self {
+        self.store_set_cookie = store;
+        self
+    }
+
     /// Revalidates (or refetches) the stale entry with no client waiting: a 304 updates it, a
     /// storable response replaces it, a failure leaves it as it was.
     pub async fn refresh(self, ctx: Arc<crate::server::Ctx>, peer: IpAddr) {
         let f = Fetch::new(
             &self.req,
-            Vec::new(),
+            RequestBody::Whole(Vec::new()),
             self.upstream.clone(),
             CacheStatus::Expired,
             "stale",
@@ -985,7 +1122,10 @@ impl Background {
             request_time,
             response_time,
             h,
-            ctx.store_5xx,
+            policy::Rules {
+                store_5xx: ctx.store_5xx,
+                store_set_cookie: self.store_set_cookie,
+            },
         ) {
             Ok(st) => st,
             Err(_) => {

@@ -12,6 +12,7 @@ pub mod conn;
 pub mod fetch;
 pub mod hit;
 pub mod placement;
+pub mod upload;
 pub mod valve;
 pub mod workers;
 

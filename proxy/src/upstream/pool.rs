@@ -228,7 +228,27 @@ impl Group {
             .write_all(request)
             .await
             .map_err(|e| ExchangeError::BeforeResponse(e.into()))?;
-        let mut got_any = false;
+        self.read_response_head(conn, on_interim).await
+    }
+
+    /// Reads the final response head of a request already sent on `conn` (a streamed request
+    /// body is sent by the caller), forwarding interim 103 heads to `on_interim`.
+    pub async fn response_head(
+        &self,
+        conn: &mut UpstreamConn,
+        on_interim: &mut Vec<ResponseHead>,
+    ) -> Result<ResponseHead, UpstreamError> {
+        self.read_response_head(conn, on_interim)
+            .await
+            .map_err(ExchangeError::into_inner)
+    }
+
+    async fn read_response_head(
+        &self,
+        conn: &mut UpstreamConn,
+        on_interim: &mut Vec<ResponseHead>,
+    ) -> Result<ResponseHead, ExchangeError> {
+        let mut got_any = !conn.buf.is_empty();
         loop {
             match parse_head(&conn.buf) {
                 Ok(Some((head, n))) => {
