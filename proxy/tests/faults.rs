@@ -79,6 +79,12 @@ fn upstream_failures_map_to_502_and_504_and_store_nothing() {
         Reply::ok(b"late".to_vec()).delay(Duration::from_secs(3)),
     );
     origin.script("/hangup", Reply::hang_up());
+    // Nine interim responses: more than any origin needs, and a way to hold an exchange open.
+    let mut chatty = Reply::ok(b"x".to_vec());
+    for _ in 0..9 {
+        chatty = chatty.interim(100, &[]);
+    }
+    origin.script("/chatty", chatty);
     origin.script(
         "/ambiguous",
         Reply::ok(b"x".to_vec()).headers(&[
@@ -102,6 +108,7 @@ fn upstream_failures_map_to_502_and_504_and_store_nothing() {
     assert_eq!(r.status, 502);
     assert_eq!(c.get("/ambiguous", &[]).status, 502);
     assert_eq!(origin.hits("/ambiguous"), 2, "a 502 must not be cached");
+    assert_eq!(c.get("/chatty", &[]).status, 502);
     // The same client connection is still usable.
     assert_eq!(c.get("/obj/5", &[]).body, body(5));
     let m = proxy.metrics();

@@ -238,3 +238,29 @@ fn the_systemd_units_capabilities_are_enough_for_the_probe() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_response_that_starts_while_draining_says_connection_close() {
+    let (origin, _rt) = origin();
+    let mut proxy = Proxy::start(origin.addr(), Opts::default());
+    assert_eq!(proxy.get("/obj/67108864").body.len(), BIG);
+    // Two pipelined requests; the first (64 MiB) is still in flight when SIGTERM arrives.
+    let mut c = proxy.client();
+    c.send(b"GET /obj/67108864 HTTP/1.1\r\nHost: a\r\n\r\nGET /obj/10 HTTP/1.1\r\nHost: a\r\n\r\n");
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&proxy, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(proxy.addr).is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let first = c.read_response(false);
+    assert_eq!((first.status, first.body.len()), (200, BIG));
+    assert_eq!(first.header("connection"), None);
+    // The second started during the drain: it is the connection's last, and says so.
+    let second = c.read_response(false);
+    assert_eq!((second.status, second.body.clone()), (200, body(10)));
+    assert_eq!(second.header("connection"), Some("close"));
+    assert!(c.is_closed());
+    assert_eq!(proxy.child.wait().expect("wait").code(), Some(0));
+}

@@ -111,6 +111,10 @@ impl ResponseHead {
         if coding != Coding::Absent && content_length.is_some() {
             return Err("both Content-Length and Transfer-Encoding");
         }
+        if coding != Coding::Absent && self.http10 {
+            // RFC 9112 §6.1: HTTP/1.0 has no transfer codings, so such framing is faulty.
+            return Err("Transfer-Encoding in an HTTP/1.0 response");
+        }
         if request_was_head || self.status < 200 || self.status == 204 || self.status == 304 {
             return Ok(BodyFraming::None);
         }
@@ -134,8 +138,8 @@ pub fn reason(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
-        413 => "Content Too Large",
         412 => "Precondition Failed",
+        413 => "Content Too Large",
         414 => "URI Too Long",
         416 => "Range Not Satisfiable",
         431 => "Request Header Fields Too Large",
@@ -284,6 +288,14 @@ mod tests {
         assert_eq!(
             raw(200, b"Transfer-Encoding: gzip, chunked\r\n").framing(true),
             Err("transfer coding other than chunked")
+        );
+        let old = parse(b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .expect("parses")
+            .expect("complete")
+            .0;
+        assert_eq!(
+            old.framing(false),
+            Err("Transfer-Encoding in an HTTP/1.0 response")
         );
     }
 }

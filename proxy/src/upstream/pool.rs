@@ -249,11 +249,20 @@ impl Group {
         on_interim: &mut Vec<ResponseHead>,
     ) -> Result<ResponseHead, ExchangeError> {
         let mut got_any = !conn.buf.is_empty();
+        let mut interim = 0usize;
         loop {
             match parse_head(&conn.buf) {
                 Ok(Some((head, n))) => {
                     let _ = conn.buf.split_to(n);
                     if (100..200).contains(&head.status) {
+                        interim += 1;
+                        if interim > MAX_INTERIM {
+                            // Each is bounded in size, but an endless stream of them would hold
+                            // the exchange (and the memory of the 103s kept) forever.
+                            return Err(ExchangeError::After(UpstreamError::Protocol(
+                                "too many interim responses".into(),
+                            )));
+                        }
                         if head.status == 103 {
                             on_interim.push(head);
                         }
@@ -283,6 +292,9 @@ impl Group {
         }
     }
 }
+
+/// Most interim (1xx) responses accepted before the final one.
+const MAX_INTERIM: usize = 8;
 
 /// Largest response head (status line, fields and the blank line) accepted from an upstream;
 /// each interim (1xx) head is held to it separately.
