@@ -56,6 +56,32 @@ pub struct ProxyConfig {
     /// geolocates or rate-limits on.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// A `\` in a request path: `reject` (400, the default: IIS and some Java containers take
+    /// it as `/`, others don't, so no key can say what it names) or `keep` (an ordinary byte).
+    #[serde(default = "default_reject")]
+    pub path_backslash: PathSpelling,
+    /// A `;` path parameter: `keep` (the default: opaque, part of the key like any byte) or
+    /// `reject` (400). A dot-segment with parameters (`..;`) is refused either way.
+    #[serde(default = "default_keep")]
+    pub path_parameters: PathSpelling,
+}
+
+/// What to do with a path spelling that origins read differently.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PathSpelling {
+    /// Keep it, as an opaque part of the path.
+    Keep,
+    /// Answer 400.
+    Reject,
+}
+
+fn default_reject() -> PathSpelling {
+    PathSpelling::Reject
+}
+
+fn default_keep() -> PathSpelling {
+    PathSpelling::Keep
 }
 
 /// The fields `proxy.strip_request_fields` lists by default.
@@ -86,6 +112,8 @@ impl Default for ProxyConfig {
         ProxyConfig {
             strip_request_fields: default_strip_request_fields(),
             trusted_proxies: Vec::new(),
+            path_backslash: default_reject(),
+            path_parameters: default_keep(),
         }
     }
 }

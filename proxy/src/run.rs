@@ -123,6 +123,12 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         limits: Limits {
             max_head: config.limits.max_header_bytes.as_u64() as usize,
             max_uri: config.limits.max_uri_bytes.as_u64() as usize,
+            path: crate::http::target::PathRules {
+                reject_backslash: config.proxy.path_backslash
+                    == zerocache_config::PathSpelling::Reject,
+                reject_parameters: config.proxy.path_parameters
+                    == zerocache_config::PathSpelling::Reject,
+            },
         },
         header_timeout: config.limits.header_timeout,
         idle_timeout: config.limits.idle_timeout,

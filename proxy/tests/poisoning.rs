@@ -619,3 +619,31 @@ fn set_cookie_is_stored_by_default_and_never_with_store_set_cookie_false() {
     assert_innocent(&r, 200, b"session page", "MISS");
     assert_eq!(origin.hits("/c"), 3);
 }
+
+#[test]
+fn dot_segments_are_resolved_once_for_route_key_and_origin() {
+    let (origin, _rt) = origin();
+    origin.script("/account", text("private page", &[]));
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    // Web cache deception: what the origin resolves, the cache resolves the same way first.
+    let r = get(&proxy, "/static/%2e%2e/account", &[]);
+    assert_innocent(&r, 200, b"private page", "MISS");
+    assert_eq!(
+        origin.received().last().map(|r| r.path.clone()).as_deref(),
+        Some("/account")
+    );
+    // One resource, one key: its plain name is now a hit.
+    assert_innocent(&get(&proxy, "/account", &[]), 200, b"private page", "HIT");
+    // Tomcat's `..;` names something no key can: refused, never forwarded.
+    let r = raw(
+        &proxy,
+        b"GET /static/..;/account HTTP/1.1\r\nHost: a\r\n\r\n",
+    );
+    assert_eq!(r.status, 400);
+    let r = raw(
+        &proxy,
+        b"GET /static\\..\\account HTTP/1.1\r\nHost: a\r\n\r\n",
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(origin.received().len(), 1);
+}

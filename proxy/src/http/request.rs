@@ -81,6 +81,8 @@ pub struct Limits {
     pub max_head: usize,
     /// Longest target in bytes.
     pub max_uri: usize,
+    /// How backslashes and path parameters are treated.
+    pub path: super::target::PathRules,
 }
 
 /// Most header fields accepted in one request.
@@ -200,7 +202,7 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
         .filter(|h| !h.name.contains('_'))
         .map(|h| (h.name.to_string(), h.value.to_vec()))
         .collect();
-    let (target, target_host) = split_target(raw_target)?;
+    let (target, target_host) = split_target(raw_target, limits.path)?;
     let mut host_field: Option<String> = None;
     let mut host_fields = 0;
     let mut close = http10;
@@ -314,10 +316,13 @@ fn first_line_len(buf: &[u8]) -> usize {
 /// Origin-form targets are normalised (see [`super::target`]); absolute-form
 /// (`http://host/path`) gives its validated authority and its normalised path; `*` (OPTIONS)
 /// passes.
-fn split_target(t: &str) -> Result<(String, Option<String>), RequestError> {
+fn split_target(
+    t: &str,
+    rules: super::target::PathRules,
+) -> Result<(String, Option<String>), RequestError> {
     let bad = |e: super::target::Invalid| RequestError::Malformed(e.0.into());
     if t.starts_with('/') {
-        return Ok((super::target::normalise(t).map_err(bad)?, None));
+        return Ok((super::target::normalise(t, rules).map_err(bad)?, None));
     }
     if t == "*" {
         return Ok((t.to_string(), None));
@@ -345,7 +350,10 @@ fn split_target(t: &str) -> Result<(String, Option<String>), RequestError> {
     if host.is_empty() {
         return Err(RequestError::Malformed("empty authority".into()));
     }
-    Ok((super::target::normalise(&path).map_err(bad)?, Some(host)))
+    Ok((
+        super::target::normalise(&path, rules).map_err(bad)?,
+        Some(host),
+    ))
 }
 
 /// Lower-cases the host and drops a default port, so `Example.com:80` and `example.com` are one.
@@ -387,6 +395,7 @@ pub fn test_request(method: &str, extra: &str) -> RequestHead {
         Limits {
             max_head: 8192,
             max_uri: 8192,
+            path: super::target::PathRules::SAFE,
         },
     )
     .expect("valid test request")
@@ -401,6 +410,7 @@ mod tests {
     const L: Limits = Limits {
         max_head: 8192,
         max_uri: 1024,
+        path: crate::http::target::PathRules::SAFE,
     };
 
     fn parse_ok(s: &str) -> RequestHead {

@@ -8,12 +8,35 @@
 //! The normalisation is RFC 3986 §6.2.2's and nothing more: percent-encoded *unreserved*
 //! characters are decoded, the hex digits of every other escape are upper-cased, and dot-segments
 //! are removed from the path. Reserved escapes stay opaque: `%2F` is not `/` (npm scoped packages,
-//! GitLab project paths and S3 keys depend on the difference). A backslash in the path is refused:
-//! some origins (IIS, some Java containers) treat it as `/` and some don't, so no single key can
-//! describe it safely.
+//! GitLab project paths and S3 keys depend on it).
+//!
+//! Two spellings mean different things to different origins, so their treatment is the operator's
+//! choice ([`PathRules`]), with a safe default. A backslash (IIS and some Java containers take it
+//! as `/`) is refused by default. A `;` path parameter is kept opaque by default (routes and
+//! bypass rules match prefixes, which a parameter cannot fake), but a dot-segment with parameters
+//! (`/static/..;/account`, which Tomcat resolves to `/account`) is always refused: no key could
+//! name what such a path means to the origin.
 //!
 //! The authority grammar is RFC 9112 §3.2's `uri-host [ ":" port ]`: a name with `|`, a space, a
 //! non-ASCII byte or a `/` in it names no origin and gets 400.
+
+/// How the two origin-dependent path spellings are treated (`proxy.path_backslash`,
+/// `proxy.path_parameters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathRules {
+    /// Refuse `\` in the path (else it is an ordinary, opaque byte).
+    pub reject_backslash: bool,
+    /// Refuse any `;` in the path (else `;params` are opaque; `..;` and `.;` are refused anyway).
+    pub reject_parameters: bool,
+}
+
+impl PathRules {
+    /// The defaults: backslashes refused, parameters kept opaque.
+    pub const SAFE: PathRules = PathRules {
+        reject_backslash: true,
+        reject_parameters: false,
+    };
+}
 
 /// Why a target or authority was refused (always 400).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,13 +115,26 @@ pub fn authority(a: &str, default_port: &str) -> Result<String, Invalid> {
 
 /// The normalised form of an origin-form target (`/path?query`). Returns the input unchanged (and
 /// unallocated beyond the copy) when there is nothing to normalise, which is the common case.
-pub fn normalise(t: &str) -> Result<String, Invalid> {
+pub fn normalise(t: &str, rules: PathRules) -> Result<String, Invalid> {
     let (path, query) = match t.find('?') {
         Some(i) => (&t[..i], Some(&t[i + 1..])),
         None => (t, None),
     };
-    if path.contains('\\') {
+    if rules.reject_backslash && path.contains('\\') {
         return Err(Invalid("backslash in path"));
+    }
+    if path.contains(';') {
+        if rules.reject_parameters {
+            return Err(Invalid("path parameter"));
+        }
+        // Decoded first, so `%2e%2e;` is caught as well as `..;`.
+        let decoded = decode_unreserved(path)?;
+        if decoded
+            .split('/')
+            .any(|s| matches!(s.split(';').next(), Some(".") | Some("..")) && s.contains(';'))
+        {
+            return Err(Invalid("dot-segment with parameters"));
+        }
     }
     let needs_work = t.contains('%') || has_dot_segment(path);
     if !needs_work {
@@ -233,10 +269,33 @@ mod tests {
             ("/a//b", "/a//b"),
             ("/x;jsessionid=1", "/x;jsessionid=1"),
         ] {
-            assert_eq!(normalise(t), Ok(want.to_string()), "{t}");
+            assert_eq!(normalise(t, PathRules::SAFE), Ok(want.to_string()), "{t}");
         }
-        for bad in ["/a\\b", "/a%", "/a%2", "/a%zz", "/q?a=%g1"] {
-            assert!(normalise(bad).is_err(), "{bad}");
+        for bad in [
+            "/a\\b",
+            "/a%",
+            "/a%2",
+            "/a%zz",
+            "/q?a=%g1",
+            "/static/..;/account",
+            "/static/.;/x",
+            "/static/%2e%2e;x/account",
+        ] {
+            assert!(normalise(bad, PathRules::SAFE).is_err(), "{bad}");
         }
+        let lenient = PathRules {
+            reject_backslash: false,
+            reject_parameters: false,
+        };
+        assert_eq!(normalise("/a\\b", lenient), Ok("/a\\b".to_string()));
+        let strict = PathRules {
+            reject_backslash: true,
+            reject_parameters: true,
+        };
+        assert!(normalise("/x;jsessionid=1", strict).is_err());
+        assert!(
+            normalise("/x?a=1;b=2", strict).is_ok(),
+            "a query's `;` is no path parameter"
+        );
     }
 }
