@@ -4,6 +4,8 @@
 
 pub mod accesslog;
 pub mod cache;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod http;
 pub mod residency;
 pub mod routing;

@@ -1,0 +1,296 @@
+//! Fuzzing harnesses, compiled only with the `fuzzing` feature: the libFuzzer targets in
+//! `proxy/fuzz/fuzz_targets/` are one-line wrappers around these functions, so the properties
+//! live next to the code they check and use only its public API. Each function takes arbitrary
+//! bytes, must never panic, and panics (which libFuzzer reports as a crash) when a property does
+//! not hold. See `xtask/src/fuzz.rs` for how to run them.
+
+use crate::cache::entry::{self, Meta};
+use crate::http::{chunked::ChunkedDecoder, request, response};
+use bytes::BytesMut;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::{Mutex, OnceLock};
+
+/// The limits the proxy runs with by default (`limits.max_header_bytes`, `limits.max_uri_bytes`).
+pub const REQUEST_LIMITS: request::Limits = request::Limits {
+    max_head: 16384,
+    max_uri: 8192,
+    path: crate::http::target::PathRules::SAFE,
+};
+
+/// `request::parse` never panics, and a complete head never claims more bytes than it was given.
+pub fn request_head(data: &[u8]) {
+    if let Ok(Some((_head, n))) = request::parse(data, REQUEST_LIMITS) {
+        assert!(
+            n <= data.len(),
+            "request::parse consumed {n} of {} bytes",
+            data.len()
+        );
+    }
+}
+
+/// What one decoder run ended with: `Ok(done)` or the error, the body bytes, and the bytes left
+/// in the buffer (those after the last chunk and trailers, when done).
+type Decoded = (Result<bool, String>, Vec<u8>, Vec<u8>);
+
+/// The first byte picks a split point in the rest; the chunked decoder fed the rest in those two
+/// pieces must end exactly as when fed it whole: same body, same leftover bytes, and an error in
+/// one case only if there is one in the other. Error messages may differ (a bare LF past the
+/// line limit is "bare LF" whole but "line too long" when the line arrives in pieces).
+pub fn chunked(data: &[u8]) {
+    let Some((&first, wire)) = data.split_first() else {
+        return;
+    };
+    let split = usize::from(first) % (wire.len() + 1);
+
+    let whole = {
+        let mut d = ChunkedDecoder::default();
+        let mut out = Vec::new();
+        let mut buf = BytesMut::from(wire);
+        let r = d.decode(&mut buf, &mut out).map_err(|e| e.to_string());
+        if let Ok(done) = r {
+            assert_eq!(done, d.is_done(), "decode's result disagrees with is_done");
+        }
+        (r, out, buf.to_vec())
+    };
+
+    let pieces: Decoded = {
+        let mut d = ChunkedDecoder::default();
+        let mut out = Vec::new();
+        let mut buf = BytesMut::from(&wire[..split]);
+        let first = d.decode(&mut buf, &mut out).map_err(|e| e.to_string());
+        let r = match first {
+            Err(e) => Err(e),
+            Ok(_) => {
+                buf.extend_from_slice(&wire[split..]);
+                d.decode(&mut buf, &mut out).map_err(|e| e.to_string())
+            }
+        };
+        (r, out, buf.to_vec())
+    };
+
+    let (wr, wout, wleft) = &whole;
+    let (pr, pout, pleft) = &pieces;
+    let same = match (wr, pr) {
+        (Ok(a), Ok(b)) => a == b && wleft == pleft,
+        (Err(_), Err(_)) => true,
+        _ => false,
+    };
+    assert!(
+        same && wout == pout,
+        "split at {split} of {}: whole gave {:?} body {:?} left {:?}; \
+         pieces gave {:?} body {:?} left {:?}",
+        wire.len(),
+        wr,
+        String::from_utf8_lossy(wout),
+        String::from_utf8_lossy(wleft),
+        pr,
+        String::from_utf8_lossy(pout),
+        String::from_utf8_lossy(pleft),
+    );
+}
+
+/// `response::parse` never panics, a complete head never claims more bytes than it was given,
+/// and its body framing can be asked for either kind of request without a panic.
+pub fn response_head(data: &[u8]) {
+    if let Ok(Some((head, n))) = response::parse(data) {
+        assert!(
+            n <= data.len(),
+            "response::parse consumed {n} of {} bytes",
+            data.len()
+        );
+        let get = head.framing(false);
+        let head_req = head.framing(true);
+        // A HEAD request's response never has a body, but the same framing fields are judged.
+        assert_eq!(
+            get.is_err(),
+            head_req.is_err(),
+            "framing(false) = {get:?} but framing(true) = {head_req:?}"
+        );
+        if let Ok(f) = head_req {
+            assert_eq!(
+                f,
+                response::BodyFraming::None,
+                "a HEAD response with a body"
+            );
+        }
+    }
+}
+
+/// One scratch file per process, unlinked at once, reused by every run of [`cache_entry`].
+fn scratch() -> &'static Mutex<File> {
+    static FILE: OnceLock<Mutex<File>> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!(
+            "zerocache-fuzz-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("creating the fuzz scratch file");
+        let _ = std::fs::remove_file(&path);
+        Mutex::new(file)
+    })
+}
+
+fn rewrite(file: &File, bytes: &[u8], len: u64) -> io::Result<()> {
+    file.set_len(0)?;
+    file.write_all_at(bytes, 0)?;
+    file.set_len(len)
+}
+
+/// The cache entry reader:
+/// - `Meta::decode` never panics, and what it decodes re-encodes to a block that decodes to the
+///   same `Meta`;
+/// - `read_header` on a file holding the input never panics, and an entry it accepts has the
+///   length its header promises and a `Meta` that round-trips;
+/// - the input used as the meta block of a well-formed header (right header checksum, aligned
+///   body offset, empty body) reads back as exactly `Meta::decode(input)`, or is rejected as
+///   malformed metadata when that is `None`.
+pub fn cache_entry(data: &[u8]) {
+    let decoded = Meta::decode(data);
+    if let Some(m) = &decoded {
+        let again = Meta::decode(&m.encode());
+        assert_eq!(again.as_ref(), Some(m), "Meta::decode(m.encode()) != m");
+    }
+
+    let file = scratch().lock().unwrap_or_else(|e| e.into_inner());
+    rewrite(&file, data, data.len() as u64).expect("writing the scratch file");
+    if let Ok((m, offset, body_len)) = entry::read_header(&file) {
+        assert_eq!(
+            offset.checked_add(body_len),
+            Some(data.len() as u64),
+            "read_header accepted an entry whose length is not offset + body_len"
+        );
+        assert_eq!(Meta::decode(&m.encode()).as_ref(), Some(&m));
+    }
+
+    // read_header refuses meta blocks over 1 MiB whatever they hold; libFuzzer's inputs are far
+    // smaller, but a hand-fed file need not be.
+    if data.len() > 1 << 20 {
+        return;
+    }
+    // An empty body, so its checksum is never looked at (read_header does not read bodies).
+    let header = entry::encode_header(data, 0, 0);
+    rewrite(&file, &header, entry::body_offset(data.len())).expect("writing the scratch file");
+    match (entry::read_header(&file), &decoded) {
+        (Ok((m, offset, 0)), Some(d)) => {
+            assert_eq!(&m, d, "read_header's meta differs from Meta::decode's");
+            assert_eq!(offset, entry::body_offset(data.len()));
+        }
+        (Err(entry::CorruptEntry::Meta), None) => {}
+        (got, want) => panic!(
+            "a well-formed header around this meta block read back as {got:?}, expected {want:?}"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn corpus() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus")
+    }
+
+    /// The Meta seeds of the committed `cache_entry` corpus, as the real encoder writes them.
+    fn meta_seeds() -> Vec<(&'static str, Vec<u8>)> {
+        let plain = Meta {
+            key: "GET|http|example.com|/index.html".into(),
+            stored_at: UNIX_EPOCH + Duration::from_millis(1_767_225_600_000),
+            initial_age: Duration::from_secs(3),
+            lifetime: Duration::from_secs(600),
+            status: 200,
+            reason: "OK".into(),
+            fields: b"Content-Type: text/html\r\nCache-Control: max-age=600\r\nETag: \"v1\"\r\n"
+                .to_vec(),
+            vary: vec![],
+            url: "GET|http|example.com|/index.html".into(),
+        };
+        let varied = Meta {
+            key: "GET|https|cdn.example.com|/app.js?v=2|accept-encoding=gzip".into(),
+            stored_at: UNIX_EPOCH + Duration::from_millis(1_767_225_600_123),
+            initial_age: Duration::ZERO,
+            lifetime: Duration::from_secs(86_400),
+            status: 203,
+            reason: "Non-Authoritative Information".into(),
+            fields: concat!(
+                "Content-Type: application/javascript\r\n",
+                "Vary: Accept-Encoding, Accept-Language\r\n",
+                "Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\n",
+            )
+            .as_bytes()
+            .to_vec(),
+            vary: vec!["accept-encoding".into(), "accept-language".into()],
+            url: "GET|https|cdn.example.com|/app.js?v=2".into(),
+        };
+        let meta = plain.encode();
+        let body = b"<html>hello</html>\n";
+        let mut file = entry::encode_header(&meta, body.len() as u64, entry::body_checksum(body));
+        file.resize(entry::body_offset(meta.len()) as usize, 0);
+        file.extend_from_slice(body);
+        vec![
+            ("meta-plain", meta),
+            ("meta-vary", varied.encode()),
+            ("entry-file", file),
+        ]
+    }
+
+    /// The committed Meta seeds are what the encoder writes now; `ZEROCACHE_WRITE_SEEDS=1` with
+    /// `cargo test -p zerocache --features fuzzing --lib fuzzing` rewrites them after a format
+    /// change.
+    #[test]
+    fn meta_seeds_are_the_encoders_output() {
+        let dir = corpus().join("cache_entry");
+        for (name, bytes) in meta_seeds() {
+            let path = dir.join(name);
+            if std::env::var_os("ZEROCACHE_WRITE_SEEDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &bytes).unwrap();
+            }
+            let committed = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (ZEROCACHE_WRITE_SEEDS=1 writes it)",
+                    path.display()
+                )
+            });
+            assert!(
+                committed == bytes,
+                "{} is stale: rerun with ZEROCACHE_WRITE_SEEDS=1",
+                path.display()
+            );
+        }
+    }
+
+    /// Every committed seed (and crash regression) passes its harness on the stable toolchain.
+    #[test]
+    fn committed_corpus_passes() {
+        type Harness = fn(&[u8]);
+        let targets: [(&str, Harness); 4] = [
+            ("request_head", request_head),
+            ("chunked", chunked),
+            ("response_head", response_head),
+            ("cache_entry", cache_entry),
+        ];
+        for (target, harness) in targets {
+            let dir = corpus().join(target);
+            let mut n = 0;
+            for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+                let path = e.unwrap().path();
+                let bytes = std::fs::read(&path).unwrap();
+                if std::panic::catch_unwind(|| harness(&bytes)).is_err() {
+                    panic!("{} fails its harness", path.display());
+                }
+                n += 1;
+            }
+            assert!(n > 0, "no seed in {}", dir.display());
+        }
+    }
+}
