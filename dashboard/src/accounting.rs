@@ -219,6 +219,7 @@ pub struct Accounting {
     violations: AtomicU64,
     violation_bytes: AtomicU64,
     cold_offloads: AtomicU64,
+    corrupt_entries: AtomicU64,
     next_conn: AtomicU64,
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
     durations: prometheus::Histogram,
@@ -263,6 +264,7 @@ impl Accounting {
             violations: AtomicU64::new(0),
             violation_bytes: AtomicU64::new(0),
             cold_offloads: AtomicU64::new(0),
+            corrupt_entries: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
             durations,
@@ -343,6 +345,16 @@ impl Accounting {
     /// Hits whose pages had to be read in first.
     pub fn cold_offloads(&self) -> u64 {
         self.cold_offloads.load(Ordering::Relaxed)
+    }
+
+    /// `n` cache entries were found corrupt (their body no longer had its checksum) and discarded.
+    pub fn corrupt_entries_found(&self, n: u64) {
+        self.corrupt_entries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Cache entries found corrupt and discarded since start.
+    pub fn corrupt_entries(&self) -> u64 {
+        self.corrupt_entries.load(Ordering::Relaxed)
     }
 
     /// An upstream exchange failed.

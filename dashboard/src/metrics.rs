@@ -125,6 +125,15 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     )?;
     werr.with_label_values(&[] as &[&str])
         .inc_by(cache.write_errors);
+    let corrupt = counter_vec(
+        &r,
+        "zerocache_cache_corrupt_entries_total",
+        "Cache entries whose body no longer had the checksum stored with it (found at start-up or by the scrub); each was discarded and is fetched again on its next request.",
+        &[],
+    )?;
+    corrupt
+        .with_label_values(&[] as &[&str])
+        .inc_by(acc.corrupt_entries());
 
     let per_worker = IntGaugeVec::new(
         Opts::new(

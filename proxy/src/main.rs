@@ -1,4 +1,4 @@
-//! The `zerocache` command: `run` and `check`.
+//! The `zerocache` command: `run`, `check` and `check-cache`.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,6 +29,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Verify every entry of the configured cache directory, without running the proxy.
+    ///
+    /// Checks each entry file's header and body checksums; prints `corrupt: <path> <key>` per
+    /// corrupt entry and `checked N entries, M corrupt, K unreadable`; exit 0 if none is corrupt
+    /// or unreadable, 1 if not.
+    CheckCache {
+        /// The YAML config file (its `cache.path` is checked).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Delete the corrupt entries.
+        #[arg(long)]
+        remove: bool,
+    },
 }
 
 /// Logs to stderr at `RUST_LOG` if set, else at `level` (the config's `logging.level`).
@@ -49,7 +62,38 @@ fn main() -> ExitCode {
             init_logging("warn");
             check(&config, json)
         }
+        Command::CheckCache { config, remove } => {
+            init_logging("warn");
+            check_cache(&config, remove)
+        }
         Command::Run { config: path } => run(path),
+    }
+}
+
+fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
+    // Not `load_and_check_dirs`: checking must not create the cache directory.
+    let c = match zerocache_config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let dir = &c.cache.path;
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    match zerocache::cache::scrub::check_dir(dir, remove, &mut out, &mut err) {
+        Ok(report) => {
+            println!("{}", report.summary());
+            if report.clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: cache directory {}: {e}", dir.display());
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -181,8 +181,10 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         )
         .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?,
     );
-    let rebuilt = store.rebuild().context("rebuilding the cache index")?;
-    tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, dir = %config.cache.path.display(), "cache index rebuilt");
+    let rebuilt = store
+        .rebuild_verifying(config.cache.verify_on_start)
+        .context("rebuilding the cache index")?;
+    tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, verified = rebuilt.verified, corrupt = rebuilt.corrupt, dir = %config.cache.path.display(), "cache index rebuilt");
 
     // Bind before the probe loads, so a taken port fails fast.
     let listener = TcpListener::bind(&config.listen)
@@ -216,6 +218,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         closed_capacity: CLOSED_KEPT,
     });
     let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
+    crate::cache::scrub::start(
+        store.clone(),
+        accounting.clone(),
+        crate::cache::scrub::ScrubConfig::of(&config.cache),
+    );
     let placement = Arc::new(worker_placement(&config.workers));
     let loads = Arc::new(server::workers::Loads::new(placement.workers()));
 

@@ -3,12 +3,13 @@
 //! File layout (little-endian):
 //!
 //! ```text
-//! 0   magic "ZCENTRY4"                                     8 B
+//! 0   magic "ZCENTRY5"                                     8 B
 //! 8   meta_len: u32                                         4 B
-//! 12  checksum: u32 (xxh3-64 of bytes 16..32 and meta, low) 4 B
+//! 12  checksum: u32 (xxh3-64 of bytes 16..40 and meta, low) 4 B
 //! 16  body_len: u64                                         8 B
 //! 24  body_offset: u64 (a multiple of 4096)                 8 B
-//! 32  meta: key, times, status, stored header block         meta_len B
+//! 32  body_checksum: u64 (xxh3-64 of the body bytes)        8 B
+//! 40  meta: key, times, status, stored header block         meta_len B
 //! ..  zero padding up to body_offset
 //! body_offset  body                                         body_len B
 //! ```
@@ -18,6 +19,12 @@
 //! offset 618 to EOF with its head corked. Why a checksum and no fsync: a cache may lose entries in
 //! a crash but must never serve a torn one; at start-up an entry whose checksum or length does not
 //! hold is deleted.
+//!
+//! Why a body checksum: the header checksum says nothing of the body, so a flipped byte in a body
+//! was served forever, across restarts. The fill computes the body's checksum as it writes (no
+//! extra read) and stores it in the checksummed part of the header; it is verified where that
+//! costs the hit path nothing: for a sample of entries at start-up, by the background scrub
+//! ([`crate::cache::scrub`]) and by `zerocache check-cache`. A hit never reads the body.
 
 use bytes::Bytes;
 use std::fs::File;
@@ -26,12 +33,15 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 /// File magic, versioned.
-pub const MAGIC: &[u8; 8] = b"ZCENTRY4";
+pub const MAGIC: &[u8; 8] = b"ZCENTRY5";
 /// Bytes before the meta block.
-pub const FIXED: usize = 32;
+pub const FIXED: usize = 40;
+/// Where the header checksum's coverage of the fixed part starts (it runs to [`FIXED`], then
+/// covers the meta block).
+const SUMMED: usize = 16;
 /// Body alignment.
 pub const ALIGN: u64 = 4096;
 
@@ -135,22 +145,23 @@ pub fn body_offset(meta_len: usize) -> u64 {
     ((FIXED + meta_len) as u64).div_ceil(ALIGN) * ALIGN
 }
 
-/// The fixed part and meta block, ready to write at offset 0, for a body at the smallest
-/// aligned offset after them.
-pub fn encode_header(meta: &[u8], body_len: u64) -> Vec<u8> {
-    encode_header_at(meta, body_len, body_offset(meta.len()))
+/// The fixed part and meta block, ready to write at offset 0, for a body of `body_len` bytes whose
+/// xxh3-64 is `body_checksum`, at the smallest aligned offset after them.
+pub fn encode_header(meta: &[u8], body_len: u64, body_checksum: u64) -> Vec<u8> {
+    encode_header_at(meta, body_len, body_offset(meta.len()), body_checksum)
 }
 
 /// Like [`encode_header`] for a body at `offset` (a rewritten header keeps its body in place).
-pub fn encode_header_at(meta: &[u8], body_len: u64, offset: u64) -> Vec<u8> {
+pub fn encode_header_at(meta: &[u8], body_len: u64, offset: u64, body_checksum: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(FIXED + meta.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(&body_len.to_le_bytes());
     out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&body_checksum.to_le_bytes());
     out.extend_from_slice(meta);
-    let sum = checksum(&out[16..32], meta);
+    let sum = checksum(&out[SUMMED..FIXED], meta);
     out[12..16].copy_from_slice(&sum.to_le_bytes());
     out
 }
@@ -162,7 +173,46 @@ fn checksum(fixed_tail: &[u8], meta: &[u8]) -> u32 {
     xxh3_64(&buf) as u32
 }
 
-/// Why an entry file was rejected at start-up.
+/// The body checksum of a body held in memory (what [`BodyHasher`] computes piece by piece).
+pub fn body_checksum(body: &[u8]) -> u64 {
+    xxh3_64(body)
+}
+
+/// The body checksum computed as the body streams by: a fill feeds it every piece it writes, so
+/// the checksum costs no read of its own. Boxed, since the hasher's state is over 500 bytes.
+#[derive(Clone)]
+pub struct BodyHasher(Box<Xxh3>);
+
+impl BodyHasher {
+    /// A hasher that has seen no bytes.
+    pub fn new() -> BodyHasher {
+        BodyHasher(Box::new(Xxh3::new()))
+    }
+
+    /// Feeds the next body bytes.
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    /// The checksum of every byte fed so far.
+    pub fn digest(&self) -> u64 {
+        self.0.digest()
+    }
+}
+
+impl Default for BodyHasher {
+    fn default() -> Self {
+        BodyHasher::new()
+    }
+}
+
+impl std::fmt::Debug for BodyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BodyHasher").field(&self.digest()).finish()
+    }
+}
+
+/// Why an entry file was rejected (at start-up, by the scrub or by `check-cache`).
 #[derive(Debug, thiserror::Error)]
 pub enum CorruptEntry {
     /// Could not read it.
@@ -185,25 +235,54 @@ pub enum CorruptEntry {
     /// Malformed meta block.
     #[error("malformed metadata")]
     Meta,
+    /// The body's bytes do not have the checksum the header holds.
+    #[error("body checksum {actual:016x} != stored {expected:016x}")]
+    Body {
+        /// The checksum in the header.
+        expected: u64,
+        /// The checksum of the bytes on disk.
+        actual: u64,
+    },
 }
 
-/// Reads and verifies an entry file's header: (meta, body_offset, body_len).
-pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
+/// An entry file's verified header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The stored metadata.
+    pub meta: Meta,
+    /// Where the body starts (a multiple of [`ALIGN`]).
+    pub body_offset: u64,
+    /// Body length.
+    pub body_len: u64,
+    /// xxh3-64 of the body bytes, as the fill computed it.
+    pub body_checksum: u64,
+}
+
+/// Reads and verifies an entry file's header (magic, header checksum, length, meta). The body is
+/// not read: its checksum is returned for whoever verifies it.
+pub fn read_entry_header(file: &File) -> Result<Header, CorruptEntry> {
     let mut fixed = [0u8; FIXED];
     file.read_exact_at(&mut fixed, 0)?;
     if &fixed[..8] != MAGIC {
         return Err(CorruptEntry::Magic);
     }
+    let u64_at = |at: usize| -> Result<u64, CorruptEntry> {
+        let b = fixed.get(at..at + 8).ok_or(CorruptEntry::Meta)?;
+        Ok(u64::from_le_bytes(
+            b.try_into().map_err(|_| CorruptEntry::Meta)?,
+        ))
+    };
     let meta_len = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]) as usize;
     let sum = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]);
-    let body_len = u64::from_le_bytes(fixed[16..24].try_into().map_err(|_| CorruptEntry::Meta)?);
-    let offset = u64::from_le_bytes(fixed[24..32].try_into().map_err(|_| CorruptEntry::Meta)?);
+    let body_len = u64_at(16)?;
+    let offset = u64_at(24)?;
+    let body_checksum = u64_at(32)?;
     if meta_len > 1 << 20 || offset < body_offset(meta_len) || offset % ALIGN != 0 {
         return Err(CorruptEntry::Meta);
     }
     let mut meta = vec![0u8; meta_len];
     file.read_exact_at(&mut meta, FIXED as u64)?;
-    if checksum(&fixed[16..32], &meta) != sum {
+    if checksum(&fixed[SUMMED..FIXED], &meta) != sum {
         return Err(CorruptEntry::Checksum);
     }
     let actual = file.metadata()?.len();
@@ -212,7 +291,18 @@ pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
         return Err(CorruptEntry::Length { actual, expected });
     }
     let meta = Meta::decode(&meta).ok_or(CorruptEntry::Meta)?;
-    Ok((meta, offset, body_len))
+    Ok(Header {
+        meta,
+        body_offset: offset,
+        body_len,
+        body_checksum,
+    })
+}
+
+/// [`read_entry_header`] as (meta, body_offset, body_len), for callers that do not verify bodies.
+pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
+    let h = read_entry_header(file)?;
+    Ok((h.meta, h.body_offset, h.body_len))
 }
 
 /// The stored fields a client sees: all but the targeted cache-control fields (RFC 9213), which
@@ -242,6 +332,9 @@ pub struct Entry {
     pub body_offset: u64,
     /// Body length.
     pub body_len: u64,
+    /// xxh3-64 of the body as the fill wrote it (set by [`Entry::with_body_checksum`]; 0 in a
+    /// preview, whose body is not complete). Kept in memory for the scrub, never used by a hit.
+    pub body_checksum: u64,
     /// Status line, stored fields and Content-Length for a full-body hit, built once at insert.
     pub hit_head: Bytes,
     /// Open-file cache: the file stays open while the entry is indexed, so a hot hit costs no
@@ -284,7 +377,8 @@ impl Drop for OpenSlot {
 }
 
 impl Entry {
-    /// Builds the in-memory entry.
+    /// Builds the in-memory entry, with a body checksum of 0 until
+    /// [`Entry::with_body_checksum`] gives the real one.
     pub fn new(hash: u128, meta: Meta, path: PathBuf, body_offset: u64, body_len: u64) -> Entry {
         let mut head = Vec::with_capacity(64 + meta.fields.len());
         head.extend_from_slice(b"HTTP/1.1 ");
@@ -327,9 +421,16 @@ impl Entry {
             path,
             body_offset,
             body_len,
+            body_checksum: 0,
             file: parking_lot::Mutex::new(None),
             last_hit_ms: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The entry with the checksum of its complete body.
+    pub fn with_body_checksum(mut self, body_checksum: u64) -> Entry {
+        self.body_checksum = body_checksum;
+        self
     }
 
     /// Bytes the entry occupies on disk.
@@ -372,14 +473,14 @@ mod tests {
         );
         assert_eq!(Meta::decode(&enc), Some(m));
         assert_eq!(body_offset(10), 4096);
-        assert_eq!(body_offset(4096 - 32), 4096);
-        assert_eq!(body_offset(4096 - 31), 8192);
+        assert_eq!(body_offset(4096 - FIXED), 4096);
+        assert_eq!(body_offset(4096 - FIXED + 1), 8192);
     }
 
     #[test]
     fn header_checks_catch_corruption() {
         let meta = meta().encode();
-        let header = encode_header(&meta, 3);
+        let header = encode_header(&meta, 3, body_checksum(b"abc"));
         let mut f = tempfile::tempfile().expect("tmp");
         f.write_all(&header).expect("w");
         f.write_all_at(b"abc", 4096).expect("w");
@@ -396,6 +497,87 @@ mod tests {
         f.set_len(4099).expect("restore");
         f.write_all_at(b"X", 40).expect("flip");
         assert!(matches!(read_header(&f), Err(CorruptEntry::Checksum)));
+    }
+
+    /// An entry file with `body` after the header, as a fill writes it.
+    fn entry_file(meta: &[u8], body: &[u8]) -> File {
+        let mut f = tempfile::tempfile().expect("tmp");
+        f.write_all(&encode_header(meta, body.len() as u64, body_checksum(body)))
+            .expect("w");
+        f.write_all_at(body, body_offset(meta.len())).expect("w");
+        f
+    }
+
+    #[test]
+    fn header_round_trips_with_the_body_checksum() {
+        let m = meta();
+        let enc = m.encode();
+        let body = b"the body bytes";
+        let header = encode_header(&enc, body.len() as u64, body_checksum(body));
+        assert_eq!(&header[..8], b"ZCENTRY5");
+        assert_eq!(header.len(), FIXED + enc.len());
+        assert_eq!(&header[32..40], &body_checksum(body).to_le_bytes());
+        let f = entry_file(&enc, body);
+        let h = read_entry_header(&f).expect("valid");
+        assert_eq!(
+            h,
+            Header {
+                meta: m.clone(),
+                body_offset: 4096,
+                body_len: body.len() as u64,
+                body_checksum: xxh3_64(body),
+            }
+        );
+        // A header rewritten in place (after a 304) keeps the body and its checksum.
+        let again = encode_header_at(&enc, body.len() as u64, 8192, h.body_checksum);
+        assert_eq!(&again[24..32], &8192u64.to_le_bytes());
+        assert_eq!(&again[32..40], &h.body_checksum.to_le_bytes());
+        // The compatibility reader agrees.
+        let (rm, off, len) = read_header(&f).expect("valid");
+        assert_eq!((rm, off, len), (m, 4096, body.len() as u64));
+    }
+
+    #[test]
+    fn the_streaming_hasher_matches_the_one_shot_checksum() {
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 255) as u8).collect();
+        let mut h = BodyHasher::new();
+        for piece in body.chunks(65_536 - 3) {
+            h.update(piece);
+        }
+        assert_eq!(h.digest(), body_checksum(&body));
+        assert_eq!(BodyHasher::default().digest(), body_checksum(b""));
+    }
+
+    #[test]
+    fn a_changed_body_checksum_field_fails_the_header_checksum() {
+        let enc = meta().encode();
+        let body = b"0123456789";
+        let f = entry_file(&enc, body);
+        read_entry_header(&f).expect("valid before");
+        // A hostile or flipped checksum field, even one that matches some other body, is caught by
+        // the header checksum before anyone trusts it.
+        for (at, value) in [
+            (32, body_checksum(b"another body").to_le_bytes()),
+            (32, 0u64.to_le_bytes()),
+            (32, (body_checksum(body) ^ (1 << 63)).to_le_bytes()),
+        ] {
+            f.write_all_at(&value, at).expect("tamper");
+            assert!(
+                matches!(read_entry_header(&f), Err(CorruptEntry::Checksum)),
+                "{value:?}"
+            );
+        }
+        f.write_all_at(&body_checksum(body).to_le_bytes(), 32)
+            .expect("restore");
+        read_entry_header(&f).expect("valid again");
+    }
+
+    #[test]
+    fn an_older_format_is_not_an_entry() {
+        let enc = meta().encode();
+        let f = entry_file(&enc, b"x");
+        f.write_all_at(b"ZCENTRY4", 0).expect("old magic");
+        assert!(matches!(read_entry_header(&f), Err(CorruptEntry::Magic)));
     }
 
     #[test]

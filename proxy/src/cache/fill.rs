@@ -1,8 +1,12 @@
 //! A fill: the upstream body written to a temp file as it streams to the client, becoming an entry
 //! only by [`Fill::commit`] (write the header, rename into place, index). Dropping a fill that was
 //! not committed deletes the temp file, so a failing or truncated upstream never leaves an entry.
+//!
+//! The body's checksum is computed from the bytes as they are written (no extra read) and stored
+//! in the header at commit, so a body that changes on disk later is found (see
+//! [`super::scrub`]).
 
-use super::entry::{self, Entry, Meta};
+use super::entry::{self, BodyHasher, Entry, Meta};
 use super::store::Store;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -20,6 +24,8 @@ pub struct Fill {
     tmp: PathBuf,
     body_offset: u64,
     written: u64,
+    /// Checksum of the body bytes written so far.
+    hasher: BodyHasher,
     committed: bool,
 }
 
@@ -43,14 +49,16 @@ impl Fill {
             tmp,
             body_offset,
             written: 0,
+            hasher: BodyHasher::new(),
             committed: false,
         })
     }
 
-    /// Appends body bytes.
+    /// Appends body bytes, adding them to the body checksum.
     pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
         self.file
             .write_all_at(data, self.body_offset + self.written)?;
+        self.hasher.update(data);
         self.written += data.len() as u64;
         Ok(())
     }
@@ -101,9 +109,10 @@ impl Fill {
         self.written
     }
 
-    /// Writes the header, renames into place and indexes the entry.
+    /// Writes the header (with the body checksum), renames into place and indexes the entry.
     pub fn commit(mut self) -> io::Result<Arc<Entry>> {
-        let header = entry::encode_header(&self.meta, self.written);
+        let body_checksum = self.hasher.digest();
+        let header = entry::encode_header(&self.meta, self.written, body_checksum);
         self.file.write_all_at(&header, 0)?;
         // An empty body still needs the file to reach body_offset for the length check.
         self.file.set_len(self.body_offset + self.written)?;
@@ -111,13 +120,16 @@ impl Fill {
         self.store.evict_to_fit(self.body_offset + self.written);
         std::fs::rename(&self.tmp, &path)?;
         self.committed = true;
-        let e = Arc::new(Entry::new(
-            self.hash,
-            self.decoded_meta.clone(),
-            path,
-            self.body_offset,
-            self.written,
-        ));
+        let e = Arc::new(
+            Entry::new(
+                self.hash,
+                self.decoded_meta.clone(),
+                path,
+                self.body_offset,
+                self.written,
+            )
+            .with_body_checksum(body_checksum),
+        );
         self.store.insert_entry(e.clone());
         self.store.write_ok();
         Ok(e)

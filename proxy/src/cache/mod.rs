@@ -12,6 +12,7 @@ pub mod invalidation;
 pub mod key;
 pub mod lock;
 pub mod policy;
+pub mod scrub;
 pub mod store;
 pub mod validation;
 pub mod variance;

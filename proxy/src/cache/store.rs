@@ -1,5 +1,6 @@
 //! The cache index and the files behind it: lookup, insert with LRU eviction to `max_size`,
-//! removal, the open-file cache, and the rebuild from disk at start-up.
+//! removal, the open-file cache, and the rebuild from disk at start-up (which verifies the bodies
+//! of a random sample of entries: see [`Store::rebuild_verifying`]).
 //!
 //! The index is one mutex around an LRU map. A lookup holds it for a hash probe and a list splice,
 //! far shorter than anything else on the request path, and on 2 cores a sharded or lock-free map
@@ -96,6 +97,13 @@ pub struct Store {
     writable: AtomicBool,
     /// Writes that failed (disk full, permissions).
     pub write_errors: AtomicU64,
+    /// Entries discarded because their body no longer had its checksum (start-up verification,
+    /// scrub), since start.
+    pub corrupt_entries: AtomicU64,
+    /// Where corrupt entries are also counted for `/metrics`, once the dashboard's accounting
+    /// exists (it is created after the rebuild); a mutex so no count is lost or doubled while it
+    /// is attached.
+    corrupt_sink: Mutex<Option<Arc<zerocache_dashboard::Accounting>>>,
 }
 
 struct Inner {
@@ -152,8 +160,14 @@ pub struct StoreLimits {
 pub struct Rebuilt {
     /// Entries indexed.
     pub entries: u64,
-    /// Files deleted because they were corrupt, torn or left by an interrupted fill.
+    /// Files deleted because they were corrupt, torn or left by an interrupted fill (including
+    /// `corrupt`).
     pub discarded: u64,
+    /// Entries whose bodies were verified.
+    pub verified: u64,
+    /// Verified entries whose body did not have its checksum: deleted, and counted in
+    /// [`Store::corrupt_entries`].
+    pub corrupt: u64,
 }
 
 impl Store {
@@ -178,6 +192,8 @@ impl Store {
             tmp_seq: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             write_errors: AtomicU64::new(0),
+            corrupt_entries: AtomicU64::new(0),
+            corrupt_sink: Mutex::new(None),
         })
     }
 
@@ -187,8 +203,18 @@ impl Store {
     }
 
     /// Indexes every valid entry file and deletes the rest (temp files of fills interrupted by a
-    /// crash or `kill -9`, torn or corrupt entries).
+    /// crash or `kill -9`, torn or corrupt entries). Verifies no body: see
+    /// [`Store::rebuild_verifying`].
     pub fn rebuild(&self) -> io::Result<Rebuilt> {
+        self.rebuild_verifying(0)
+    }
+
+    /// [`Store::rebuild`], then verifies the bodies of at most `verify` indexed entries, chosen at
+    /// random (`cache.verify_on_start`): an entry whose body does not have its checksum is
+    /// deleted and counted. Random rather than a fixed choice, so successive restarts cover
+    /// different entries; the scrub covers them all in time. This reads up to `verify` whole
+    /// bodies before the proxy listens, which is why it is a sample.
+    pub fn rebuild_verifying(&self, verify: usize) -> io::Result<Rebuilt> {
         let mut out = Rebuilt::default();
         for t in fs::read_dir(self.dir.join("tmp"))? {
             let t = t?;
@@ -218,17 +244,116 @@ impl Store {
             }
         }
         self.evict_to_fit(0);
+        let mut buf = Vec::new();
+        for hash in self.sample(verify) {
+            let Some(e) = self.peek(hash) else { continue };
+            let verdict = File::open(&e.path)
+                .map_err(entry::CorruptEntry::from)
+                .and_then(|f| {
+                    super::scrub::verify_body(
+                        &f,
+                        e.body_offset,
+                        e.body_len,
+                        e.body_checksum,
+                        &mut buf,
+                    )
+                });
+            out.verified += 1;
+            match verdict {
+                Ok(()) => {}
+                Err(err @ entry::CorruptEntry::Body { .. }) => {
+                    tracing::warn!(path = %e.path.display(), key = %e.meta.key, error = %err, "discarding corrupt cache entry");
+                    if self.remove_corrupt(&e) {
+                        out.entries = out.entries.saturating_sub(1);
+                        out.discarded += 1;
+                        out.corrupt += 1;
+                    }
+                }
+                // An I/O error says nothing of the bytes: the entry stays, the scrub tries again.
+                Err(err) => {
+                    tracing::warn!(path = %e.path.display(), error = %err, "could not verify cache entry at start-up");
+                }
+            }
+        }
         Ok(out)
+    }
+
+    /// At most `n` hashes of indexed entries, chosen at random.
+    fn sample(&self, n: usize) -> Vec<u128> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut hashes = self.hashes();
+        if hashes.len() > n {
+            // A random order without a random-number crate: rank by a hash keyed with the clock.
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()).rotate_left(32);
+            let rank = |h: &u128| xxhash_rust::xxh3::xxh3_64_with_seed(&h.to_le_bytes(), seed);
+            hashes.select_nth_unstable_by_key(n, rank);
+            hashes.truncate(n);
+        }
+        hashes
     }
 
     fn index_file(&self, path: &Path) -> Result<(), entry::CorruptEntry> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let hash = u128::from_str_radix(name, 16).map_err(|_| entry::CorruptEntry::Magic)?;
         let file = File::open(path)?;
-        let (meta, offset, len) = entry::read_header(&file)?;
-        let e = Entry::new(hash, meta, path.to_path_buf(), offset, len);
+        let h = entry::read_entry_header(&file)?;
+        let e = Entry::new(hash, h.meta, path.to_path_buf(), h.body_offset, h.body_len)
+            .with_body_checksum(h.body_checksum);
         self.insert_entry(Arc::new(e));
         Ok(())
+    }
+
+    /// The hashes of every indexed entry, in no particular order: what the scrub walks, looking
+    /// each up again with [`Store::peek`] when its turn comes (so entries evicted meanwhile are
+    /// neither kept alive nor read).
+    pub fn hashes(&self) -> Vec<u128> {
+        self.inner.lock().lru.iter().map(|(h, _)| *h).collect()
+    }
+
+    /// The entry indexed under `hash`, without making it more recently used (a scrub is not a use).
+    pub fn peek(&self, hash: u128) -> Option<Arc<Entry>> {
+        self.inner.lock().lru.peek(&hash).cloned()
+    }
+
+    /// Discards `e`, found corrupt, with [`Store::remove_if_same`] (a transfer in flight keeps its
+    /// open file), and counts it. The index may hold a newer version of the same body (its
+    /// header rewritten by a revalidation): that one goes too, since its body is these bytes; an
+    /// entry refilled since keeps its place. True if an entry was removed.
+    pub fn remove_corrupt(&self, e: &Arc<Entry>) -> bool {
+        let Some(cur) = self.peek(e.hash) else {
+            return false;
+        };
+        let same_body = cur.path == e.path
+            && cur.body_offset == e.body_offset
+            && cur.body_len == e.body_len
+            && cur.body_checksum == e.body_checksum;
+        if !same_body || !self.remove_if_same(&cur) {
+            return false;
+        }
+        self.corrupt_found(1);
+        true
+    }
+
+    /// Counts `n` corrupt entries, in [`Store::corrupt_entries`] and the attached accounting.
+    pub fn corrupt_found(&self, n: u64) {
+        let sink = self.corrupt_sink.lock();
+        self.corrupt_entries.fetch_add(n, Ordering::Relaxed);
+        if let Some(acc) = sink.as_ref() {
+            acc.corrupt_entries_found(n);
+        }
+    }
+
+    /// Counts corrupt entries in `acc` (`zerocache_cache_corrupt_entries_total`) from now on,
+    /// starting with those the rebuild already found.
+    pub fn attach_accounting(&self, acc: Arc<zerocache_dashboard::Accounting>) {
+        let mut sink = self.corrupt_sink.lock();
+        acc.corrupt_entries_found(self.corrupt_entries.load(Ordering::Relaxed));
+        *sink = Some(acc);
     }
 
     /// The entry a request should get for the URL key `primary`: when the URL's responses vary,
@@ -254,7 +379,8 @@ impl Store {
     pub fn replace_meta(&self, e: &Arc<Entry>, meta: entry::Meta) -> Arc<Entry> {
         let encoded = meta.encode();
         if entry::FIXED + encoded.len() <= e.body_offset as usize {
-            let header = entry::encode_header_at(&encoded, e.body_len, e.body_offset);
+            let header =
+                entry::encode_header_at(&encoded, e.body_len, e.body_offset, e.body_checksum);
             let written = std::fs::OpenOptions::new()
                 .write(true)
                 .open(&e.path)
@@ -266,13 +392,10 @@ impl Store {
                 tracing::warn!(path = %e.path.display(), error = %err, "could not rewrite cache header after revalidation");
             }
         }
-        let updated = Arc::new(Entry::new(
-            e.hash,
-            meta,
-            e.path.clone(),
-            e.body_offset,
-            e.body_len,
-        ));
+        let updated = Arc::new(
+            Entry::new(e.hash, meta, e.path.clone(), e.body_offset, e.body_len)
+                .with_body_checksum(e.body_checksum),
+        );
         {
             let mut inner = self.inner.lock();
             if let Some(cur) = inner.lru.peek_mut(&e.hash)
@@ -488,8 +611,9 @@ impl Store {
         }
     }
 
-    /// Removes `e` from the index (and its file) if the index still holds this very entry.
-    pub fn remove_if_same(&self, e: &Arc<Entry>) {
+    /// Removes `e` from the index (and its file) if the index still holds this very entry;
+    /// true if it did.
+    pub fn remove_if_same(&self, e: &Arc<Entry>) -> bool {
         let removed = {
             let mut inner = self.inner.lock();
             match inner.lru.peek(&e.hash) {
@@ -500,6 +624,7 @@ impl Store {
         if removed.is_some() {
             let _ = fs::remove_file(&e.path);
         }
+        removed.is_some()
     }
 
     /// Removes every entry of the URL key text `url` (all its variants) and deletes their files;
@@ -724,6 +849,109 @@ mod tests {
         }
         assert!(s.held.lock().len() <= 2 * 32 + 1);
         assert!(s.open_files() <= 4);
+    }
+
+    /// Flips one byte of `e`'s body in place, as a bad sector or a stray write would.
+    fn flip_body_byte(e: &Entry, at: u64) {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&e.path)
+            .expect("open");
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, e.body_offset + at).expect("read");
+        f.write_all_at(&[b[0] ^ 0x20], e.body_offset + at)
+            .expect("write");
+    }
+
+    #[test]
+    fn a_fill_stores_its_body_checksum() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let body: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let e = put(&s, "/sum", &body);
+        assert_eq!(e.body_checksum, entry::body_checksum(&body));
+        let h = entry::read_entry_header(&File::open(&e.path).expect("open")).expect("header");
+        assert_eq!(h.body_checksum, e.body_checksum);
+        // A revalidation rewrites the header and keeps the checksum.
+        let mut meta = e.meta.clone();
+        meta.fields = b"Cache-Control: max-age=900\r\n".to_vec();
+        let updated = s.replace_meta(&e, meta);
+        assert_eq!(updated.body_checksum, e.body_checksum);
+        let h = entry::read_entry_header(&File::open(&e.path).expect("open")).expect("header");
+        assert_eq!(h.body_checksum, e.body_checksum);
+        assert_eq!(h.meta.fields, b"Cache-Control: max-age=900\r\n");
+    }
+
+    #[test]
+    fn start_up_verification_discards_a_corrupt_body() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let good = put(&s, "/good", &[7u8; 5000]);
+        let bad = put(&s, "/bad", &[9u8; 5000]);
+        flip_body_byte(&bad, 500);
+        drop(s);
+        // Without verification the corrupt entry is indexed (a hit never reads the body).
+        let s = store(tmp.path(), 10);
+        let r = s.rebuild_verifying(0).expect("rebuild");
+        assert_eq!((r.entries, r.verified, r.corrupt), (2, 0, 0));
+        drop(s);
+        let s = store(tmp.path(), 10);
+        let r = s.rebuild_verifying(64).expect("rebuild");
+        assert_eq!(
+            r,
+            Rebuilt {
+                entries: 1,
+                discarded: 1,
+                verified: 2,
+                corrupt: 1
+            }
+        );
+        assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 1);
+        assert!(!bad.path.exists());
+        assert!(good.path.exists());
+        assert_eq!(s.usage().1, 1);
+        assert!(s.peek(good.hash).is_some() && s.peek(bad.hash).is_none());
+        // Counted for /metrics once the accounting exists, and after.
+        let acc = Arc::new(zerocache_dashboard::Accounting::new(8, false));
+        s.attach_accounting(acc.clone());
+        assert_eq!(acc.corrupt_entries(), 1);
+        s.corrupt_found(2);
+        assert_eq!(acc.corrupt_entries(), 3);
+        assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn start_up_verification_reads_at_most_its_sample() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        for i in 0..6 {
+            put(&s, &format!("/e{i}"), format!("body {i}").as_bytes());
+        }
+        drop(s);
+        let s = store(tmp.path(), 10);
+        let r = s.rebuild_verifying(2).expect("rebuild");
+        assert_eq!((r.entries, r.verified, r.corrupt), (6, 2, 0));
+        assert_eq!(s.sample(6).len(), 6);
+        assert_eq!(s.sample(10).len(), 6);
+        assert_eq!(s.sample(0).len(), 0);
+    }
+
+    #[test]
+    fn remove_corrupt_spares_a_newer_fill() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        let old = put(&s, "/k", b"old body");
+        let new = put(&s, "/k", b"new body");
+        assert!(!s.remove_corrupt(&old), "the index holds a newer fill");
+        assert!(indexed(&s, &new) && new.path.exists());
+        assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 0);
+        // The same body with its header rewritten after a revalidation goes, though.
+        let revalidated = s.replace_meta(&new, new.meta.clone());
+        assert!(s.remove_corrupt(&new));
+        assert!(!indexed(&s, &revalidated) && !new.path.exists());
+        assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 1);
     }
 
     #[test]
