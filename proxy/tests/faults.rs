@@ -152,9 +152,14 @@ fn truncated_upstream_body_closes_the_client_and_is_never_stored() {
     for _ in 0..2 {
         let mut c = proxy.client();
         c.send(b"GET /trunc HTTP/1.1\r\nHost: test.example\r\n\r\n");
-        // The head promised 100,000 bytes; the connection must end short, not carry on.
+        // The head promised 100,000 bytes; the connection must end short, not carry on. It ends
+        // with a reset, so that not even a close-delimited reader could take it as complete.
         let mut all = Vec::new();
-        c.sock.read_to_end(&mut all).expect("read to close");
+        let end = c.sock.read_to_end(&mut all);
+        assert_eq!(
+            end.map_err(|e| e.kind()).err(),
+            Some(std::io::ErrorKind::ConnectionReset)
+        );
         let head_end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
         assert!(String::from_utf8_lossy(&all[..head_end]).contains("Content-Length: 100000"));
         assert_eq!(all.len() - head_end, 60_000);
@@ -259,9 +264,14 @@ fn truncated_cache_file_is_detected_dropped_and_refetched() {
     let mut c = proxy.client();
     c.send(b"GET /obj/50000 HTTP/1.1\r\nHost: test.example\r\n\r\n");
     let mut all = Vec::new();
-    c.sock.read_to_end(&mut all).expect("closed");
+    let end = c.sock.read_to_end(&mut all);
+    assert_eq!(
+        end.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionReset),
+        "short body, then a reset"
+    );
     let head_end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
-    assert_eq!(all.len() - head_end, 20_000, "short body, then close");
+    assert_eq!(all.len() - head_end, 20_000, "short body, then a reset");
     let r = proxy.get("/obj/50000");
     assert_eq!((r.x_cache(), r.body.clone()), ("MISS", body(50_000)));
 }

@@ -440,7 +440,9 @@ impl Entry {
 
     /// Current age (§4.2.3): corrected initial age plus resident time.
     pub fn age(&self, now: SystemTime) -> Duration {
-        self.meta.initial_age + now.duration_since(self.meta.stored_at).unwrap_or_default()
+        self.meta
+            .initial_age
+            .saturating_add(now.duration_since(self.meta.stored_at).unwrap_or_default())
     }
 }
 

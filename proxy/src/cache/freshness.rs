@@ -76,7 +76,7 @@ pub fn initial_age(
 ) -> Duration {
     let age_value = res
         .field("age")
-        .and_then(|a| a.trim().parse::<u64>().ok())
+        .and_then(age_seconds)
         .map(Duration::from_secs)
         .unwrap_or_default();
     let apparent = res
@@ -87,7 +87,20 @@ pub fn initial_age(
     let delay = response_time
         .duration_since(request_time)
         .unwrap_or_default();
-    apparent.max(age_value + delay)
+    apparent.max(age_value.saturating_add(delay))
+}
+
+/// The largest age a cache needs to represent (RFC 9111 §1.2.2): larger values saturate here.
+const AGE_MAX: u64 = 1 << 31;
+
+/// An `Age` value in seconds: its first list member, `1*DIGIT`, saturated at 2^31. Anything
+/// else (a sign, a fraction, a parameter) makes the field count as absent.
+fn age_seconds(v: &str) -> Option<u64> {
+    let first = v.split(',').next()?.trim_matches([' ', '\t']);
+    if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(first.parse::<u64>().unwrap_or(u64::MAX).min(AGE_MAX))
 }
 
 /// What a stored response's own directives demand of its reuse.

@@ -34,6 +34,14 @@ pub enum NotStored {
 }
 
 impl NotStored {
+    /// True when the response, not the request, is why it was not stored.
+    pub fn caused_by_response(self) -> bool {
+        !matches!(
+            self,
+            NotStored::Method | NotStored::RequestNoStore | NotStored::Authorization
+        )
+    }
+
     /// Short token for `Cache-Status: detail=`.
     pub fn token(self) -> &'static str {
         match self {
@@ -148,14 +156,14 @@ pub fn storable(
     // origin's mistake: never what every later client gets.
     if !(200..=599).contains(&res.status)
         || matches!(res.status, 206 | 304 | 412 | 416)
-        || res.field("content-range").is_some()
+        || headers::has(&res.fields, "content-range")
     {
         return Err(NotStored::Status);
     }
     if res.status >= 500 && !rules.store_5xx {
         return Err(NotStored::ServerError);
     }
-    if !rules.store_set_cookie && res.field("set-cookie").is_some() {
+    if !rules.store_set_cookie && headers::has(&res.fields, "set-cookie") {
         return Err(NotStored::SetCookie);
     }
     if freshness::request_directives(req).no_store {
@@ -165,7 +173,7 @@ pub fn storable(
     if d.no_store || d.private {
         return Err(NotStored::Directive);
     }
-    if req.field("authorization").is_some()
+    if headers::has(&req.fields, "authorization")
         && !(d.public || d.s_maxage.is_some() || d.must_revalidate)
     {
         return Err(NotStored::Authorization);

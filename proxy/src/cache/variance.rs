@@ -27,7 +27,14 @@ pub fn normalise(name: &str, value: Option<&str>) -> String {
     };
     let items: Vec<String> = v
         .split(',')
-        .map(|i| i.split_whitespace().collect::<Vec<_>>().join(" "))
+        .map(|i| {
+            // Only SP and HTAB are whitespace in a field value (RFC 9110 §5.6.3): a no-break
+            // space is a different value, not a spelling of the same one.
+            i.split([' ', '\t'])
+                .filter(|w| !w.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .filter(|i| !i.is_empty())
         .collect();
     let joined = items.join(",");
@@ -53,7 +60,10 @@ pub fn variant(
         }
         text.push_str(n);
         text.push('=');
-        text.push_str(&normalise(n, req.joined(n).as_deref()));
+        text.push_str(&normalise(
+            n,
+            crate::http::headers::exact(&req.fields, n).as_deref(),
+        ));
     }
     CacheKey::from_text(text, hash_bits)
 }

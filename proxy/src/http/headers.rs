@@ -18,6 +18,33 @@ pub fn joined(fields: &[Field], name: &str) -> Option<String> {
     (!values.is_empty()).then(|| values.join(", "))
 }
 
+/// True when a field `name` is present, whatever its value (a decision that a field's presence
+/// drives must not be dodged by a value that is not UTF-8).
+pub fn has(fields: &[Field], name: &str) -> bool {
+    fields.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
+}
+
+/// Every value of `name`, joined with `, ` and written losslessly: bytes that are not printable
+/// ASCII, and `\`, as `\xHH`. For cache keys and `Vary`, where two different requests must
+/// never look the same (a lossy decoding turns every invalid byte into one U+FFFD).
+pub fn exact(fields: &[Field], name: &str) -> Option<String> {
+    let mut out: Option<String> = None;
+    for (_, v) in fields.iter().filter(|(k, _)| k.eq_ignore_ascii_case(name)) {
+        let s = out.get_or_insert_with(String::new);
+        if !s.is_empty() {
+            s.push_str(", ");
+        }
+        for &b in v {
+            if (0x20..0x7f).contains(&b) && b != b'\\' || b == b'\t' {
+                s.push(b as char);
+            } else {
+                s.push_str(&format!("\\x{b:02X}"));
+            }
+        }
+    }
+    out
+}
+
 /// True if `name` is hop-by-hop, either always or because `Connection` names it.
 pub fn is_hop_by_hop(name: &str, connection_tokens: &[String]) -> bool {
     HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
@@ -97,6 +124,22 @@ mod tests {
         assert!(is_hop_by_hop("Transfer-Encoding", &tokens));
         assert!(is_hop_by_hop("Proxy-Authorization", &[]));
         assert!(!is_hop_by_hop("X-Other", &tokens));
+    }
+
+    #[test]
+    fn exact_values_never_collide_where_lossy_ones_would() {
+        let f = |v: &[u8]| vec![("X-T".to_string(), v.to_vec())];
+        assert_eq!(exact(&f(b"a b"), "x-t").as_deref(), Some("a b"));
+        assert_ne!(exact(&f(b"\xff"), "x-t"), exact(&f(b"\xfe"), "x-t"));
+        assert_ne!(exact(&f(b"\xff"), "x-t"), exact(&f(b"\\xFF"), "x-t"));
+        assert_eq!(exact(&f(b"\xff"), "x-t").as_deref(), Some("\\xFF"));
+        assert_eq!(exact(&[], "x-t"), None);
+        let two = vec![
+            ("X-T".to_string(), b"victim".to_vec()),
+            ("x-t".to_string(), b"evil".to_vec()),
+        ];
+        assert_eq!(exact(&two, "X-T").as_deref(), Some("victim, evil"));
+        assert!(has(&f(b"\x80"), "X-t"));
     }
 
     #[test]

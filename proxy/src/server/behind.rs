@@ -90,7 +90,9 @@ impl Conn {
                     let e = ConnError::Aborted("the fill this response read behind failed".into());
                     return (sent, framing, Err(e));
                 }
-                Progress::Writing(_) => p = r.next(wait).await,
+                // The pump may need two upstream reads (a chunk-size line, then its data) before
+                // it publishes anything, each allowed the upstream read timeout.
+                Progress::Writing(_) => p = r.next(wait * 2).await,
             }
         }
     }

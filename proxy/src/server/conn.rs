@@ -4,6 +4,7 @@
 
 use super::fetch::{Fetch, RangeFill};
 use super::hit::{HitKind, HitOutcome};
+use super::upload::RequestBody;
 use super::{Ctx, Shared};
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
@@ -79,12 +80,26 @@ pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         shared,
         must_close: false,
     };
+    /// Closes the connection's record however the task ends (a panic included). Declared after
+    /// `conn`, so it runs first: the record must be waiting before the kernel sees the close.
+    struct Closed(Arc<Ctx>, ConnId);
+    impl Drop for Closed {
+        fn drop(&mut self) {
+            self.0.accounting.conn_closed(self.1);
+        }
+    }
+    let _closed = Closed(ctx, id);
     if let Err(e) = conn.run().await {
         tracing::debug!(conn = id, %peer, error = %e, "connection ended");
+        // A response cut short must not look complete: a close-delimited body (HTTP/1.0, or no
+        // length) ended by a FIN would be taken as whole, and a downstream cache could store it.
+        // SO_LINGER 0 makes the close a reset, at once (no blocking on drop, unlike a timeout).
+        let reset = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        let _ = nix::sys::socket::setsockopt(&conn.sock, nix::sys::socket::sockopt::Linger, &reset);
     }
-    // The record must be waiting before the kernel sees the close.
-    ctx.accounting.conn_closed(id);
-    drop(conn);
 }
 
 enum Head {
@@ -278,6 +293,10 @@ impl Conn {
         let Some(body) = self.read_body(&req).await? else {
             return Ok(false);
         };
+        // Part of a large body is still unread: whatever answers this request (a 404, a 405, a
+        // 502 before the body went upstream), the next bytes on the connection are no request.
+        // The streaming exchange clears this once it has read the body to its end.
+        self.must_close = matches!(body, RequestBody::Streaming { .. });
         let ctx = self.ctx.clone();
         // `OPTIONS *` names the server, not a path: it is routed by its host alone.
         let route_path = if req.target == "*" { "/" } else { &req.target };
@@ -344,7 +363,7 @@ impl Conn {
         let url = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits);
         let primary = url.clone().with_headers(
             &route.key_headers,
-            |h| req.field(h).map(str::to_string),
+            |h| crate::http::headers::exact(&req.fields, h),
             ctx.hash_bits,
         );
         // A URL whose responses vary is looked up under the secondary key of this request.

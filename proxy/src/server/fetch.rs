@@ -108,16 +108,30 @@ pub struct Background {
 
 use crate::cache::policy::proxy_owned;
 
+/// Fields in which a client states its own address, as origins read them for geolocation and
+/// rate limits: forwarded only from a trusted proxy.
+const CLIENT_ADDRESS_FIELDS: &[&str] = &[
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
 /// The `for=` pairs of a trusted proxy's `Forwarded` field, one element each: `host=`, `proto=`
 /// and `by=` describe the request as the client framed it, and none of them is in the cache key,
 /// so they are never passed on (RFC 7239 §5).
 fn forwarded_for_only(v: &str) -> String {
     v.split(',')
         .filter_map(|element| {
-            element
-                .split(';')
-                .map(str::trim)
-                .find(|pair| pair.len() > 4 && pair[..4].eq_ignore_ascii_case("for="))
+            element.split(';').map(str::trim).find(|pair| {
+                pair.len() > 4
+                    && pair
+                        .get(..4)
+                        .is_some_and(|p| p.eq_ignore_ascii_case("for="))
+            })
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -315,8 +329,9 @@ impl<'a> Fetch<'a> {
                         });
                     }
                 }
-            } else if n.eq_ignore_ascii_case("x-real-ip")
-                || n.eq_ignore_ascii_case("true-client-ip")
+            } else if CLIENT_ADDRESS_FIELDS
+                .iter()
+                .any(|f| n.eq_ignore_ascii_case(f))
             {
                 if trusted {
                     put(&mut out, n, value);
@@ -433,8 +448,15 @@ impl<'a> Fetch<'a> {
                 conn.head.extend_from_slice(
                     format!("HTTP/1.1 {} {}\r\n", h.status, h.reason).as_bytes(),
                 );
+                // An interim head describes no body and no connection of the client's: only its
+                // end-to-end fields (103's Link) cross.
+                let tokens = headers::connection_tokens(
+                    h.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
+                );
                 for (k, v) in &h.fields {
-                    put(&mut conn.head, k, v);
+                    if !headers::is_hop_by_hop(k, &tokens) && !proxy_owned(k) {
+                        put(&mut conn.head, k, v);
+                    }
                 }
                 conn.head.extend_from_slice(b"\r\n");
                 conn.send_head().await?;
@@ -487,19 +509,24 @@ impl<'a> Fetch<'a> {
             && let Some(stale) = self.revalidating.clone()
         {
             drain(&mut up, framing, &self.upstream).await;
-            let meta = revalidated_meta(
+            let (meta, storable) = revalidated_meta(
                 &stale,
                 &head,
                 request_time,
                 response_time,
                 self.heuristics(&ctx),
+                self.store_set_cookie,
             );
             let updated = ctx.store.replace_meta(&stale, meta);
             self.fill = None;
-            return match conn
+            let served = conn
                 .serve_hit(req, &updated, HitKind::Revalidated, self.started)
-                .await?
-            {
+                .await;
+            if !storable {
+                // This client was answered; nobody else may be.
+                ctx.store.remove_if_same(&updated);
+            }
+            return match served? {
                 HitOutcome::Served(keep) => Ok(keep),
                 HitOutcome::Gone => {
                     conn.respond_simple(req, 502, CacheStatus::Error, &[], self.started)
@@ -562,6 +589,14 @@ impl<'a> Fetch<'a> {
                 .field("connection")
                 .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
 
+        // The whole representation was fetched in place of the client's conditional request:
+        // its preconditions are answered here, from what the origin sent (RFC 9110 §13.2.2),
+        // while the body still goes into the cache.
+        let local = if fetched_whole && (200..300).contains(&head.status) {
+            conditional::evaluate(req, head.field("etag"), head.field("last-modified"))
+        } else {
+            Precondition::Proceed
+        };
         // A storable body goes into the cache file by a task of its own, at the origin's speed;
         // this client, and followers whose variant matches, read behind it.
         let mut up = Some(up);
@@ -581,7 +616,9 @@ impl<'a> Fetch<'a> {
                     w,
                     guard,
                     !upstream_close && !self.no_pool,
-                    true,
+                    // A client answered locally (304/412) reads nothing, yet asked for the
+                    // object: its fill is not an abandoned one.
+                    local == Precondition::Proceed,
                 ));
                 Some((g, reader))
             }
@@ -591,14 +628,6 @@ impl<'a> Fetch<'a> {
             }
         };
 
-        // The whole representation was fetched in place of the client's conditional request:
-        // its preconditions are answered here, from what the origin sent (RFC 9110 §13.2.2),
-        // while the body still goes into the cache.
-        let local = if fetched_whole && (200..300).contains(&head.status) {
-            conditional::evaluate(req, head.field("etag"), head.field("last-modified"))
-        } else {
-            Precondition::Proceed
-        };
         if local != Precondition::Proceed {
             return self
                 .answer_precondition(conn, local, &head, interim_bytes)
@@ -800,9 +829,7 @@ impl<'a> Fetch<'a> {
                 .await
                 .map_err(StreamError::Body)?;
         }
-        if self.body_unfinished {
-            conn.must_close = true;
-        }
+        conn.must_close = self.body_unfinished;
         let head = self.upstream.response_head(&mut up, interim).await?;
         Ok((up, head))
     }
@@ -1032,26 +1059,40 @@ async fn drain(up: &mut UpstreamConn, framing: BodyFraming, group: &Group) -> bo
 
 /// The stored response's metadata after a 304 (RFC 9111 §3.2, §4.3.4): fields merged, freshness
 /// recomputed from them, age restarted from the 304.
+///
+/// The merged fields pass the same filter as a stored response's (RFC 9111 §3.1): fields that
+/// `private="…"`/`no-cache="…"` name, and `Set-Cookie` on a route that doesn't store cookies, are
+/// dropped, so a 304 to one user's request cannot put that user's cookie into the shared entry.
+/// The second value is false when the merged directives forbid storing at all (`no-store`,
+/// `private`): the caller serves this client and then removes the entry.
 fn revalidated_meta(
     stale: &Entry,
     head: &ResponseHead,
     request_time: SystemTime,
     response_time: SystemTime,
     h: Heuristics,
-) -> Meta {
-    let fields = validation::merge_304(&stale.meta.fields, head);
+    store_set_cookie: bool,
+) -> (Meta, bool) {
+    let merged_block = validation::merge_304(&stale.meta.fields, head);
     let merged = ResponseHead {
         status: stale.meta.status,
         reason: stale.meta.reason.clone(),
         http10: false,
         fields: Vec::new(),
     }
-    .with_stored_fields(&fields);
+    .with_stored_fields(&merged_block);
     let (d, targeted) = directives::governing(|n| merged.joined(n));
+    let mut drop = d.private_fields.clone();
+    drop.extend(d.no_cache_fields.iter().cloned());
+    if !store_set_cookie {
+        drop.push("set-cookie".into());
+    }
+    let fields = policy::stored_fields(&merged, &drop);
+    let storable = !(d.no_store || d.private);
     let lifetime = freshness::lifetime(&merged, &d, targeted, response_time, h)
         .map(|(l, _)| l)
         .unwrap_or_default();
-    Meta {
+    let meta = Meta {
         key: stale.meta.key.clone(),
         stored_at: response_time,
         initial_age: freshness::initial_age(head, request_time, response_time),
@@ -1061,7 +1102,8 @@ fn revalidated_meta(
         fields,
         vary: stale.meta.vary.clone(),
         url: stale.meta.url.clone(),
-    }
+    };
+    (meta, storable)
 }
 
 impl Background {
@@ -1108,8 +1150,19 @@ impl Background {
                 self.upstream.release(up);
             }
             if let Some(stale) = &self.stale {
-                let meta = revalidated_meta(stale, &head, request_time, response_time, h);
-                ctx.store.replace_meta(stale, meta);
+                let (meta, storable) = revalidated_meta(
+                    stale,
+                    &head,
+                    request_time,
+                    response_time,
+                    h,
+                    self.store_set_cookie,
+                );
+                if storable {
+                    ctx.store.replace_meta(stale, meta);
+                } else {
+                    ctx.store.remove_if_same(stale);
+                }
             }
             return;
         }
@@ -1128,9 +1181,13 @@ impl Background {
             },
         ) {
             Ok(st) => st,
-            Err(_) => {
-                // The resource is no longer storable: stop serving the old copy.
-                if let Some(stale) = &self.stale {
+            Err(why) => {
+                // The resource is no longer storable: stop serving the old copy. A refusal the
+                // request caused (its no-store, its Authorization) says nothing about the
+                // resource, and must not let a client evict what others are served.
+                if why.caused_by_response()
+                    && let Some(stale) = &self.stale
+                {
                     ctx.store.remove_if_same(stale);
                 }
                 return;

@@ -441,10 +441,18 @@ fn spawn_serve(
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
 ) {
-    let (shared, pool) = (shared.clone(), pool.clone());
+    /// Gives the connection's place back however its task ends: a panic in one request must
+    /// not leak a `max_connections` slot (or hold up the drain) forever.
+    struct Finished(usize, Arc<Shared>, Arc<Pool>);
+    impl Drop for Finished {
+        fn drop(&mut self) {
+            finished(self.0, &self.1, &self.2);
+        }
+    }
+    let done = Finished(me, shared.clone(), pool.clone());
     tokio::spawn(async move {
-        conn::serve(sock, peer, shared.clone()).await;
-        finished(me, &shared, &pool);
+        conn::serve(sock, peer, done.1.clone()).await;
+        drop(done);
     });
 }
 
