@@ -647,3 +647,65 @@ fn dot_segments_are_resolved_once_for_route_key_and_origin() {
     assert_eq!(r.status, 400);
     assert_eq!(origin.received().len(), 1);
 }
+
+#[test]
+fn a_304_never_puts_a_users_cookie_into_the_shared_entry() {
+    let (origin, _rt) = origin();
+    for (path, extra) in [
+        ("/r", "max-age=600"),
+        ("/p", "max-age=600, private=\"Set-Cookie\""),
+    ] {
+        origin.script_by_header(
+            path,
+            "if-none-match",
+            vec![
+                (
+                    None,
+                    Reply::ok(full())
+                        .headers(&[("Cache-Control", "max-age=0"), ("ETag", "\"v1\"")]),
+                ),
+                (
+                    Some("\"v1\""),
+                    Reply::ok(Vec::new())
+                        .status(304)
+                        .headers(&[("Cache-Control", extra), ("Set-Cookie", "sid=victim")]),
+                ),
+            ],
+        );
+    }
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    store_set_cookie: false\n".into(),
+            ..Opts::default()
+        },
+    );
+    for path in ["/r", "/p"] {
+        assert_eq!(get(&proxy, path, &[]).x_cache(), "MISS");
+        // The victim's request revalidates; the origin's 304 carries the victim's session.
+        let victim = get(&proxy, path, &[]);
+        assert_eq!(victim.x_cache(), "REVALIDATED");
+        // The next client gets the stored response, fresh now, and no cookie of anyone's.
+        let next = get(&proxy, path, &[]);
+        assert_innocent(&next, 200, &full(), "HIT");
+        assert_eq!(next.header("set-cookie"), None, "{path}");
+    }
+}
+
+#[test]
+fn an_unread_large_body_is_never_parsed_as_the_next_request() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    // TRACE is answered 405 without reading its body; part of it is already past the 64 KiB the
+    // proxy reads up front, and the rest hides a request.
+    let mut body = vec![b'x'; 140_000];
+    let smuggled = b"GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n";
+    body[100_000..100_000 + smuggled.len()].copy_from_slice(smuggled);
+    let mut c = proxy.client();
+    c.send(b"TRACE / HTTP/1.1\r\nHost: a\r\nContent-Length: 140000\r\n\r\n");
+    c.send(&body);
+    let r = c.read_response(false);
+    assert_eq!(r.status, 405);
+    assert!(c.is_closed());
+    assert_eq!(origin.hits("/smuggled"), 0);
+}
