@@ -1,9 +1,11 @@
-//! `cargo xtask setup|demo|test|bench`: everything a fresh machine needs, in the project's own
-//! code, so CI and the next developer start from the same place with no manual step.
+//! `cargo xtask setup|demo|test|bench|fuzz|soak`: everything a fresh machine needs, in the
+//! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
 mod demo;
+mod fuzz;
 mod setup;
+mod soak;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -26,8 +28,29 @@ enum Task {
         #[arg(long)]
         duration: Option<u64>,
     },
-    /// Setup, then formatting, lints and the whole test suite (eBPF tests need root).
-    Test,
+    /// Setup, then formatting, lints, the whole test suite (eBPF tests need root), a 20-second
+    /// soak with faults injected, and a short run of every fuzz target.
+    Test {
+        /// Seconds per fuzz target after the test suite (0 skips fuzzing).
+        #[arg(long, default_value_t = 15)]
+        fuzz_time: u64,
+    },
+    /// Setup, then run the libFuzzer targets in proxy/fuzz (nightly, cargo-fuzz); fails naming
+    /// the target and the crash artifact if any crashes. See xtask/src/fuzz.rs for campaigns.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        time: u64,
+        /// Only this target (request_head, chunked, response_head, cache_entry, config).
+        #[arg(long)]
+        target: Option<String>,
+        /// Echo libFuzzer's output (it always goes to proxy/fuzz/target/logs/<target>.log).
+        #[arg(long)]
+        verbose: bool,
+        /// Extra libFuzzer flags, after `--` (e.g. `-- -fork=4 -max_len=65536`).
+        #[arg(last = true)]
+        libfuzzer_args: Vec<String>,
+    },
     /// Benchmark zerocache against nginx proxy_cache on this machine; writes
     /// xtask/bench/results/latest.md (pinned.md, affinity.md, unpinned.md or cold.md in those
     /// modes).
@@ -56,6 +79,27 @@ enum Task {
         #[arg(long)]
         cold: bool,
     },
+    /// A verified soak of the real binary: client threads check every byte while faults are
+    /// injected on a schedule (origin killed, truncating, stalling; cache files truncated and
+    /// flipped; SIGHUP storms); prints one table, fails on a corrupt body, an unexpected error or
+    /// a dead proxy. See xtask/src/soak.rs.
+    Soak {
+        /// Seconds of traffic.
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+        /// Client threads.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Seed of every random choice (ops, objects, ranges, fault order, damaged files).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Load the eBPF probe (root only; off otherwise).
+        #[arg(long)]
+        probe: bool,
+        /// Run the debug binary instead of the release one.
+        #[arg(long)]
+        debug: bool,
+    },
 }
 
 /// The workspace root.
@@ -80,7 +124,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Task::Setup => setup::setup(),
         Task::Demo { duration } => setup::setup().and_then(|_| demo::demo(duration)),
-        Task::Test => setup::setup().and_then(|_| test()),
+        Task::Test { fuzz_time } => setup::setup().and_then(|_| test(fuzz_time)),
+        Task::Fuzz {
+            time,
+            target,
+            verbose,
+            libfuzzer_args,
+        } => setup::setup().and_then(|_| fuzz::fuzz(time, target, verbose, &libfuzzer_args)),
         Task::Bench {
             duration,
             reps,
@@ -100,6 +150,21 @@ fn main() -> ExitCode {
                 cold,
             })
         }),
+        Task::Soak {
+            duration,
+            clients,
+            seed,
+            probe,
+            debug,
+        } => setup::setup().and_then(|_| {
+            soak::soak(soak::Options {
+                duration,
+                clients,
+                seed,
+                probe,
+                release: !debug,
+            })
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -110,7 +175,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn test() -> anyhow::Result<()> {
+fn test(fuzz_time: u64) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         anyhow::bail!(
@@ -154,11 +219,48 @@ fn test() -> anyhow::Result<()> {
         }
     }
     let status = child.wait()?;
-    println!("xtask: {passed} passed, {failed} failed");
+    // Once the suite passed: a 20-second soak of the (debug) binary with faults injected.
+    if status.success() && failed == 0 && passed > 0 {
+        soak::soak(soak::Options {
+            duration: 20,
+            clients: 8,
+            seed: 1,
+            probe: false,
+            release: false,
+        })?;
+    }
+    if !status.success() || failed > 0 || passed == 0 || fuzz_time == 0 {
+        println!("xtask: {passed} passed, {failed} failed");
+    }
     anyhow::ensure!(
         status.success() && failed == 0,
         "the test suite failed ({status})"
     );
     anyhow::ensure!(passed > 0, "the test suite ran no test");
+    if fuzz_time == 0 {
+        return Ok(());
+    }
+    // Each fuzz target counts as one test in the closing total, which stays the last line.
+    let outcomes = fuzz::run_all(fuzz::TARGETS, fuzz_time, false, &[])?;
+    let crashed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.failure.is_some())
+        .map(|o| o.target)
+        .collect();
+    let fuzz_passed = (outcomes.len() - crashed.len()) as u64;
+    println!(
+        "xtask: cargo test: {passed} passed; fuzz: {fuzz_passed} of {} targets clean",
+        outcomes.len()
+    );
+    println!(
+        "xtask: {} passed, {} failed",
+        passed + fuzz_passed,
+        crashed.len()
+    );
+    anyhow::ensure!(
+        crashed.is_empty(),
+        "fuzz target(s) failed: {} (artifacts under proxy/fuzz/artifacts/)",
+        crashed.join(", ")
+    );
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! - `bpf-linker`, built against nightly's own libLLVM: there is no system LLVM of the right
 //!   version, so a prefix under `~/.local/share/zerocache/llvm` links to nightly's libLLVM, and a
 //!   bpf-linker that does not run, or that links another nightly's libLLVM, counts as missing;
+//! - `cargo-fuzz`, for `cargo xtask fuzz` and the short fuzz runs of `cargo xtask test`;
 //! - tracefs mounted at /sys/kernel/tracing (the probe attaches through it);
 //! - the Debian packages the tests and the benchmark use.
 
@@ -39,6 +40,7 @@ pub fn setup() -> anyhow::Result<()> {
     let sysroot = nightly_sysroot()?;
     rust_src(&sysroot, &mut changed)?;
     bpf_linker(&sysroot, &mut changed)?;
+    cargo_fuzz(&mut changed)?;
     tracefs(&mut changed)?;
     apt(&mut changed)?;
     if changed.is_empty() {
@@ -188,6 +190,32 @@ fn bpf_linker(sysroot: &Path, changed: &mut Vec<String>) -> anyhow::Result<()> {
         "bpf-linker was installed but `bpf-linker --version` does not run: is ~/.cargo/bin on PATH?"
     );
     changed.push("bpf-linker".into());
+    Ok(())
+}
+
+/// True when `cargo fuzz` runs (cargo-fuzz is on PATH).
+pub fn cargo_fuzz_ok() -> bool {
+    output(Command::new("cargo").args(["fuzz", "--version"])).is_some()
+}
+
+/// cargo-fuzz, which builds the libFuzzer targets in proxy/fuzz with nightly; installed only
+/// when `cargo fuzz` does not run.
+fn cargo_fuzz(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    if cargo_fuzz_ok() {
+        return Ok(());
+    }
+    println!("xtask: installing cargo-fuzz (a minute or two)");
+    let started = Instant::now();
+    run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+        .context("installing cargo-fuzz")?;
+    anyhow::ensure!(
+        cargo_fuzz_ok(),
+        "cargo-fuzz was installed but `cargo fuzz --version` does not run: is ~/.cargo/bin on PATH?"
+    );
+    changed.push(format!(
+        "cargo-fuzz ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    ));
     Ok(())
 }
 
