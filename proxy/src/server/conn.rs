@@ -459,6 +459,15 @@ impl Conn {
                 .run(self)
                 .await;
         }
+        // Fresh enough for this request, for a follower of another request's fill.
+        let fresh = |e: &Entry| {
+            freshness::decide(
+                e.age(SystemTime::now()),
+                e.meta.lifetime,
+                e.reuse,
+                &directives,
+            ) == Use::Fresh
+        };
         let guard = match ctx.locks.acquire(primary.hash) {
             Role::Leader(g) => Some(g),
             Role::Follower(rx) => {
@@ -473,12 +482,7 @@ impl Conn {
                             variance::variant(&primary, &e.meta.vary, &req, ctx.hash_bits)
                         };
                         let usable = key.text == e.meta.key
-                            && freshness::decide(
-                                e.age(SystemTime::now()),
-                                e.meta.lifetime,
-                                e.reuse,
-                                &directives,
-                            ) == Use::Fresh
+                            && fresh(e)
                             && conditional::evaluate(
                                 &req,
                                 e.etag.as_deref(),
@@ -493,12 +497,7 @@ impl Conn {
                     // The leader is done: what it stored is a hit now.
                     Ok(None) => {
                         if let Some(e) = lookup()
-                            && freshness::decide(
-                                e.age(SystemTime::now()),
-                                e.meta.lifetime,
-                                e.reuse,
-                                &directives,
-                            ) == Use::Fresh
+                            && fresh(&e)
                             && let HitOutcome::Served(keep) = self
                                 .serve_hit(&req, &e, HitKind::Coalesced, started)
                                 .await?
