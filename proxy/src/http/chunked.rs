@@ -17,6 +17,9 @@ const MAX_LINE: usize = 4096;
 pub struct ChunkedDecoder {
     state: State,
     remaining: u64,
+    /// Bytes of trailer lines so far: they are discarded, so only this bound keeps a peer from
+    /// sending them forever.
+    trailer_bytes: usize,
 }
 
 #[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
@@ -85,6 +88,10 @@ impl ChunkedDecoder {
                     if line.is_empty() {
                         self.state = State::Done;
                     } else {
+                        self.trailer_bytes += line.len() + 2;
+                        if self.trailer_bytes > MAX_TRAILER {
+                            return Err(ChunkError("trailer section too large"));
+                        }
                         check_trailer_field(&line)?;
                     }
                 }
@@ -97,6 +104,9 @@ impl ChunkedDecoder {
         self.state == State::Done
     }
 }
+
+/// Largest trailer section accepted, as for a request head's fields.
+const MAX_TRAILER: usize = 16 * 1024;
 
 /// Most hex digits in a chunk size: 16 fill a `u64`, so no size can overflow.
 const MAX_SIZE_DIGITS: usize = 16;
@@ -178,6 +188,25 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<Vec<u8>>, ChunkError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_endless_trailer_section_is_an_error() {
+        let mut d = ChunkedDecoder::default();
+        let mut out = Vec::new();
+        let mut buf = BytesMut::from(&b"0\r\n"[..]);
+        assert_eq!(d.decode(&mut buf, &mut out), Ok(false));
+        let mut failed = None;
+        for i in 0..2000 {
+            buf.extend_from_slice(format!("X-T{i}: {}\r\n", "v".repeat(20)).as_bytes());
+            if let Err(e) = d.decode(&mut buf, &mut out) {
+                failed = Some((i, e));
+                break;
+            }
+        }
+        let (at, e) = failed.expect("bounded");
+        assert_eq!(e, ChunkError("trailer section too large"));
+        assert!(at < 700, "{at}");
+    }
     use super::*;
 
     #[test]
