@@ -12,31 +12,46 @@ use zerocache_dashboard::ResponseRecord;
 /// Lines queued before new ones are dropped.
 const QUEUE: usize = 65_536;
 
+/// What the writer thread is asked to do.
+enum Msg {
+    /// Write this line.
+    Line(String),
+    /// Reopen the file (SIGUSR1, after logrotate moved it).
+    Reopen,
+}
+
 /// A handle on the access log.
 pub struct AccessLog {
-    tx: SyncSender<String>,
+    tx: SyncSender<Msg>,
     format: AccessLogFormat,
     /// Lines dropped because the writer fell behind.
     pub dropped: AtomicU64,
 }
 
+/// Where lines go: a path is opened for appending (and reopened on SIGUSR1), `stdout`/`stderr`
+/// are the process's own.
+fn open_target(target: &str) -> io::Result<Box<dyn Write + Send>> {
+    Ok(match target {
+        "stdout" => Box::new(io::stdout()),
+        "stderr" => Box::new(io::stderr()),
+        path => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    })
+}
+
 impl AccessLog {
     /// Opens `target` (a path, `stdout` or `stderr`) and starts the writer thread.
     pub fn open(target: &str, format: AccessLogFormat) -> io::Result<AccessLog> {
-        let out: Box<dyn Write + Send> = match target {
-            "stdout" => Box::new(io::stdout()),
-            "stderr" => Box::new(io::stderr()),
-            path => Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?,
-            ),
-        };
+        let out = open_target(target)?;
         let (tx, rx) = sync_channel(QUEUE);
+        let target = target.to_string();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(rx, out))?;
+            .spawn(move || writer(rx, out, &target))?;
         Ok(AccessLog {
             tx,
             format,
@@ -47,19 +62,25 @@ impl AccessLog {
     /// Queues one line for a response.
     pub fn log(&self, peer: &std::net::SocketAddr, r: &ResponseRecord<'_>) {
         let line = format_line(self.format, SystemTime::now(), peer, r);
-        if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(Msg::Line(line)) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    /// Asks the writer to reopen the file (nginx's SIGUSR1): lines queued before it go to the
+    /// old file, lines after it to the new one.
+    pub fn reopen(&self) {
+        // A blocking send: the signal loop may wait for a full queue to drain, but the request
+        // must not be lost, or the log would keep going to a rotated (deleted) file.
+        let _ = self.tx.send(Msg::Reopen);
+    }
 }
 
-fn writer(rx: Receiver<String>, out: Box<dyn Write + Send>) {
+fn writer(rx: Receiver<Msg>, out: Box<dyn Write + Send>, target: &str) {
     let mut out = BufWriter::with_capacity(64 * 1024, out);
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(line) => {
-                let _ = out.write_all(line.as_bytes());
-            }
+            Ok(msg) => apply(msg, &mut out, target),
             Err(RecvTimeoutError::Timeout) => {
                 let _ = out.flush();
             }
@@ -69,10 +90,33 @@ fn writer(rx: Receiver<String>, out: Box<dyn Write + Send>) {
             }
         }
         // Flush whenever the queue runs dry, so a quiet proxy's log is current.
-        if let Ok(line) = rx.try_recv() {
+        match rx.try_recv() {
+            Ok(msg) => apply(msg, &mut out, target),
+            Err(_) => {
+                let _ = out.flush();
+            }
+        }
+    }
+}
+
+/// Writes a line, or flushes and reopens the file; a file that cannot be reopened leaves the
+/// old one in use (the lines still land somewhere) and says so.
+fn apply(msg: Msg, out: &mut BufWriter<Box<dyn Write + Send>>, target: &str) {
+    match msg {
+        Msg::Line(line) => {
             let _ = out.write_all(line.as_bytes());
-        } else {
+        }
+        Msg::Reopen => {
             let _ = out.flush();
+            match open_target(target) {
+                Ok(new) => {
+                    *out = BufWriter::with_capacity(64 * 1024, new);
+                    tracing::info!(path = target, "access log reopened");
+                }
+                Err(e) => {
+                    tracing::error!(path = target, error = %e, "cannot reopen the access log; still writing to the old file")
+                }
+            }
         }
     }
 }

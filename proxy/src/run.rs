@@ -292,6 +292,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
 
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
+    // Without a handler SIGUSR1 would kill the process: logrotate's nginx-style postrotate
+    // (`kill -USR1`) would take the cache down.
+    let mut usr1 = signal(SignalKind::user_defined1())?;
     let mut current = config;
     loop {
         tokio::select! {
@@ -300,6 +303,12 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             _ = hup.recv() => {
                 if let Some(next) = reload(&path, &current, &kept, &shared, &probe) {
                     current = next;
+                }
+            }
+            _ = usr1.recv() => {
+                tracing::info!("SIGUSR1: reopening the access log");
+                if let Some(log) = &kept.access_log {
+                    log.reopen();
                 }
             }
         }

@@ -264,3 +264,47 @@ fn a_response_that_starts_while_draining_says_connection_close() {
     assert!(c.is_closed());
     assert_eq!(proxy.child.wait().expect("wait").code(), Some(0));
 }
+
+#[test]
+fn sigusr1_reopens_the_access_log_and_the_process_keeps_running() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("access.log");
+    let rotated = dir.path().join("access.log.1");
+    let mut proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("logging:\n  access_log: {}\n", log.display()),
+            ..Opts::default()
+        },
+    );
+    assert_eq!(proxy.get("/obj/10").status, 200);
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    assert_eventually_eq("the first line", Duration::from_secs(5), || lines(&log), 1);
+    // logrotate: move the file, then signal, as nginx's postrotate does.
+    std::fs::rename(&log, &rotated).expect("rotate");
+    signal(&proxy, libc::SIGUSR1);
+    assert_eventually_eq(
+        "a new file after SIGUSR1",
+        Duration::from_secs(5),
+        || log.exists(),
+        true,
+    );
+    assert_eq!(proxy.get("/obj/10").x_cache(), "HIT");
+    assert_eventually_eq(
+        "the next line, in the new file",
+        Duration::from_secs(5),
+        || lines(&log),
+        1,
+    );
+    assert_eq!(lines(&rotated), 1, "nothing more goes to the rotated file");
+    assert!(
+        proxy.child.try_wait().expect("status").is_none(),
+        "still running"
+    );
+}
