@@ -368,3 +368,92 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
         "no temp file left"
     );
 }
+
+#[test]
+fn bytes_arriving_on_an_idle_pooled_connection_never_answer_the_next_request() {
+    // A raw origin: after answering /a it sends a stray response on the idle keep-alive
+    // connection (a late body, a buggy server), which must not become the answer to /b.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(mut sock) = sock else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = sock.read(&mut chunk) else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end + 4);
+                        let body = if head.starts_with("GET /a ") {
+                            "a"
+                        } else {
+                            "b"
+                        };
+                        let _ = sock.write_all(
+                            format!("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 1\r\n\r\n{body}")
+                                .as_bytes(),
+                        );
+                        if body == "a" {
+                            std::thread::sleep(Duration::from_millis(100));
+                            let _ = sock.write_all(
+                                b"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 6\r\n\r\npoison",
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let proxy = Proxy::start(addr, Opts::default());
+    let mut c = proxy.client();
+    assert_eq!(c.get("/a", &[]).body, b"a");
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..3 {
+        assert_eq!(c.get("/b", &[]).body, b"b");
+    }
+}
+
+#[test]
+fn a_content_length_on_a_204_is_not_relayed() {
+    // An origin that frames a 204 with a Content-Length: a client that believed it would read
+    // the next response as this one's body.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(mut sock) = sock else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = sock.read(&mut chunk) else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let _ = sock.write_all(
+                            b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nCache-Control: no-store\r\n\r\n",
+                        );
+                    }
+                }
+            });
+        }
+    });
+    let proxy = Proxy::start(addr, Opts::default());
+    let mut c = proxy.client();
+    for _ in 0..2 {
+        let r = c.get("/nothing", &[]);
+        assert_eq!(r.status, 204);
+        assert_eq!(r.header("content-length"), None);
+    }
+}

@@ -659,8 +659,10 @@ impl<'a> Fetch<'a> {
                 continue;
             }
             if k.eq_ignore_ascii_case("content-length") {
-                // Kept only for bodiless answers (HEAD), where it describes the GET body.
-                if framing == BodyFraming::None {
+                // Kept only where it describes a body not sent: the GET body of a HEAD, the
+                // selected representation of a 304. On a 204 or 1xx it is a framing error the
+                // client might act on (reading the next response as this one's body).
+                if framing == BodyFraming::None && (req.method == "HEAD" || head.status == 304) {
                     put(h, k, v);
                 }
                 continue;

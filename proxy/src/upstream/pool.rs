@@ -114,20 +114,28 @@ impl Group {
     pub async fn connect(&self) -> Result<UpstreamConn, UpstreamError> {
         let me = workers::current();
         for (i, s) in self.servers.iter().enumerate() {
-            let pooled = {
-                let mut idle = s.idle.lock();
-                match idle.iter().rposition(|(w, _)| *w == me) {
-                    Some(at) => Some(idle.remove(at)),
-                    None => idle.pop(),
+            loop {
+                let pooled = {
+                    let mut idle = s.idle.lock();
+                    match idle.iter().rposition(|(w, _)| *w == me) {
+                        Some(at) => Some(idle.remove(at)),
+                        None => idle.pop(),
+                    }
+                };
+                let Some((worker, stream)) = pooled else {
+                    break;
+                };
+                if !quiet(&stream) {
+                    // Bytes (a late body, a stray response) or a close arrived while it was idle:
+                    // reusing it would read them as the next response. Drop it; try the next.
+                    continue;
                 }
-            };
-            if let Some((worker, stream)) = pooled {
                 let stream = if worker == me {
                     stream
                 } else {
                     match stream.into_std().and_then(TcpStream::from_std) {
                         Ok(s) => s,
-                        // Could not move it: drop it and go on to the next server or a new connection.
+                        // Could not move it: drop it and try the next.
                         Err(_) => continue,
                     }
                 };
@@ -291,6 +299,24 @@ impl Group {
             }
         }
     }
+}
+
+/// True when an idle connection has nothing to read and is not closed: one `recv` with
+/// `MSG_PEEK | MSG_DONTWAIT`, which reads the socket itself (a readiness cache could be stale for
+/// a connection that just moved between runtimes).
+fn quiet(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: the fd is open (borrowed from `stream`) and `byte` is a valid 1-byte buffer.
+    let r = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
 
 /// Most interim (1xx) responses accepted before the final one.
