@@ -600,3 +600,57 @@ fn rfc9111_4_1_vary_stores_variants_side_by_side() {
     c.get("/star", &[]);
     assert_eq!(c.get("/star", &[]).x_cache(), "MISS");
 }
+
+#[test]
+fn rfc9111_5_1_age_is_forwarded_verbatim_and_parsed_strictly_for_the_stored_copy() {
+    let (origin, _rt) = origin();
+    let cases: &[(&str, &str, Option<u64>)] = &[
+        // (path, Age as sent, the stored copy's age at least, or None: the field is ignored)
+        ("/a-plain", "1800", Some(1800)),
+        ("/a-list", "1800, 60", Some(1800)),
+        ("/a-frac", "1.5", None),
+        ("/a-neg", "-5", None),
+        ("/a-word", "abc", None),
+        ("/a-param", "10;x=1", None),
+        ("/a-plus", "+10", None),
+    ];
+    for (path, age, _) in cases {
+        origin.script(
+            path,
+            reply("aged", &[("Cache-Control", "max-age=3600"), ("Age", age)]),
+        );
+    }
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    for (path, age, stored) in cases {
+        let miss = proxy.get(path);
+        assert_eq!(miss.x_cache(), "MISS");
+        // Forwarded: the origin's Age, exactly as it came.
+        assert_eq!(miss.header("age"), Some(*age), "{path}");
+        let before = zero_copy_bytes(&proxy);
+        let hit = proxy.get(path);
+        // An invalid Age is ignored, not a reason to call the response stale.
+        assert_hit(&proxy, &hit, "HIT", b"aged", before);
+        let served: u64 = hit.header("age").and_then(|a| a.parse().ok()).expect("age");
+        match stored {
+            Some(at_least) => assert!(
+                (*at_least..*at_least + 5).contains(&served),
+                "{path}: {served}"
+            ),
+            None => assert!(served < 5, "{path}: {served}"),
+        }
+    }
+    // Past 2^31 an Age saturates there (§1.2.2): far older than its hour of freshness.
+    origin.script(
+        "/a-huge",
+        reply(
+            "aged",
+            &[
+                ("Cache-Control", "max-age=3600"),
+                ("Age", "99999999999999999999"),
+            ],
+        ),
+    );
+    assert_eq!(proxy.get("/a-huge").x_cache(), "MISS");
+    let again = proxy.get("/a-huge");
+    assert_eq!(again.x_cache(), "EXPIRED", "{:?}", again.headers);
+}

@@ -208,6 +208,33 @@ fn rfc9111_must_revalidate_and_no_cache_forbid_serving_stale() {
 }
 
 #[test]
+fn rfc9111_5_2_2_10_s_maxage_forbids_serving_stale_when_the_upstream_fails() {
+    // s-maxage carries proxy-revalidate's meaning for a shared cache: no stale, not even in the
+    // default grace, whether the origin answers 503 or closes the connection.
+    for (name, fail) in [
+        (
+            "503",
+            Box::new(|o: &Origin| o.script("/s", reply("down", &[]).status(503)))
+                as Box<dyn FnOnce(&Origin)>,
+        ),
+        (
+            "hang-up",
+            Box::new(|o: &Origin| o.script("/s", Reply::hang_up())),
+        ),
+    ] {
+        let (r, ..) = stale_then(
+            fail,
+            &[
+                ("Cache-Control", "max-age=1, s-maxage=1"),
+                ("ETag", "\"e\""),
+            ],
+        );
+        assert_ne!(r.x_cache(), "STALE", "{name}");
+        assert_eq!(r.status, if name == "503" { 503 } else { 502 }, "{name}");
+    }
+}
+
+#[test]
 fn rfc9213_targeted_cache_control_wins_and_is_not_forwarded() {
     let (origin, _rt) = origin();
     origin.script(

@@ -108,7 +108,8 @@ fn age_seconds(v: &str) -> Option<u64> {
 pub struct Reuse {
     /// `no-cache`: revalidate before every use.
     pub always_revalidate: bool,
-    /// `must-revalidate` or `proxy-revalidate` (a shared cache obeys both): never serve stale.
+    /// `must-revalidate`, `proxy-revalidate` or `s-maxage` (which carries proxy-revalidate's
+    /// meaning for a shared cache, RFC 9111 §5.2.2.10): never serve stale.
     pub no_stale: bool,
     /// `immutable`: a fresh response needs no revalidation even when the client asks for one.
     pub immutable: bool,
@@ -119,7 +120,7 @@ impl Reuse {
     pub fn of(d: &ResponseDirectives) -> Reuse {
         Reuse {
             always_revalidate: d.no_cache,
-            no_stale: d.must_revalidate || d.proxy_revalidate,
+            no_stale: d.must_revalidate || d.proxy_revalidate || d.s_maxage.is_some(),
             immutable: d.immutable,
         }
     }

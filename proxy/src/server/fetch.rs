@@ -653,6 +653,12 @@ impl<'a> Fetch<'a> {
         h.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", head.status, head.reason).as_bytes());
         let mut via: Option<String> = None;
         for (k, v) in &head.fields {
+            if k.eq_ignore_ascii_case("age") {
+                // End-to-end (RFC 9111 §5.1): a forwarded response carries the upstream's Age
+                // as received; only a response served from the cache gets one computed.
+                put(h, k, v);
+                continue;
+            }
             if headers::is_hop_by_hop(k, &tokens)
                 || proxy_owned(k) && !k.eq_ignore_ascii_case("content-length")
             {
