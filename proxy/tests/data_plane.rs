@@ -468,3 +468,35 @@ fn pinned_workers_keep_connections_on_their_cpu_within_a_bounded_imbalance() {
     drop(clients);
     assert_workers_drain(&proxy, workers);
 }
+
+#[test]
+fn rfc9110_15_2_interim_responses_other_than_100_are_forwarded() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/interim",
+        Reply::ok(b"body".to_vec())
+            .headers(&[("Cache-Control", "no-store")])
+            .interim(100, &[])
+            .interim(102, &[])
+            .interim(103, &[("Link", "</a.css>; rel=preload")]),
+    );
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    c.send(b"GET /interim HTTP/1.1\r\nHost: test.example\r\n\r\n");
+    let mut raw = Vec::new();
+    use std::io::Read;
+    let mut chunk = [0u8; 4096];
+    while !raw.ends_with(b"body") {
+        let n = c.sock.read(&mut chunk).expect("read");
+        assert!(n > 0, "{}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&raw);
+    // The origin's 100 answers an Expect the proxy never sent: it is dropped; 102 and 103 cross.
+    assert!(
+        text.starts_with(
+            "HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n"
+        ),
+        "{text}"
+    );
+}

@@ -271,8 +271,19 @@ impl Group {
                                 "too many interim responses".into(),
                             )));
                         }
-                        if head.status == 103 {
-                            on_interim.push(head);
+                        match head.status {
+                            // The proxy answers a client's Expect itself and never sends one
+                            // upstream: an origin's 100 is for nobody.
+                            100 => {}
+                            101 => {
+                                // No Upgrade is ever forwarded: a switch is a protocol error.
+                                return Err(ExchangeError::After(UpstreamError::Protocol(
+                                    "101 Switching Protocols without an Upgrade".into(),
+                                )));
+                            }
+                            // RFC 9110 §15.2: a proxy forwards the 1xx it did not ask for (102,
+                            // 103 Early Hints, any other).
+                            _ => on_interim.push(head),
                         }
                         continue;
                     }

@@ -416,6 +416,7 @@ async fn write_reply(sock: &mut TcpStream, reply: &Reply, head_only: bool) -> st
 fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
+        102 => "Processing",
         103 => "Early Hints",
         200 => "OK",
         201 => "Created",
