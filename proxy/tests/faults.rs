@@ -369,10 +369,9 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
     );
 }
 
-#[test]
-fn bytes_arriving_on_an_idle_pooled_connection_never_answer_the_next_request() {
-    // A raw origin: after answering /a it sends a stray response on the idle keep-alive
-    // connection (a late body, a buggy server), which must not become the answer to /b.
+/// A raw origin on loopback: for each request head on each connection it writes the pieces
+/// `answer(head)` returns, 100 ms apart, as bytes no well-behaved origin would send.
+fn raw_origin(answer: fn(&str) -> Vec<Vec<u8>>) -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     std::thread::spawn(move || {
@@ -391,24 +390,37 @@ fn bytes_arriving_on_an_idle_pooled_connection_never_answer_the_next_request() {
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                         buf.drain(..end + 4);
-                        let body = if head.starts_with("GET /a ") {
-                            "a"
-                        } else {
-                            "b"
-                        };
-                        let _ = sock.write_all(
-                            format!("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 1\r\n\r\n{body}")
-                                .as_bytes(),
-                        );
-                        if body == "a" {
-                            std::thread::sleep(Duration::from_millis(100));
-                            let _ = sock.write_all(
-                                b"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 6\r\n\r\npoison",
-                            );
+                        for (i, piece) in answer(&head).iter().enumerate() {
+                            if i > 0 {
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                            let _ = sock.write_all(piece);
                         }
                     }
                 }
             });
+        }
+    });
+    addr
+}
+
+#[test]
+fn bytes_arriving_on_an_idle_pooled_connection_never_answer_the_next_request() {
+    // After answering /a the origin sends a stray response on the idle keep-alive connection (a
+    // late body, a buggy server), which must not become the answer to /b.
+    let addr = raw_origin(|head| {
+        let ok = |body: &str| {
+            format!("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 1\r\n\r\n{body}")
+                .into_bytes()
+        };
+        if head.starts_with("GET /a ") {
+            vec![
+                ok("a"),
+                b"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 6\r\n\r\npoison"
+                    .to_vec(),
+            ]
+        } else {
+            vec![ok("b")]
         }
     });
     let proxy = Proxy::start(addr, Opts::default());
@@ -422,32 +434,12 @@ fn bytes_arriving_on_an_idle_pooled_connection_never_answer_the_next_request() {
 
 #[test]
 fn a_content_length_on_a_204_is_not_relayed() {
-    // An origin that frames a 204 with a Content-Length: a client that believed it would read
-    // the next response as this one's body.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    std::thread::spawn(move || {
-        for sock in listener.incoming() {
-            let Ok(mut sock) = sock else { return };
-            std::thread::spawn(move || {
-                use std::io::{Read, Write};
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let Ok(n) = sock.read(&mut chunk) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        buf.drain(..end + 4);
-                        let _ = sock.write_all(
-                            b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nCache-Control: no-store\r\n\r\n",
-                        );
-                    }
-                }
-            });
-        }
+    // A client that believed it would read the next response as this one's body.
+    let addr = raw_origin(|_| {
+        vec![
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nCache-Control: no-store\r\n\r\n"
+                .to_vec(),
+        ]
     });
     let proxy = Proxy::start(addr, Opts::default());
     let mut c = proxy.client();
