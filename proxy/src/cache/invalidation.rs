@@ -2,8 +2,15 @@
 //! purge removes, expressed as the URL key texts the store indexes entries under.
 
 use super::key::CacheKey;
-use crate::http::request::normalise_host;
 use crate::http::response::ResponseHead;
+use crate::http::target::{self, PathRules};
+
+/// URLs named by a purge or a `Location` are normalised as request targets are, so they name
+/// the keys requests were stored under; nothing is refused that some config could have stored.
+const ANY_PATH: PathRules = PathRules {
+    reject_backslash: false,
+    reject_parameters: false,
+};
 
 /// Methods known to be safe (RFC 9110 §9.2.1); every other method, unknown ones included,
 /// invalidates.
@@ -21,7 +28,8 @@ pub fn url_text(host: &str, target: &str, keep_query: bool) -> String {
     CacheKey::new("GET", "http", host, target, 128).text
 }
 
-/// Splits `http://host/path` (or `https://`) into host and target.
+/// Splits `http://host/path` (or `https://`) into host and target, both normalised the way a
+/// request's are (see `http::target`); `None` when either is not the grammar.
 pub fn split_absolute(uri: &str) -> Option<(String, String)> {
     let rest = uri
         .strip_prefix("http://")
@@ -30,7 +38,9 @@ pub fn split_absolute(uri: &str) -> Option<(String, String)> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    (!authority.is_empty()).then(|| (normalise_host(authority), path.to_string()))
+    let host = target::authority(authority, "80").ok()?;
+    let path = target::normalise(path, ANY_PATH).ok()?;
+    (!host.is_empty()).then_some((host, path))
 }
 
 /// The URL key texts a non-error response to an unsafe request invalidates: the target URI,
@@ -41,7 +51,7 @@ pub fn invalidated(host: &str, target: &str, res: &ResponseHead, keep_query: boo
         let Some(v) = res.field(field) else { continue };
         let v = v.trim();
         let same_origin = if v.starts_with('/') {
-            Some(v.to_string())
+            target::normalise(v, ANY_PATH).ok()
         } else {
             split_absolute(v).and_then(|(h, t)| (h == host).then_some(t))
         };
@@ -85,5 +95,28 @@ mod tests {
             vec!["GET http://shop.example/items", "GET http://shop.example/a"]
         );
         assert!(is_safe("GET") && !is_safe("POST") && !is_safe("M-SEARCH"));
+    }
+
+    #[test]
+    fn purge_and_location_urls_name_the_keys_requests_are_stored_under() {
+        // Requests are keyed by their normalised target: so are the URLs that remove them.
+        assert_eq!(
+            split_absolute("http://Shop.Example:80/a/%7Eb/../c"),
+            Some(("shop.example".to_string(), "/a/c".to_string()))
+        );
+        assert_eq!(split_absolute("http://shop.example|x/a"), None);
+        let res = crate::http::response::parse(
+            b"HTTP/1.1 201 Created\r\nLocation: /items/%37/./\r\n\r\n",
+        )
+        .expect("ok")
+        .expect("complete")
+        .0;
+        assert_eq!(
+            invalidated("shop.example", "/items", &res, true),
+            vec![
+                "GET http://shop.example/items",
+                "GET http://shop.example/items/7/"
+            ]
+        );
     }
 }

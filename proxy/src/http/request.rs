@@ -356,15 +356,6 @@ fn split_target(
     ))
 }
 
-/// Lower-cases the host and drops a default port, so `Example.com:80` and `example.com` are one.
-pub fn normalise_host(h: &str) -> String {
-    let h = h.to_ascii_lowercase();
-    match h.strip_suffix(":80") {
-        Some(base) => base.to_string(),
-        None => h,
-    }
-}
-
 impl RequestHead {
     /// The first value of `name` (case-insensitive), as text.
     pub fn field(&self, name: &str) -> Option<&str> {
