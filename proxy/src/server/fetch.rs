@@ -15,7 +15,7 @@ use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::fill::Fill;
 use crate::cache::freshness::{self, Heuristics};
-use crate::cache::growing::{Growing, Writer};
+use crate::cache::growing::{Growing, Reader, Writer};
 use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{LeaderGuard, Role};
@@ -66,6 +66,14 @@ pub struct Fetch<'a> {
     no_pool: bool,
     /// ...and the client's body was not read to its end: its connection closes.
     body_unfinished: bool,
+}
+
+/// How a response body reaches the client.
+enum Body {
+    /// Stored: a fill task writes it to the cache file, the client reads behind it.
+    Behind(Arc<Growing>, Reader),
+    /// Not stored: streamed from the upstream connection through the proxy.
+    Stream(UpstreamConn),
 }
 
 /// Why a streamed request failed.
@@ -599,9 +607,8 @@ impl<'a> Fetch<'a> {
         };
         // A storable body goes into the cache file by a task of its own, at the origin's speed;
         // this client, and followers whose variant matches, read behind it.
-        let mut up = Some(up);
-        let behind = match (fill, up.take()) {
-            (Some(f), Some(u)) => {
+        let body = match fill {
+            Some(f) => {
                 let (g, w) = Growing::new(f.file(), f.entry_preview(), framing.length());
                 let reader = g.reader();
                 if let Some(guard) = &guard {
@@ -609,7 +616,7 @@ impl<'a> Fetch<'a> {
                 }
                 tokio::spawn(pump(
                     ctx.clone(),
-                    u,
+                    up,
                     framing,
                     self.upstream.clone(),
                     f,
@@ -620,12 +627,9 @@ impl<'a> Fetch<'a> {
                     // object: its fill is not an abandoned one.
                     local == Precondition::Proceed,
                 ));
-                Some((g, reader))
+                Body::Behind(g, reader)
             }
-            (_, u) => {
-                up = u;
-                None
-            }
+            None => Body::Stream(up),
         };
 
         if local != Precondition::Proceed {
@@ -696,7 +700,8 @@ impl<'a> Fetch<'a> {
             _ => "miss",
         };
         // `detail` says why a response will not be stored.
-        let cache_status = match (behind.is_some(), not_stored, self.status) {
+        let stored = matches!(body, Body::Behind(..));
+        let cache_status = match (stored, not_stored, self.status) {
             (_, _, CacheStatus::Bypass) => format!("zerocache; fwd={fwd}"),
             // Every response that completes was stored: a fill that fails aborts its readers.
             (true, _, _) => format!("zerocache; fwd={fwd}; stored"),
@@ -720,32 +725,32 @@ impl<'a> Fetch<'a> {
         h.extend_from_slice(b"\r\n");
         let head_bytes = conn.head.len() as u64 + interim_bytes;
 
-        if let Some((g, reader)) = behind {
-            let (body, framing_bytes, result) = match conn.send_head().await {
-                Ok(()) => {
-                    conn.read_behind(&g, reader, to_client_chunked, self.upstream.read_timeout)
-                        .await
-                }
-                Err(e) => (0, 0, Err(e)),
-            };
-            self.record_path(
-                conn,
-                head.status,
-                head_bytes + framing_bytes,
-                body,
-                DataPath::Zerocopy,
-                result.is_ok(),
-            );
-            result?;
-            return Ok(!close_after);
-        }
+        let mut up = match body {
+            Body::Stream(up) => up,
+            Body::Behind(g, reader) => {
+                let (body, framing_bytes, result) = match conn.send_head().await {
+                    Ok(()) => {
+                        conn.read_behind(&g, reader, to_client_chunked, self.upstream.read_timeout)
+                            .await
+                    }
+                    Err(e) => (0, 0, Err(e)),
+                };
+                self.record_path(
+                    conn,
+                    head.status,
+                    head_bytes + framing_bytes,
+                    body,
+                    DataPath::Zerocopy,
+                    result.is_ok(),
+                );
+                result?;
+                return Ok(!close_after);
+            }
+        };
         if let Err(e) = conn.send_head().await {
             self.record(conn, head.status, head_bytes, 0, false);
             return Err(e);
         }
-        let Some(mut up) = up else {
-            return Err(ConnError::Aborted("upstream connection lost".into()));
-        };
 
         // Body: upstream → client, for a response that is not stored.
         let mut reader = BodyReader::new(framing, self.upstream.read_timeout);
