@@ -16,7 +16,7 @@
 //! `cpu_affinity: true`, nginx's `worker_cpu_affinity auto`); with `--unpinned`, none does
 //! (zerocache's `cpu_affinity: false`): both compared like for like.
 
-use crate::{root, run};
+use crate::{free_port, root, run};
 use anyhow::{Context, bail};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -150,12 +150,6 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> anyhow::Result<()> {

@@ -38,7 +38,7 @@
 //! The run's directory (config, cache, the proxy's log) is removed after a pass unless
 //! `XTASK_SOAK_KEEP` is set, and kept after a failure.
 
-use crate::{root, run};
+use crate::{free_port, root, run};
 use anyhow::{Context, bail};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -51,6 +51,7 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zerocache_origin::client::parse_head;
 use zerocache_origin::{Framing, Origin, Reply};
 
 /// Soak settings.
@@ -409,31 +410,6 @@ struct HttpConn {
     sock: TcpStream,
     buf: Vec<u8>,
     scratch: Vec<u8>,
-}
-
-/// A parsed response head: status, header fields, head length.
-type Head = (u16, Vec<(String, String)>, usize);
-
-fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
-    let mut h = [httparse::EMPTY_HEADER; 64];
-    let mut r = httparse::Response::new(&mut h);
-    match r.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => {
-            let headers = r
-                .headers
-                .iter()
-                .map(|h| {
-                    (
-                        h.name.to_string(),
-                        String::from_utf8_lossy(h.value).into_owned(),
-                    )
-                })
-                .collect();
-            Ok(Some((r.code.unwrap_or(0), headers, n)))
-        }
-        Ok(httparse::Status::Partial) => Ok(None),
-        Err(e) => Err(format!("unparseable response head: {e}")),
-    }
 }
 
 fn crlf(buf: &[u8]) -> Option<usize> {
@@ -1327,12 +1303,6 @@ impl Drop for Proxy {
             let _ = self.child.wait();
         }
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// (VmRSS in KiB, open fds) of `pid`.

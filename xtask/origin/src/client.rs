@@ -50,20 +50,8 @@ impl SimpleClient {
         self.sock
             .write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{conn}\r\n").as_bytes())?;
         let (status, headers, n) = loop {
-            let mut h = [httparse::EMPTY_HEADER; 64];
-            let mut r = httparse::Response::new(&mut h);
-            if let Ok(httparse::Status::Complete(n)) = r.parse(&self.buf) {
-                let headers = r
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_string(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect::<Vec<_>>();
-                break (r.code.unwrap_or(0), headers, n);
+            if let Ok(Some(head)) = parse_head(&self.buf) {
+                break head;
             }
             self.fill()?;
         };
@@ -95,5 +83,31 @@ impl SimpleClient {
         }
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(())
+    }
+}
+
+/// A response head: status, fields (values decoded lossily), and its length in bytes.
+pub type Head = (u16, Vec<(String, String)>, usize);
+
+/// Parses a response head from the start of `buf`: `Ok(None)` while it is incomplete.
+pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
+    let mut h = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Response::new(&mut h);
+    match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => {
+            let headers = r
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.name.to_string(),
+                        String::from_utf8_lossy(h.value).into_owned(),
+                    )
+                })
+                .collect();
+            Ok(Some((r.code.unwrap_or(0), headers, n)))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(e) => Err(format!("unparseable response head: {e}")),
     }
 }
