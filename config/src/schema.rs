@@ -190,9 +190,14 @@ pub struct CacheConfig {
     #[serde(default = "default_true")]
     pub offload_cold_hits: bool,
     /// Targeted cache-control fields (RFC 9213) that govern zerocache's caching in place of
-    /// `Cache-Control`, first present wins; they are not forwarded to clients.
+    /// `Cache-Control` and `Expires`: the first with a valid, non-empty Structured Field
+    /// Dictionary wins; an invalid one is ignored.
     #[serde(default = "default_targeted")]
     pub targeted_fields: Vec<String>,
+    /// Forward the targeted fields to clients (true, the default: a cache in front of or behind
+    /// zerocache needs them), or hide them (false).
+    #[serde(default = "default_true")]
+    pub targeted_fields_forward: bool,
     /// A `Range` request on a miss is forwarded and its 206 relayed, never stored; when the 206
     /// says the whole object is at most this large, the whole object is fetched and stored in the
     /// background, so the next request is a hit.

@@ -168,7 +168,6 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(raised, |(soft, _)| soft);
     let open_files = open_files_for(config.cache.open_files, nofile);
-    crate::cache::directives::set_targeted(&config.cache.targeted_fields);
     let store = Arc::new(
         Store::open(
             &config.cache.path,
@@ -179,7 +178,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                 open_files,
             },
         )
-        .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?,
+        .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?
+        .with_targeted(crate::cache::targeted::Targeted::new(
+            &config.cache.targeted_fields,
+            config.cache.targeted_fields_forward,
+        )),
     );
     let rebuilt = store
         .rebuild_verifying(config.cache.verify_on_start)

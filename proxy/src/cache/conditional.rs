@@ -64,14 +64,16 @@ fn strong_match(a: &EntityTag<'_>, b: &EntityTag<'_>) -> bool {
 }
 
 fn date(v: Option<&str>) -> Option<SystemTime> {
-    httpdate::parse_http_date(v?.trim()).ok()
+    crate::http::date::parse(v?)
 }
 
-/// Evaluates `req`'s preconditions against a stored response with `etag` and `last_modified`.
+/// Evaluates `req`'s preconditions against a stored response with `etag`, `last_modified` and
+/// the stored `Date` (`stored_date`).
 pub fn evaluate(
     req: &RequestHead,
     etag: Option<&str>,
     last_modified: Option<&str>,
+    stored_date: Option<&str>,
 ) -> Precondition {
     let current = etag.and_then(parse_etag);
     let lm = date(last_modified);
@@ -109,7 +111,12 @@ pub fn evaluate(
             };
         }
     } else if get_or_head
-        && let (Some(ims), Some(lm)) = (date(req.field("if-modified-since")), lm)
+        && let (Some(ims), Some(lm)) = (
+            date(req.field("if-modified-since")),
+            // A stored response without Last-Modified is compared by its Date (RFC 9111
+            // §4.3.2): it was current then, so it has not changed since a later date.
+            lm.or_else(|| date(stored_date)),
+        )
         && lm <= ims
     {
         // 4. If-Modified-Since, only without If-None-Match.
@@ -145,7 +152,7 @@ mod tests {
     const EARLIER: &str = "Fri, 31 Dec 1999 00:00:00 GMT";
 
     fn ev(method: &str, extra: &str) -> Precondition {
-        evaluate(&req(method, extra), Some("\"v1\""), Some(LM))
+        evaluate(&req(method, extra), Some("\"v1\""), Some(LM), Some(LATER))
     }
 
     #[test]
@@ -192,6 +199,33 @@ mod tests {
         );
         assert_eq!(
             ev("GET", "If-Modified-Since: garbage\r\n"),
+            Precondition::Proceed
+        );
+    }
+
+    #[test]
+    fn rfc9111_4_3_2_if_modified_since_falls_back_to_the_stored_date() {
+        let ims = |v: &str, date: Option<&str>| {
+            evaluate(
+                &req("GET", &format!("If-Modified-Since: {v}\r\n")),
+                None,
+                None,
+                date,
+            )
+        };
+        assert_eq!(ims(LM, Some(LM)), Precondition::NotModified);
+        assert_eq!(ims(LATER, Some(LM)), Precondition::NotModified);
+        assert_eq!(ims(EARLIER, Some(LM)), Precondition::Proceed);
+        assert_eq!(ims(LATER, None), Precondition::Proceed);
+        assert_eq!(ims(LATER, Some("garbage")), Precondition::Proceed);
+        // Last-Modified, when there is one, wins over Date.
+        assert_eq!(
+            evaluate(
+                &req("GET", &format!("If-Modified-Since: {LM}\r\n")),
+                None,
+                Some(LATER),
+                Some(EARLIER),
+            ),
             Precondition::Proceed
         );
     }

@@ -24,6 +24,8 @@ pub struct ResponseDirectives {
     pub proxy_revalidate: bool,
     /// `immutable` (RFC 8246).
     pub immutable: bool,
+    /// `must-understand` (§5.2.2.3): store only if the status code's caching rules are known.
+    pub must_understand: bool,
     /// `max-age`.
     pub max_age: Option<u64>,
     /// `s-maxage`.
@@ -32,38 +34,6 @@ pub struct ResponseDirectives {
     pub stale_while_revalidate: Option<u64>,
     /// `stale-if-error` (RFC 5861).
     pub stale_if_error: Option<u64>,
-}
-
-/// The targeted cache-control fields zerocache obeys (RFC 9213), in priority order, lower-cased.
-/// Set once at start-up from `cache.targeted_fields`; `CDN-Cache-Control` by default.
-static TARGETED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-
-/// Sets the targeted fields (first call wins; later calls are ignored).
-pub fn set_targeted(fields: &[String]) {
-    let _ = TARGETED.set(fields.iter().map(|f| f.to_ascii_lowercase()).collect());
-}
-
-/// The targeted fields in force.
-pub fn targeted() -> &'static [String] {
-    TARGETED.get_or_init(|| vec!["cdn-cache-control".into()])
-}
-
-/// The directives that govern zerocache's own caching of a response (RFC 9213 §2.2): the first
-/// targeted field with a non-empty value, in which case `Cache-Control` and `Expires` are
-/// ignored (`true`); otherwise `Cache-Control` (`false`). `get` returns a field's joined value.
-pub fn governing(get: impl Fn(&str) -> Option<String>) -> (ResponseDirectives, bool) {
-    for t in targeted() {
-        if let Some(v) = get(t).filter(|v| !v.trim().is_empty()) {
-            return (response(Some(&v)), true);
-        }
-    }
-    (response(get("cache-control").as_deref()), false)
-}
-
-/// True for a targeted field: consumed here, never forwarded downstream (a client or a cache
-/// further down must not take zerocache's policy for its own).
-pub fn is_targeted(name: &str) -> bool {
-    targeted().iter().any(|t| name.eq_ignore_ascii_case(t))
 }
 
 /// Request directives.
@@ -158,6 +128,7 @@ pub fn response(value: Option<&str>) -> ResponseDirectives {
             "must-revalidate" => d.must_revalidate = true,
             "proxy-revalidate" => d.proxy_revalidate = true,
             "immutable" => d.immutable = true,
+            "must-understand" => d.must_understand = true,
             "max-age" => d.max_age = seconds(&arg),
             "s-maxage" => d.s_maxage = seconds(&arg),
             "stale-while-revalidate" => d.stale_while_revalidate = seconds(&arg),

@@ -26,6 +26,7 @@
 //! costs the hit path nothing: for a sample of entries at start-up, by the background scrub
 //! ([`crate::cache::scrub`]) and by `zerocache check-cache`. A hit never reads the body.
 
+use crate::cache::targeted::Targeted;
 use bytes::Bytes;
 use std::fs::File;
 use std::io;
@@ -305,19 +306,6 @@ pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
     Ok((h.meta, h.body_offset, h.body_len))
 }
 
-/// The stored fields a client sees: all but the targeted cache-control fields (RFC 9213), which
-/// are zerocache's own policy.
-pub fn client_fields(fields: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(fields.len());
-    for line in fields.split_inclusive(|b| *b == b'\n') {
-        let name = line.split(|b| *b == b':').next().unwrap_or(b"");
-        if !crate::cache::directives::is_targeted(String::from_utf8_lossy(name).trim()) {
-            out.extend_from_slice(line);
-        }
-    }
-    out
-}
-
 /// A stored response as the index holds it: everything a hit needs without touching the file's
 /// header (no read(2) on the hit path).
 #[derive(Debug)]
@@ -349,6 +337,9 @@ pub struct Entry {
     pub etag: Option<String>,
     /// Stored `Last-Modified`.
     pub last_modified: Option<String>,
+    /// Stored `Date`: what `If-Modified-Since` is compared with when there is no
+    /// `Last-Modified`.
+    pub date: Option<String>,
     /// `stale-if-error` of the stored response.
     pub stale_if_error: Option<Duration>,
     /// `stale-while-revalidate` of the stored response.
@@ -378,15 +369,23 @@ impl Drop for OpenSlot {
 
 impl Entry {
     /// Builds the in-memory entry, with a body checksum of 0 until
-    /// [`Entry::with_body_checksum`] gives the real one.
-    pub fn new(hash: u128, meta: Meta, path: PathBuf, body_offset: u64, body_len: u64) -> Entry {
+    /// [`Entry::with_body_checksum`] gives the real one. `targeted` decides which stored field
+    /// governs reuse (RFC 9213) and whether targeted fields are in the hit head.
+    pub fn new(
+        hash: u128,
+        meta: Meta,
+        path: PathBuf,
+        body_offset: u64,
+        body_len: u64,
+        targeted: &Targeted,
+    ) -> Entry {
         let mut head = Vec::with_capacity(64 + meta.fields.len());
         head.extend_from_slice(b"HTTP/1.1 ");
         head.extend_from_slice(meta.status.to_string().as_bytes());
         head.push(b' ');
         head.extend_from_slice(meta.reason.as_bytes());
         head.extend_from_slice(b"\r\n");
-        head.extend_from_slice(&client_fields(&meta.fields));
+        head.extend_from_slice(&targeted.visible(&meta.fields));
         crate::http::headers::put_num(&mut head, "Content-Length", body_len);
         let field = |name: &str| -> Option<String> {
             meta.fields.split(|b| *b == b'\n').find_map(|line| {
@@ -397,22 +396,28 @@ impl Entry {
                     .then(|| v.trim().to_string())
             })
         };
-        let cc: Vec<String> = meta
-            .fields
-            .split(|b| *b == b'\n')
-            .filter_map(|line| {
-                let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
-                let (k, v) = line.split_once(':')?;
-                k.trim()
-                    .eq_ignore_ascii_case("cache-control")
-                    .then(|| v.trim().to_string())
-            })
-            .collect();
-        let d = crate::cache::directives::response(Some(&cc.join(", ")));
+        let joined = |name: &str| -> Option<String> {
+            let values: Vec<String> = meta
+                .fields
+                .split(|b| *b == b'\n')
+                .filter_map(|line| {
+                    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+                    let (k, v) = line.split_once(':')?;
+                    k.trim()
+                        .eq_ignore_ascii_case(name)
+                        .then(|| v.trim().to_string())
+                })
+                .collect();
+            (!values.is_empty()).then(|| values.join(", "))
+        };
+        // The field that governed storage governs reuse too: a valid CDN-Cache-Control replaces
+        // Cache-Control's no-cache, must-revalidate and stale-* directives as well (RFC 9213 §2.2).
+        let (d, _) = targeted.governing(joined);
         Entry {
             reuse: crate::cache::freshness::Reuse::of(&d),
             etag: field("etag"),
             last_modified: field("last-modified"),
+            date: field("date"),
             stale_if_error: d.stale_if_error.map(Duration::from_secs),
             stale_while_revalidate: d.stale_while_revalidate.map(Duration::from_secs),
             hash,
@@ -584,7 +589,14 @@ mod tests {
 
     #[test]
     fn hit_head_is_prebuilt() {
-        let e = Entry::new(1, meta(), PathBuf::from("/x"), 4096, 1024);
+        let e = Entry::new(
+            1,
+            meta(),
+            PathBuf::from("/x"),
+            4096,
+            1024,
+            &Targeted::default(),
+        );
         assert_eq!(
             &e.hit_head[..],
             b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nContent-Length: 1024\r\n"

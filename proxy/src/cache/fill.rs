@@ -101,6 +101,7 @@ impl Fill {
             self.tmp.clone(),
             self.body_offset,
             0,
+            self.store.targeted(),
         )
     }
 
@@ -127,6 +128,7 @@ impl Fill {
                 path,
                 self.body_offset,
                 self.written,
+                self.store.targeted(),
             )
             .with_body_checksum(body_checksum),
         );

@@ -41,16 +41,16 @@ pub fn lifetime(
 ) -> Option<(Duration, Source)> {
     let date = res
         .field("date")
-        .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+        .and_then(crate::http::date::parse)
         .unwrap_or(response_time);
     if let Some(s) = d.s_maxage.or(d.max_age) {
         return Some((Duration::from_secs(s), Source::Explicit));
     }
     // A targeted field (RFC 9213) replaces Expires as well as Cache-Control.
     if let Some(expires) = res.field("expires").filter(|_| !targeted) {
-        let life = match httpdate::parse_http_date(expires.trim()) {
-            Ok(exp) => exp.duration_since(date).unwrap_or_default(),
-            Err(_) => Duration::ZERO,
+        let life = match crate::http::date::parse(expires) {
+            Some(exp) => exp.duration_since(date).unwrap_or_default(),
+            None => Duration::ZERO,
         };
         return Some((life, Source::Explicit));
     }
@@ -59,7 +59,7 @@ pub fn lifetime(
     }
     if let Some(lm) = res
         .field("last-modified")
-        .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+        .and_then(crate::http::date::parse)
         && let Ok(since) = date.duration_since(lm)
     {
         return Some(((since / 10).min(h.max), Source::Heuristic));
@@ -81,7 +81,7 @@ pub fn initial_age(
         .unwrap_or_default();
     let apparent = res
         .field("date")
-        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+        .and_then(crate::http::date::parse)
         .and_then(|d| response_time.duration_since(d).ok())
         .unwrap_or_default();
     let delay = response_time
@@ -186,7 +186,7 @@ mod tests {
     };
     fn life(extra: &str, t: SystemTime) -> Option<(Duration, Source)> {
         let r = res(extra);
-        let (d, targeted) = directives::governing(|n| r.joined(n));
+        let (d, targeted) = crate::cache::targeted::Targeted::default().governing(|n| r.joined(n));
         lifetime(&r, &d, targeted, t, H)
     }
 

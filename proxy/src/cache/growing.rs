@@ -169,7 +169,14 @@ mod tests {
             vary: Vec::new(),
             url: "GET http://h/x".into(),
         };
-        let e = Entry::new(1, meta, "/nonexistent".into(), 4096, 0);
+        let e = Entry::new(
+            1,
+            meta,
+            "/nonexistent".into(),
+            4096,
+            0,
+            &crate::cache::targeted::Targeted::default(),
+        );
         Growing::new(file, e, None)
     }
 

@@ -14,5 +14,6 @@ pub mod lock;
 pub mod policy;
 pub mod scrub;
 pub mod store;
+pub mod targeted;
 pub mod validation;
 pub mod variance;

@@ -2,8 +2,8 @@
 //! 9111 §3 says for a shared cache. The smallest config behaves as the RFC says; the only widening
 //! is a route's explicit `default_ttl`.
 
-use super::directives;
 use super::freshness::{self, Heuristics, Source};
+use super::targeted::Targeted;
 use crate::http::headers;
 use crate::http::request::RequestHead;
 use crate::http::response::ResponseHead;
@@ -121,22 +121,28 @@ pub fn vary_names(res: &ResponseHead) -> Option<Vec<String>> {
     Some(names)
 }
 
-/// The operator's narrowing of what RFC 9111 allows to be stored.
+/// The operator's narrowing of what RFC 9111 allows to be stored, and the target list that
+/// decides which cache-control field governs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rules {
+pub struct Rules<'a> {
     /// `cache.store_5xx`.
     pub store_5xx: bool,
     /// The route's `store_set_cookie`.
     pub store_set_cookie: bool,
+    /// `cache.targeted_fields` (RFC 9213).
+    pub targeted: &'a Targeted,
 }
 
-impl Default for Rules {
-    fn default() -> Self {
-        Rules {
-            store_5xx: true,
-            store_set_cookie: true,
-        }
-    }
+/// Status codes whose caching rules zerocache implements, for `must-understand` (RFC 9111
+/// §5.2.2.3): the final statuses RFC 9110 §15 defines that a cache may store (206, 304, 412 and
+/// 416 never are: they are not the whole representation). An unknown status with
+/// `must-understand` is not stored even when the rest of the response allows it.
+pub fn understood(status: u16) -> bool {
+    matches!(
+        status,
+        200..=205 | 300..=303 | 305 | 307 | 308 | 400..=411 | 413..=415 | 417 | 421..=426
+            | 428 | 429 | 431 | 451 | 500..=505 | 511
+    )
 }
 
 /// Decides storability (§3, §3.5) and what to store.
@@ -146,7 +152,7 @@ pub fn storable(
     request_time: SystemTime,
     response_time: SystemTime,
     heuristics: Heuristics,
-    rules: Rules,
+    rules: Rules<'_>,
 ) -> Result<Storable, NotStored> {
     if req.method != "GET" {
         return Err(NotStored::Method);
@@ -169,8 +175,15 @@ pub fn storable(
     if freshness::request_directives(req).no_store {
         return Err(NotStored::RequestNoStore);
     }
-    let (d, targeted) = directives::governing(|n| res.joined(n));
-    if d.no_store || d.private {
+    let (d, targeted) = rules.targeted.governing(|n| res.joined(n));
+    // must-understand: a cache that implements the status code's rules ignores no-store; one
+    // that does not must not store (§5.2.2.3).
+    let no_store = if d.must_understand {
+        !understood(res.status)
+    } else {
+        d.no_store
+    };
+    if no_store || d.private {
         return Err(NotStored::Directive);
     }
     if headers::has(&req.fields, "authorization")
@@ -216,15 +229,24 @@ mod tests {
         default_ttl: None,
     };
 
+    fn rules(t: &Targeted) -> Rules<'_> {
+        Rules {
+            store_5xx: true,
+            store_set_cookie: true,
+            targeted: t,
+        }
+    }
+
     fn st(req_extra: &str, status: u16, res_extra: &str) -> Result<Storable, NotStored> {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let targeted = Targeted::default();
         storable(
             &req(req_extra),
             &res(status, res_extra),
             t,
             t,
             H,
-            Rules::default(),
+            rules(&targeted),
         )
     }
 
@@ -248,25 +270,26 @@ mod tests {
             Some(NotStored::Status)
         );
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let targeted = Targeted::default();
         let no_5xx = Rules {
             store_5xx: false,
-            ..Rules::default()
+            ..rules(&targeted)
         };
         assert_eq!(
             storable(&req(""), &res(503, fresh), t, t, H, no_5xx).err(),
             Some(NotStored::ServerError)
         );
-        assert!(storable(&req(""), &res(503, fresh), t, t, H, Rules::default()).is_ok());
+        assert!(storable(&req(""), &res(503, fresh), t, t, H, rules(&targeted)).is_ok());
         let no_cookies = Rules {
             store_set_cookie: false,
-            ..Rules::default()
+            ..rules(&targeted)
         };
         let cookie = "Cache-Control: max-age=600\r\nSet-Cookie: s=1\r\n";
         assert_eq!(
             storable(&req(""), &res(200, cookie), t, t, H, no_cookies).err(),
             Some(NotStored::SetCookie)
         );
-        assert!(storable(&req(""), &res(200, cookie), t, t, H, Rules::default()).is_ok());
+        assert!(storable(&req(""), &res(200, cookie), t, t, H, rules(&targeted)).is_ok());
     }
 
     #[test]
@@ -364,6 +387,62 @@ mod tests {
         assert_eq!(
             st("", 200, "Expires: 0\r\nCDN-Cache-Control: max-age=30\r\n").map(|s| s.lifetime),
             Ok(Duration::from_secs(30))
+        );
+    }
+
+    #[test]
+    fn rfc9213_2_1_an_invalid_targeted_field_is_ignored() {
+        // Each falls back to Cache-Control (max-age=7) and Expires, as if the field were absent.
+        for bad in [
+            "",
+            "max-age=\"10000\"",
+            "MaX-aGe=60",
+            "max-age=60,",
+            "no-store=?0",
+        ] {
+            assert_eq!(
+                st(
+                    "",
+                    200,
+                    &format!("Cache-Control: max-age=7\r\nCDN-Cache-Control: {bad}\r\n")
+                )
+                .map(|s| s.lifetime),
+                Ok(Duration::from_secs(7)),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            st(
+                "",
+                200,
+                "Cache-Control: no-store\r\nCDN-Cache-Control: max-age=\"60\"\r\n"
+            ),
+            Err(NotStored::Directive)
+        );
+    }
+
+    #[test]
+    fn rfc9111_5_2_2_3_must_understand_overrides_no_store_for_understood_statuses() {
+        let mu = "Cache-Control: must-understand, no-store, max-age=60\r\n";
+        assert_eq!(
+            st("", 200, mu).map(|s| s.lifetime),
+            Ok(Duration::from_secs(60))
+        );
+        assert_eq!(
+            st("", 404, mu).map(|s| s.lifetime),
+            Ok(Duration::from_secs(60))
+        );
+        assert_eq!(st("", 299, mu), Err(NotStored::Directive));
+        assert_eq!(st("", 599, mu), Err(NotStored::Directive));
+        // Without must-understand, 299 with explicit freshness is stored as any valid status.
+        assert!(st("", 299, "Cache-Control: max-age=60\r\n").is_ok());
+        assert_eq!(
+            st(
+                "",
+                200,
+                "Cache-Control: must-understand, private, max-age=60\r\n"
+            ),
+            Err(NotStored::Directive)
         );
     }
 

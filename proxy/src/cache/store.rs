@@ -8,6 +8,7 @@
 
 use super::entry::{self, Entry, OpenFile, OpenSlot};
 use super::key::CacheKey;
+use super::targeted::Targeted;
 use lru::LruCache;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -104,6 +105,10 @@ pub struct Store {
     /// exists (it is created after the rebuild); a mutex so no count is lost or doubled while it
     /// is attached.
     corrupt_sink: Mutex<Option<Arc<zerocache_dashboard::Accounting>>>,
+    /// The target list (RFC 9213) under which entries are read: which stored field governs
+    /// reuse, and whether targeted fields reach clients. Fixed for the process's life, like the
+    /// rest of `cache:` (a change takes effect on restart).
+    targeted: Targeted,
 }
 
 struct Inner {
@@ -194,7 +199,20 @@ impl Store {
             write_errors: AtomicU64::new(0),
             corrupt_entries: AtomicU64::new(0),
             corrupt_sink: Mutex::new(None),
+            targeted: Targeted::default(),
         })
+    }
+
+    /// Sets the target list (`cache.targeted_fields`, `cache.targeted_fields_forward`); call
+    /// before the rebuild, which builds entries under it.
+    pub fn with_targeted(mut self, targeted: Targeted) -> Store {
+        self.targeted = targeted;
+        self
+    }
+
+    /// The target list entries are read under.
+    pub fn targeted(&self) -> &Targeted {
+        &self.targeted
     }
 
     /// The directory.
@@ -302,8 +320,15 @@ impl Store {
         let hash = u128::from_str_radix(name, 16).map_err(|_| entry::CorruptEntry::Magic)?;
         let file = File::open(path)?;
         let h = entry::read_entry_header(&file)?;
-        let e = Entry::new(hash, h.meta, path.to_path_buf(), h.body_offset, h.body_len)
-            .with_body_checksum(h.body_checksum);
+        let e = Entry::new(
+            hash,
+            h.meta,
+            path.to_path_buf(),
+            h.body_offset,
+            h.body_len,
+            &self.targeted,
+        )
+        .with_body_checksum(h.body_checksum);
         self.insert_entry(Arc::new(e));
         Ok(())
     }
@@ -393,8 +418,15 @@ impl Store {
             }
         }
         let updated = Arc::new(
-            Entry::new(e.hash, meta, e.path.clone(), e.body_offset, e.body_len)
-                .with_body_checksum(e.body_checksum),
+            Entry::new(
+                e.hash,
+                meta,
+                e.path.clone(),
+                e.body_offset,
+                e.body_len,
+                &self.targeted,
+            )
+            .with_body_checksum(e.body_checksum),
         );
         {
             let mut inner = self.inner.lock();

@@ -61,9 +61,78 @@ pub fn merge_304(stored: &[u8], not_modified: &ResponseHead) -> Vec<u8> {
     out
 }
 
+/// Whether a 200 to a HEAD describes the stored GET response (RFC 9111 §4.3.5): every validator
+/// it carries (`ETag`, `Last-Modified`) equals the stored one, and its `Content-Length`, if any,
+/// is the stored body's length. When it does, its fields update the stored ones as a 304's
+/// would; when it does not, the stored response is to be considered stale.
+pub fn head_matches(
+    head: &ResponseHead,
+    etag: Option<&str>,
+    last_modified: Option<&str>,
+    body_len: u64,
+) -> bool {
+    let same = |received: Option<&str>, stored: Option<&str>| match received {
+        None => true,
+        Some(r) => stored.is_some_and(|s| s.trim() == r.trim()),
+    };
+    same(head.field("etag"), etag)
+        && same(head.field("last-modified"), last_modified)
+        && match crate::http::framing::content_length(
+            head.fields
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .map(|(_, v)| v.as_slice()),
+        ) {
+            Ok(None) => true,
+            Ok(Some(n)) => n == body_len,
+            Err(_) => false,
+        }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc9111_4_3_5_a_head_response_matches_by_every_validator_it_carries() {
+        let head = |extra: &str| crate::http::response::test_response(200, extra);
+        let lm = "Sat, 01 Jan 2000 00:00:00 GMT";
+        let etag = Some("\"a\"");
+        assert!(head_matches(
+            &head("ETag: \"a\"\r\nContent-Length: 5\r\n"),
+            etag,
+            Some(lm),
+            5
+        ));
+        assert!(head_matches(&head(""), etag, Some(lm), 5));
+        assert!(head_matches(
+            &head(&format!("Last-Modified: {lm}\r\n")),
+            None,
+            Some(lm),
+            5
+        ));
+        assert!(!head_matches(&head("ETag: \"b\"\r\n"), etag, Some(lm), 5));
+        assert!(!head_matches(&head("ETag: W/\"a\"\r\n"), etag, Some(lm), 5));
+        assert!(!head_matches(&head("ETag: \"a\"\r\n"), None, Some(lm), 5));
+        assert!(!head_matches(
+            &head("Content-Length: 6\r\n"),
+            etag,
+            Some(lm),
+            5
+        ));
+        assert!(!head_matches(
+            &head("Content-Length: +5\r\n"),
+            etag,
+            Some(lm),
+            5
+        ));
+        assert!(!head_matches(
+            &head("Last-Modified: Sun, 02 Jan 2000 00:00:00 GMT\r\n"),
+            etag,
+            Some(lm),
+            5
+        ));
+    }
 
     #[test]
     fn rfc9111_3_2_a_304_replaces_stored_fields_but_not_content_length() {

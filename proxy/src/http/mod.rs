@@ -2,6 +2,7 @@
 //! Nothing here does I/O; the server and upstream modules drive it.
 
 pub mod chunked;
+pub mod date;
 pub mod framing;
 pub mod headers;
 pub mod range;

@@ -3,7 +3,6 @@
 //! that stops reading holds up only itself (see `cache::growing` for why).
 
 use super::conn::{Conn, ConnError};
-use crate::cache::entry::client_fields;
 use crate::cache::growing::{Growing, Progress, Reader};
 use crate::http::headers::{put, put_num};
 use crate::http::request::RequestHead;
@@ -110,10 +109,11 @@ impl Conn {
         let reader = g.reader();
         let chunked = g.length.is_none() && !req.http10;
         let close = req.close || (g.length.is_none() && req.http10);
+        let ctx = self.ctx.clone();
         let h = &mut self.head;
         h.clear();
         h.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", e.meta.status, e.meta.reason).as_bytes());
-        h.extend_from_slice(&client_fields(&e.meta.fields));
+        h.extend_from_slice(&ctx.store.targeted().visible(&e.meta.fields));
         match g.length {
             Some(n) => put_num(h, "Content-Length", n),
             None if chunked => h.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),

@@ -454,10 +454,14 @@ impl Conn {
                 .await;
         }
         if req.method == "HEAD" {
-            // A HEAD cannot fill a GET entry; forward it without taking the fill lock.
-            return Fetch::new(&req, body, upstream, status, "miss", None, started)
-                .run(self)
-                .await;
+            // A HEAD cannot fill a GET entry; forward it without taking the fill lock. Its 200
+            // updates a stale stored response, or marks it stale (RFC 9111 §4.3.5).
+            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started);
+            let fetch = match stale {
+                Some(e) => fetch.head_update(e),
+                None => fetch,
+            };
+            return fetch.run(self).await;
         }
         // Fresh enough for this request, for a follower of another request's fill.
         let fresh = |e: &Entry| {
@@ -487,6 +491,7 @@ impl Conn {
                                 &req,
                                 e.etag.as_deref(),
                                 e.last_modified.as_deref(),
+                                e.date.as_deref(),
                             ) == Precondition::Proceed;
                         if usable {
                             return self

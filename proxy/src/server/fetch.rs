@@ -10,7 +10,6 @@ use super::conn::{Conn, ConnError};
 use super::hit::{HitKind, HitOutcome};
 use super::upload::{BUFFERED_MAX, BodyError, Remaining, RequestBody};
 use crate::cache::conditional::{self, Precondition};
-use crate::cache::directives;
 use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::fill::Fill;
@@ -20,6 +19,7 @@ use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{LeaderGuard, Role};
 use crate::cache::policy;
+use crate::cache::targeted::Targeted;
 use crate::cache::validation;
 use crate::cache::variance;
 use crate::http::headers::{self, put, put_num};
@@ -66,6 +66,8 @@ pub struct Fetch<'a> {
     no_pool: bool,
     /// ...and the client's body was not read to its end: its connection closes.
     body_unfinished: bool,
+    /// A HEAD's stale stored GET response, updated or made stale by a 200 (§4.3.5).
+    head_update: Option<Arc<Entry>>,
 }
 
 /// How a response body reaches the client.
@@ -174,7 +176,15 @@ impl<'a> Fetch<'a> {
             store_set_cookie: true,
             no_pool: false,
             body_unfinished: false,
+            head_update: None,
         }
+    }
+
+    /// A HEAD forwarded while `stored` (a GET response it could have been answered from) is
+    /// stale: a 200 updates or invalidates it.
+    pub fn head_update(mut self, stored: Arc<Entry>) -> Self {
+        self.head_update = Some(stored);
+        self
     }
 
     /// The route's `store_set_cookie`: whether responses that set cookies may be stored.
@@ -183,10 +193,11 @@ impl<'a> Fetch<'a> {
         self
     }
 
-    fn rules(&self, ctx: &crate::server::Ctx) -> policy::Rules {
+    fn rules<'c>(&self, ctx: &'c crate::server::Ctx) -> policy::Rules<'c> {
         policy::Rules {
             store_5xx: ctx.store_5xx,
             store_set_cookie: self.store_set_cookie,
+            targeted: ctx.store.targeted(),
         }
     }
 
@@ -489,6 +500,38 @@ impl<'a> Fetch<'a> {
             }
         };
 
+        // A 200 to a HEAD updates the stored GET response it could have been chosen for, or
+        // makes it stale when it describes another representation (RFC 9111 §4.3.5).
+        if head.status == 200
+            && let Some(stored) = self.head_update.take()
+        {
+            if validation::head_matches(
+                &head,
+                stored.etag.as_deref(),
+                stored.last_modified.as_deref(),
+                stored.body_len,
+            ) {
+                let (meta, storable) = revalidated_meta(
+                    &stored,
+                    &head,
+                    request_time,
+                    response_time,
+                    self.heuristics(&ctx),
+                    self.store_set_cookie,
+                    ctx.store.targeted(),
+                );
+                if storable {
+                    ctx.store.replace_meta(&stored, meta);
+                } else {
+                    ctx.store.remove_if_same(&stored);
+                }
+            } else {
+                let mut meta = stored.meta.clone();
+                meta.lifetime = std::time::Duration::ZERO;
+                ctx.store.replace_meta(&stored, meta);
+            }
+        }
+
         // An unsafe method's non-error response invalidates what is stored for its URLs, before
         // the client hears back.
         if let Some(keep_query) = self.invalidate
@@ -524,6 +567,7 @@ impl<'a> Fetch<'a> {
                 response_time,
                 self.heuristics(&ctx),
                 self.store_set_cookie,
+                ctx.store.targeted(),
             );
             let updated = ctx.store.replace_meta(&stale, meta);
             self.fill = None;
@@ -601,7 +645,12 @@ impl<'a> Fetch<'a> {
         // its preconditions are answered here, from what the origin sent (RFC 9110 §13.2.2),
         // while the body still goes into the cache.
         let local = if fetched_whole && (200..300).contains(&head.status) {
-            conditional::evaluate(req, head.field("etag"), head.field("last-modified"))
+            conditional::evaluate(
+                req,
+                head.field("etag"),
+                head.field("last-modified"),
+                head.field("date"),
+            )
         } else {
             Precondition::Proceed
         };
@@ -681,7 +730,7 @@ impl<'a> Fetch<'a> {
                 via = Some(String::from_utf8_lossy(v).into_owned());
                 continue;
             }
-            if directives::is_targeted(k) {
+            if ctx.store.targeted().hides(k) {
                 continue;
             }
             put(h, k, v);
@@ -1085,6 +1134,7 @@ fn revalidated_meta(
     response_time: SystemTime,
     h: Heuristics,
     store_set_cookie: bool,
+    targeted: &Targeted,
 ) -> (Meta, bool) {
     let merged_block = validation::merge_304(&stale.meta.fields, head);
     let merged = ResponseHead {
@@ -1094,7 +1144,7 @@ fn revalidated_meta(
         fields: Vec::new(),
     }
     .with_stored_fields(&merged_block);
-    let (d, targeted) = directives::governing(|n| merged.joined(n));
+    let (d, governed) = targeted.governing(|n| merged.joined(n));
     let mut drop = d.private_fields.clone();
     drop.extend(d.no_cache_fields.iter().cloned());
     if !store_set_cookie {
@@ -1102,7 +1152,7 @@ fn revalidated_meta(
     }
     let fields = policy::stored_fields(&merged, &drop);
     let storable = !(d.no_store || d.private);
-    let lifetime = freshness::lifetime(&merged, &d, targeted, response_time, h)
+    let lifetime = freshness::lifetime(&merged, &d, governed, response_time, h)
         .map(|(l, _)| l)
         .unwrap_or_default();
     let meta = Meta {
@@ -1170,6 +1220,7 @@ impl Background {
                     response_time,
                     h,
                     self.store_set_cookie,
+                    ctx.store.targeted(),
                 );
                 if storable {
                     ctx.store.replace_meta(stale, meta);
@@ -1191,6 +1242,7 @@ impl Background {
             policy::Rules {
                 store_5xx: ctx.store_5xx,
                 store_set_cookie: self.store_set_cookie,
+                targeted: ctx.store.targeted(),
             },
         ) {
             Ok(st) => st,

@@ -59,7 +59,12 @@ impl Conn {
         let age = e.age(now).as_secs();
         let ttl = e.meta.lifetime.as_secs() as i64 - age as i64;
         // Conditional requests are answered from the stored validators (RFC 9110 §13.2.2).
-        match conditional::evaluate(req, e.etag.as_deref(), e.last_modified.as_deref()) {
+        match conditional::evaluate(
+            req,
+            e.etag.as_deref(),
+            e.last_modified.as_deref(),
+            e.date.as_deref(),
+        ) {
             Precondition::Proceed => {}
             Precondition::Failed => {
                 let keep = self
@@ -160,7 +165,7 @@ impl Conn {
             }
             RangeAnswer::Partial { start, end } => {
                 h.extend_from_slice(b"HTTP/1.1 206 Partial Content\r\n");
-                h.extend_from_slice(&crate::cache::entry::client_fields(&e.meta.fields));
+                h.extend_from_slice(&ctx.store.targeted().visible(&e.meta.fields));
                 put(
                     h,
                     "Content-Range",
@@ -171,7 +176,7 @@ impl Conn {
             }
             RangeAnswer::Unsatisfiable => {
                 h.extend_from_slice(b"HTTP/1.1 416 Range Not Satisfiable\r\n");
-                h.extend_from_slice(&crate::cache::entry::client_fields(&e.meta.fields));
+                h.extend_from_slice(&ctx.store.targeted().visible(&e.meta.fields));
                 put(
                     h,
                     "Content-Range",

@@ -638,3 +638,30 @@ pub fn origin() -> (Origin, tokio::runtime::Runtime) {
     let o = rt.block_on(Origin::start()).expect("origin");
     (o, rt)
 }
+
+/// Body bytes the proxy sent through sendfile so far (hits, stale hits, revalidated hits).
+pub fn zero_copy_bytes(proxy: &Proxy) -> u64 {
+    let s = proxy.api("/api/stats?history=false");
+    ["HIT", "STALE", "REVALIDATED"]
+        .iter()
+        .map(|c| {
+            s["body_bytes"][format!("{c}/zerocopy")]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// A response that must be a hit of `body`, sent through sendfile.
+pub fn assert_hit(proxy: &Proxy, r: &Response, x_cache: &str, body: &[u8], before: u64) {
+    assert_eq!(r.x_cache(), x_cache, "{:?}", r.headers);
+    assert_eq!(r.body, body);
+    // The worker records a response once its last send returns, which can be just after the
+    // client has read it all: wait for the count, then require it exactly.
+    assert_eventually_eq(
+        "the hit's body went through sendfile",
+        Duration::from_secs(5),
+        || zero_copy_bytes(proxy) - before,
+        body.len() as u64,
+    );
+}
