@@ -190,6 +190,38 @@ pub fn cache_entry(data: &[u8]) {
     }
 }
 
+/// The field-value readers the cache decides by, on UTF-8 input:
+/// - `http::date::parse` never panics, and a date it accepts formats (IMF-fixdate) and reads
+///   back as the same instant;
+/// - `cache::targeted::parse` never panics, and accepts only what `sfv` parses as a Dictionary;
+/// - `cache::variance::normalise` never panics and is idempotent for the fields it reorders or
+///   lower-cases (`Accept-Language`, `Accept-Encoding`) and one it leaves as written: two
+///   requests that select the same variant once always do.
+pub fn cache_fields(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Some(t) = crate::http::date::parse(s) {
+        let formatted = httpdate::fmt_http_date(t);
+        assert_eq!(
+            crate::http::date::parse(&formatted),
+            Some(t),
+            "{s:?} read as {formatted:?}, which does not read back"
+        );
+    }
+    if crate::cache::targeted::parse(s).is_some() {
+        assert!(
+            sfv::Parser::new(s).parse::<sfv::Dictionary>().is_ok(),
+            "targeted::parse accepted a non-Dictionary {s:?}"
+        );
+    }
+    for name in ["accept-language", "accept-encoding", "cookie"] {
+        let once = crate::cache::variance::normalise(name, Some(s));
+        let twice = crate::cache::variance::normalise(name, Some(&once));
+        assert_eq!(once, twice, "normalise({name}) is not idempotent on {s:?}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,11 +305,12 @@ mod tests {
     #[test]
     fn committed_corpus_passes() {
         type Harness = fn(&[u8]);
-        let targets: [(&str, Harness); 4] = [
+        let targets: [(&str, Harness); 5] = [
             ("request_head", request_head),
             ("chunked", chunked),
             ("response_head", response_head),
             ("cache_entry", cache_entry),
+            ("cache_fields", cache_fields),
         ];
         for (target, harness) in targets {
             let dir = corpus().join(target);

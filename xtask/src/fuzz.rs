@@ -11,6 +11,7 @@
 //! | `chunked`       | `ChunkedDecoder::decode`, whole and split in two (same result)      |
 //! | `response_head` | `http::response::parse`, then `.framing(false)` / `.framing(true)`  |
 //! | `cache_entry`   | `cache::entry::Meta::decode` (round trip) and `read_header` on a file |
+//! | `cache_fields`  | `http::date::parse` (round trip), `cache::targeted::parse`, `Vary` normalisation (idempotent) |
 //! | `config`        | `zerocache_config::parse` on UTF-8 input                            |
 //!
 //! # Where things go
@@ -73,6 +74,7 @@ pub const TARGETS: &[&str] = &[
     "chunked",
     "response_head",
     "cache_entry",
+    "cache_fields",
     "config",
 ];
 

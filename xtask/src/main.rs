@@ -41,7 +41,7 @@ enum Task {
         /// Seconds per target.
         #[arg(long, default_value_t = 60)]
         time: u64,
-        /// Only this target (request_head, chunked, response_head, cache_entry, config).
+        /// Only this target (request_head, chunked, response_head, cache_entry, cache_fields, config).
         #[arg(long)]
         target: Option<String>,
         /// Echo libFuzzer's output (it always goes to proxy/fuzz/target/logs/<target>.log).
