@@ -85,7 +85,7 @@ fn rfc9111_5_2_2_3_must_understand_stores_understood_statuses_despite_no_store()
 }
 
 #[test]
-fn rfc9111_4_1_accept_language_members_of_equal_quality_select_one_variant() {
+fn rfc9111_4_1_accept_language_spellings_of_one_preference_select_one_variant() {
     let (origin, _rt) = origin();
     origin.script(
         "/lang",
@@ -99,16 +99,24 @@ fn rfc9111_4_1_accept_language_members_of_equal_quality_select_one_variant() {
     );
     let proxy = Proxy::start(origin.addr(), Opts::default());
     let mut c = proxy.client();
-    c.get("/lang", &[("Accept-Language", "en, de")]);
-    for same in ["de, en", "DE,EN", "de;q=1.0, en", "en;q=1, de"] {
+    c.get("/lang", &[("Accept-Language", "en, de;q=0.5")]);
+    for same in [
+        "EN,DE;Q=0.5",
+        "en;q=1.0, de;q=0.50",
+        "de;q=0.5, en",
+        "en ,\tde ; q=0.500",
+    ] {
         let before = zero_copy_bytes(&proxy);
         let hit = c.get("/lang", &[("Accept-Language", same)]);
         assert_hit(&proxy, &hit, "HIT", b"multi", before);
     }
-    // A different preference order is a different variant.
-    let other = c.get("/lang", &[("Accept-Language", "de, en;q=0.9")]);
+    // Equal qualities in another order are another preference (RFC 9110 §12.5.4): the origin
+    // decides, so one client cannot choose the language for the others.
+    let other = c.get("/lang", &[("Accept-Language", "de;q=0.5, en;q=0.5")]);
     assert_eq!(other.x_cache(), "MISS");
-    assert_eq!(origin.hits("/lang"), 2);
+    let swapped = c.get("/lang", &[("Accept-Language", "en;q=0.5, de;q=0.5")]);
+    assert_eq!(swapped.x_cache(), "MISS");
+    assert_eq!(origin.hits("/lang"), 3);
 }
 
 #[test]
@@ -150,4 +158,27 @@ fn rfc9111_4_3_5_a_head_response_updates_or_invalidates_the_stored_get() {
     let before = zero_copy_bytes(&proxy);
     let hit = c.get("/h", &[]);
     assert_hit(&proxy, &hit, "HIT", b"world!", before);
+}
+
+#[test]
+fn rfc9111_4_3_5_a_head_200_never_refreshes_a_stored_404() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/h404",
+        reply("gone", &[("Cache-Control", "max-age=600")]).status(404),
+    );
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    assert_eq!(c.get("/h404", &[]).status, 404);
+    origin.script(
+        "/h404",
+        reply("back", &[("Cache-Control", "max-age=86400")]),
+    );
+    let head = c.request("HEAD", "/h404", &[("Cache-Control", "no-cache")]);
+    assert_eq!(head.status, 200);
+    // The stored 404 is stale now, not refreshed with the 200's fields: the next GET goes to
+    // the origin and gets the 200.
+    let next = c.get("/h404", &[]);
+    assert_eq!((next.status, next.body.as_slice()), (200, &b"back"[..]));
+    assert_eq!(origin.hits("/h404"), 3);
 }

@@ -114,8 +114,13 @@ pub fn evaluate(
         && let (Some(ims), Some(lm)) = (
             date(req.field("if-modified-since")),
             // A stored response without Last-Modified is compared by its Date (RFC 9111
-            // §4.3.2): it was current then, so it has not changed since a later date.
-            lm.or_else(|| date(stored_date)),
+            // §4.3.2): it was current then, so it has not changed since a later date. One whose
+            // Last-Modified is present but unreadable is not compared at all.
+            if last_modified.is_none() {
+                date(stored_date)
+            } else {
+                lm
+            },
         )
         && lm <= ims
     {
@@ -218,6 +223,16 @@ mod tests {
         assert_eq!(ims(EARLIER, Some(LM)), Precondition::Proceed);
         assert_eq!(ims(LATER, None), Precondition::Proceed);
         assert_eq!(ims(LATER, Some("garbage")), Precondition::Proceed);
+        assert_eq!(
+            evaluate(
+                &req("GET", &format!("If-Modified-Since: {LATER}\r\n")),
+                None,
+                Some("garbage"),
+                Some(LM),
+            ),
+            Precondition::Proceed,
+            "an unreadable Last-Modified is not replaced by Date"
+        );
         // Last-Modified, when there is one, wins over Date.
         assert_eq!(
             evaluate(

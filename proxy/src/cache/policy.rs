@@ -145,6 +145,19 @@ pub fn understood(status: u16) -> bool {
     )
 }
 
+/// Whether a response's own directives forbid a shared cache to store it: `no-store` or
+/// unqualified `private`. With `must-understand`, a cache that implements the status code's rules
+/// ignores `no-store`, and one that does not must not store (§5.2.2.3). Used for a fill and for
+/// every update of a stored response (304, HEAD), so the two can never disagree.
+pub fn forbids_storing(d: &super::directives::ResponseDirectives, status: u16) -> bool {
+    let no_store = if d.must_understand {
+        !understood(status)
+    } else {
+        d.no_store
+    };
+    no_store || d.private
+}
+
 /// Decides storability (§3, §3.5) and what to store.
 pub fn storable(
     req: &RequestHead,
@@ -176,14 +189,7 @@ pub fn storable(
         return Err(NotStored::RequestNoStore);
     }
     let (d, targeted) = rules.targeted.governing(|n| res.joined(n));
-    // must-understand: a cache that implements the status code's rules ignores no-store; one
-    // that does not must not store (§5.2.2.3).
-    let no_store = if d.must_understand {
-        !understood(res.status)
-    } else {
-        d.no_store
-    };
-    if no_store || d.private {
+    if forbids_storing(&d, res.status) {
         return Err(NotStored::Directive);
     }
     if headers::has(&req.fields, "authorization")

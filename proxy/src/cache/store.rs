@@ -401,7 +401,14 @@ impl Store {
     /// entry in its place. The header is rewritten in the file when it still fits before the body
     /// (it nearly always does: the body starts at the next 4 KiB boundary); otherwise only the
     /// index is updated and the file keeps its older fields until the next fill.
+    ///
+    /// An entry the index no longer holds is left alone (returned as it is): its path may already
+    /// belong to a newer fill's file, which the old header must never be written into. Callers
+    /// hold the URL's fill lock, so no fill can replace the file between this check and the write.
     pub fn replace_meta(&self, e: &Arc<Entry>, meta: entry::Meta) -> Arc<Entry> {
+        if !self.is_current(e) {
+            return e.clone();
+        }
         let encoded = meta.encode();
         if entry::FIXED + encoded.len() <= e.body_offset as usize {
             let header =
@@ -641,6 +648,15 @@ impl Store {
             // A transfer in flight keeps its open fd; unlinking never cuts it short.
             let _ = fs::remove_file(&v.path);
         }
+    }
+
+    /// Whether `e` is the entry the index holds for its hash (not replaced, purged or evicted).
+    pub fn is_current(&self, e: &Arc<Entry>) -> bool {
+        self.inner
+            .lock()
+            .lru
+            .peek(&e.hash)
+            .is_some_and(|cur| Arc::ptr_eq(cur, e))
     }
 
     /// Removes `e` from the index (and its file) if the index still holds this very entry;

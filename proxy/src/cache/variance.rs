@@ -19,13 +19,17 @@ const CASE_INSENSITIVE: &[&str] = &[
     "origin",
 ];
 
-/// Fields whose members carry only a quality value (RFC 9110 §12.4.2), so their order matters
-/// only between different qualities: `en, de` and `de, en` select the same variant.
+/// Fields whose members carry only a quality value (RFC 9110 §12.4.2): members are ordered by
+/// quality (a stable sort, so `q=1.0` and no `q` are one spelling). Among equal qualities,
+/// `Accept-Encoding` members are also sorted by name (their order means nothing), but
+/// `Accept-Language` members keep their order: RFC 9110 §12.5.4 notes that recipients read it as
+/// priority, so `en, de` and `de, en` may get different answers, and merging them would let
+/// one client choose the language every other client gets.
 const QUALITY_LISTS: &[&str] = &["accept-encoding", "accept-language"];
 
 /// A field value normalised for comparison (§4.1): list items trimmed, whitespace runs collapsed,
-/// lower-cased where the field is case-insensitive, and for the quality lists members sorted by
-/// quality, then name (`q=1.0` written as no `q`). An absent field differs from an empty one.
+/// lower-cased where the field is case-insensitive, and for the quality lists members ordered as
+/// [`QUALITY_LISTS`] says. An absent field differs from an empty one.
 pub fn normalise(name: &str, value: Option<&str>) -> String {
     let Some(v) = value else {
         return "\u{0}".into();
@@ -48,16 +52,16 @@ pub fn normalise(name: &str, value: Option<&str>) -> String {
     }
     let lower = joined.to_ascii_lowercase();
     if QUALITY_LISTS.contains(&name)
-        && let Some(sorted) = by_quality(&lower)
+        && let Some(sorted) = by_quality(&lower, name == "accept-encoding")
     {
         return sorted;
     }
     lower
 }
 
-/// `a;q=0.5,b,c` as `b,c,a;q=0.5`; `None` when a member has anything but a valid `q` (then the
-/// value is compared as written rather than guessed at).
-fn by_quality(list: &str) -> Option<String> {
+/// `a;q=0.5,c,b` as `c,b,a;q=0.500` (`b,c,...` with `by_name`); `None` when a member has anything
+/// but a valid `q` (then the value is compared as written rather than guessed at).
+fn by_quality(list: &str, by_name: bool) -> Option<String> {
     let mut members: Vec<(String, u16)> = Vec::new();
     for item in list.split(',') {
         // Only SP and HTAB are whitespace here, as in `normalise`.
@@ -77,7 +81,11 @@ fn by_quality(list: &str) -> Option<String> {
         }
         members.push((value, q));
     }
-    members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    if by_name {
+        members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    } else {
+        members.sort_by_key(|m| std::cmp::Reverse(m.1));
+    }
     let out: Vec<String> = members
         .iter()
         .map(|(v, q)| match q {
@@ -154,14 +162,18 @@ mod tests {
             "cookie values keep their case"
         );
         assert_ne!(normalise("x", None), normalise("x", Some("")));
-        // Equal qualities in any order are one value; different qualities keep their order.
-        assert_eq!(
+        // Members by quality; equal-quality languages keep their order, encodings do not.
+        assert_ne!(
             normalise("accept-language", Some("en, de")),
             normalise("accept-language", Some("de, EN"))
         );
         assert_eq!(
-            normalise("accept-language", Some("fr;q=0.5, de, en;q=1.0, it;q=0.50")),
-            "de,en,fr;q=0.500,it;q=0.500"
+            normalise("accept-language", Some("fr;q=0.5, en, de;q=1.0, it;q=0.50")),
+            "en,de,fr;q=0.500,it;q=0.500"
+        );
+        assert_eq!(
+            normalise("accept-encoding", Some("gzip;q=0.5, zstd, BR;q=1.0")),
+            "br,zstd,gzip;q=0.500"
         );
         assert_ne!(
             normalise("accept-language", Some("en;q=0.9, de")),
@@ -207,8 +219,8 @@ mod tests {
     fn regression_normalise_is_idempotent_on_a_line_feed_member() {
         // Found by the cache_fields fuzz target: `\n` is not whitespace in a field value, so a
         // member made of it is a member, and must not vanish on a second normalisation.
-        let once = normalise("accept-language", Some("\n,\0 "));
+        let once = normalise("accept-encoding", Some("\n,\0 "));
         assert_eq!(once, "\0,\n");
-        assert_eq!(normalise("accept-language", Some(&once)), once);
+        assert_eq!(normalise("accept-encoding", Some(&once)), once);
     }
 }

@@ -61,10 +61,11 @@ pub fn parse(s: &str) -> Option<SystemTime> {
     else {
         return None;
     };
-    let (h, m, sec) = (number(h)?, number(m)?, number(sec)?.min(59));
-    if h > 23 || m > 59 {
+    let (h, m, sec) = (number(h)?, number(m)?, number(sec)?);
+    if h > 23 || m > 59 || sec > 60 {
         return None;
     }
+    let sec = sec.min(59);
     let days = days_from_civil(year, month, day);
     let secs = days * 86_400 + (h * 3600 + m * 60 + sec);
     let secs = u64::try_from(secs).ok()?;
@@ -166,6 +167,8 @@ mod tests {
             "Mon, 00 Aug 2050 12:00:00 GMT",
             "Mon, 08 Aug 2050 24:00:00 GMT",
             "Mon, 08 Aug 2050 12:60:00 GMT",
+            "Mon, 08 Aug 2050 12:00:61 GMT",
+            "Mon, 08 Aug 2050 12:00:99 GMT",
             "Mon, 08 Aug 2050 12:00:00 PST",
             "Mon, 08 Aug 2050 12:00:00 +0000",
             "Mon, 08 Aug 2050 12:00 GMT",

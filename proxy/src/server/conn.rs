@@ -456,9 +456,12 @@ impl Conn {
         if req.method == "HEAD" {
             // A HEAD cannot fill a GET entry; forward it without taking the fill lock. Its 200
             // updates a stale stored response, or marks it stale (RFC 9111 §4.3.5).
-            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started);
+            // The route's storage rules apply to that update as to a 304's.
+            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started)
+                .default_ttl(default_ttl)
+                .store_set_cookie(route.store_set_cookie);
             let fetch = match stale {
-                Some(e) => fetch.head_update(e),
+                Some(e) => fetch.head_update(e, primary.hash),
                 None => fetch,
             };
             return fetch.run(self).await;

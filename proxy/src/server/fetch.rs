@@ -66,8 +66,9 @@ pub struct Fetch<'a> {
     no_pool: bool,
     /// ...and the client's body was not read to its end: its connection closes.
     body_unfinished: bool,
-    /// A HEAD's stale stored GET response, updated or made stale by a 200 (§4.3.5).
-    head_update: Option<Arc<Entry>>,
+    /// A HEAD's stale stored GET response and its URL's primary key hash, updated or made
+    /// stale by a 200 (§4.3.5).
+    head_update: Option<(Arc<Entry>, u128)>,
 }
 
 /// How a response body reaches the client.
@@ -181,9 +182,9 @@ impl<'a> Fetch<'a> {
     }
 
     /// A HEAD forwarded while `stored` (a GET response it could have been answered from) is
-    /// stale: a 200 updates or invalidates it.
-    pub fn head_update(mut self, stored: Arc<Entry>) -> Self {
-        self.head_update = Some(stored);
+    /// stale: a 200 updates or invalidates it, under the fill lock of `primary_hash`.
+    pub fn head_update(mut self, stored: Arc<Entry>, primary_hash: u128) -> Self {
+        self.head_update = Some((stored, primary_hash));
         self
     }
 
@@ -502,15 +503,23 @@ impl<'a> Fetch<'a> {
 
         // A 200 to a HEAD updates the stored GET response it could have been chosen for, or
         // makes it stale when it describes another representation (RFC 9111 §4.3.5).
+        // Only as the fill leader of the URL, and only while `stored` is still what the index
+        // holds: a fill committing meanwhile renames a new file onto the same path, which an
+        // update of the old entry must never write into.
         if head.status == 200
-            && let Some(stored) = self.head_update.take()
+            && let Some((stored, primary_hash)) = self.head_update.take()
+            && let Role::Leader(_guard) = ctx.locks.acquire(primary_hash)
+            && ctx.store.is_current(&stored)
         {
-            if validation::head_matches(
-                &head,
-                stored.etag.as_deref(),
-                stored.last_modified.as_deref(),
-                stored.body_len,
-            ) {
+            // Only a stored 200 is described by a 200 to a HEAD; a stored 404 or 301 is not.
+            if stored.meta.status == 200
+                && validation::head_matches(
+                    &head,
+                    stored.etag.as_deref(),
+                    stored.last_modified.as_deref(),
+                    stored.body_len,
+                )
+            {
                 let (meta, storable) = revalidated_meta(
                     &stored,
                     &head,
@@ -1151,7 +1160,7 @@ fn revalidated_meta(
         drop.push("set-cookie".into());
     }
     let fields = policy::stored_fields(&merged, &drop);
-    let storable = !(d.no_store || d.private);
+    let storable = !policy::forbids_storing(&d, stale.meta.status);
     let lifetime = freshness::lifetime(&merged, &d, governed, response_time, h)
         .map(|(l, _)| l)
         .unwrap_or_default();
