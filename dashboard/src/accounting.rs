@@ -222,7 +222,12 @@ pub struct Accounting {
     corrupt_entries: AtomicU64,
     next_conn: AtomicU64,
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
-    durations: prometheus::Histogram,
+    /// Responses by status code (100-599) and cache status: `(code - 100) * 8 + cache status`.
+    by_code: Box<[AtomicU64]>,
+    /// `zerocache_request_duration_seconds`, by cache status; `duration_children` are its
+    /// children in [`CacheStatus::ALL`] order, so recording needs no label lookup.
+    durations: prometheus::HistogramVec,
+    duration_children: Vec<prometheus::Histogram>,
     state: Mutex<ConnState>,
     closed_capacity: usize,
     probe_attached: bool,
@@ -247,17 +252,22 @@ fn unix_ms(t: SystemTime) -> u64 {
 impl Accounting {
     /// New, empty accounting. `probe_attached`: whether kernel records will arrive to join.
     pub fn new(closed_capacity: usize, probe_attached: bool) -> Accounting {
-        let durations = prometheus::Histogram::with_opts(
+        let durations = prometheus::HistogramVec::new(
             prometheus::HistogramOpts::new(
                 "zerocache_request_duration_seconds",
-                "Time from a complete request head to the last response byte.",
+                "Time from a complete request head to the last response byte, by cache status.",
             )
             .buckets(vec![
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 1.0, 2.5, 5.0, 10.0,
             ]),
+            &["cache_status"],
         )
         .expect("static histogram options are valid");
+        let duration_children = CacheStatus::ALL
+            .iter()
+            .map(|cs| durations.with_label_values(&[cs.as_str()]))
+            .collect();
         Accounting {
             requests: Default::default(),
             body_bytes: Default::default(),
@@ -267,7 +277,11 @@ impl Accounting {
             corrupt_entries: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
+            by_code: (0..500 * CacheStatus::ALL.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             durations,
+            duration_children,
             state: Mutex::new(ConnState {
                 active: HashMap::new(),
                 awaiting: HashMap::new(),
@@ -312,7 +326,11 @@ impl Accounting {
         self.requests[cs].fetch_add(1, Ordering::Relaxed);
         let p = if r.path == DataPath::Zerocopy { 0 } else { 1 };
         self.body_bytes[cs][p].fetch_add(r.body_bytes, Ordering::Relaxed);
-        self.durations.observe(r.duration.as_secs_f64());
+        self.duration_children[cs].observe(r.duration.as_secs_f64());
+        if (100..600).contains(&r.status) {
+            let i = usize::from(r.status - 100) * CacheStatus::ALL.len() + cs;
+            self.by_code[i].fetch_add(1, Ordering::Relaxed);
+        }
         let mut st = self.state.lock();
         if let Some(c) = st.active.get_mut(&id) {
             c.requests += 1;
@@ -516,8 +534,21 @@ impl Accounting {
     }
 
     /// The request-duration histogram.
-    pub fn durations(&self) -> &prometheus::Histogram {
+    pub fn durations(&self) -> &prometheus::HistogramVec {
         &self.durations
+    }
+
+    /// Responses sent so far by status code and cache status, those with at least one.
+    pub fn responses_by_code(&self) -> Vec<(u16, CacheStatus, u64)> {
+        let n = CacheStatus::ALL.len();
+        self.by_code
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let v = c.load(Ordering::Relaxed);
+                (v > 0).then(|| ((i / n) as u16 + 100, CacheStatus::ALL[i % n], v))
+            })
+            .collect()
     }
 
     /// Kernel-verified body totals.

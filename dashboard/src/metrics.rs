@@ -47,6 +47,35 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         }
     }
 
+    // By status code, so a 502 from a dead upstream is seen as a 5xx, not only as a MISS. Codes
+    // appear as they are sent; 200 is there from start-up for every cache status.
+    let responses = counter_vec(
+        &r,
+        "zerocache_responses_total",
+        "Responses sent, by status code and X-Cache status.",
+        &["code", "cache_status"],
+    )?;
+    for cs in CacheStatus::ALL {
+        responses.with_label_values(&["200", cs.as_str()]).inc_by(0);
+    }
+    for (code, cs, n) in acc.responses_by_code() {
+        responses
+            .with_label_values(&[&code.to_string(), cs.as_str()])
+            .inc_by(n);
+    }
+
+    let build = IntGaugeVec::new(
+        Opts::new(
+            "zerocache_build_info",
+            "Always 1; the labels say which build is running.",
+        ),
+        &["version", "commit"],
+    )?;
+    build
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("ZEROCACHE_COMMIT")])
+        .set(1);
+    r.register(Box::new(build))?;
+
     let violations = counter_vec(
         &r,
         "zerocache_zero_copy_violations_total",

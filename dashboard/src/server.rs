@@ -54,6 +54,9 @@ pub struct DashboardState {
     pub metrics_require_token: bool,
     /// Removes cached entries; answers how many went.
     pub purge: PurgeFn,
+    /// Whether the proxy is serving (`Ok`) or why not (`Err`: draining, cache unwritable), for
+    /// `/healthz`.
+    pub health: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
 }
 
 /// The proxy's purge: removes what a [`Purge`] names and answers how many entries went.
@@ -129,15 +132,43 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/api/purge", axum::routing::post(purge))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)
+        // No token, and let through by `edge` whatever the Host: see [`HEALTHZ`].
+        .merge(Router::new().route(HEALTHZ, get(healthz)))
         .layer(middleware::from_fn_with_state(Arc::new(policy), edge))
         .with_state(state);
     axum::serve(listener, app).await
+}
+
+/// The health check's path. It needs no token and answers any `Host`: load balancers and
+/// Kubernetes probes ask by address, without credentials, and the answer reveals nothing but up
+/// or down (a DNS-rebinding page learns no more than a port scan would).
+const HEALTHZ: &str = "/healthz";
+
+/// `GET /healthz`: 200 `ok` while serving; 503 and a one-line reason while draining or while the
+/// cache cannot be written.
+async fn healthz(State(state): State<Arc<DashboardState>>) -> Response {
+    let (status, body) = match (state.health)() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    };
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// The checks at the edge, before authentication and before any handler: the request must be
 /// made to one of the dashboard's own names (else 421), and a state-changing one must come from
 /// no other origin (else 403) with a JSON body (else 415). See [`guard`].
 async fn edge(State(policy): State<Arc<HostPolicy>>, req: Request, next: Next) -> Response {
+    if req.uri().path() == HEALTHZ && req.method() == axum::http::Method::GET {
+        return next.run(req).await;
+    }
     let host = match guard::check_host(&policy, &req) {
         Ok(host) => host,
         Err(refused) => return refused.into_response(),

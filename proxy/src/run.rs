@@ -229,10 +229,15 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let placement = Arc::new(worker_placement(&config.workers));
     let loads = Arc::new(server::workers::Loads::new(placement.workers()));
 
+    // Set when SIGTERM/SIGINT starts the drain: `/healthz` then answers 503, so a load balancer
+    // stops sending new clients while responses in flight finish.
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
         let st = store.clone();
         let purge_store = store.clone();
+        let health_store = store.clone();
+        let health_draining = draining.clone();
         let state = Arc::new(DashboardState {
             accounting: accounting.clone(),
             probe: probe.clone(),
@@ -260,6 +265,15 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
             purge: Box::new(move |p| purge(&purge_store, p)),
+            health: Box::new(move || {
+                if health_draining.load(std::sync::atomic::Ordering::Relaxed) {
+                    Err("draining".into())
+                } else if !health_store.is_writable() {
+                    Err("cache unwritable: responses are passed through, not stored".into())
+                } else {
+                    Ok(())
+                }
+            }),
         });
         tokio::spawn(async move {
             if let Err(e) = zerocache_dashboard::serve(l, state).await {
@@ -318,6 +332,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     }
     // Stop accepting (the listener closes with the accept loop) and close idle connections;
     // responses in flight run to their end or to the drain timeout.
+    draining.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = shared.shutdown.send(true);
     workers.stopped().await;
     let open = shared.open_connections();

@@ -235,7 +235,9 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_cache_objects 0",
         "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"origin\"} 0",
         "zerocache_probe_up 1",
-        "zerocache_request_duration_seconds_count 0",
+        "zerocache_request_duration_seconds_count{cache_status=\"MISS\"} 0",
+        "zerocache_responses_total{cache_status=\"MISS\",code=\"200\"} 0",
+        "zerocache_build_info{commit=\"",
         "zerocache_worker_unpins_total 0",
         // Its value: 1 once worker 0's thread has pinned itself, which may be after this scrape.
         "zerocache_worker_pinned{worker=\"0\"} ",
@@ -347,7 +349,34 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
     );
     assert_eq!(metric(&text, "zerocache_cache_objects"), 3);
     assert_eq!(metric(&text, "zerocache_zero_copy_violations_total"), 0);
-    assert_eq!(metric(&text, "zerocache_request_duration_seconds_count"), 5);
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_request_duration_seconds_count{cache_status=\"MISS\"}"
+        ),
+        3
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_request_duration_seconds_count{cache_status=\"HIT\"}"
+        ),
+        2
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_responses_total{cache_status=\"MISS\",code=\"200\"}"
+        ),
+        3
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_responses_total{cache_status=\"HIT\",code=\"200\"}"
+        ),
+        2
+    );
 }
 
 #[test]
@@ -382,7 +411,44 @@ fn a_token_guards_the_page_and_api_and_optionally_metrics() {
             if require_metrics { 401 } else { 200 }
         );
         assert_eq!(get("/metrics", Some("Bearer s3cret")), 200);
+        // The health check needs no token, and answers whatever Host a prober sends.
+        assert_eq!(get("/healthz", None), 200);
+        let r = Client::connect(proxy.dashboard).get("/healthz", &[("Host", "10.1.2.3:9180")]);
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok\n"[..]));
+        assert_eq!(get("/api/stats", None), 401, "only /healthz is open");
     }
+}
+
+#[test]
+fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
+    // An origin address nobody listens on: every miss is a 502 the proxy generates.
+    let dead: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let proxy = Proxy::start(dead, Opts::default());
+    let mut c = proxy.client();
+    for i in 0..3 {
+        assert_eq!(c.get(&format!("/gone/{i}"), &[]).status, 502);
+    }
+    let series = "zerocache_responses_total{cache_status=\"ERROR\",code=\"502\"}";
+    assert_eventually_eq(
+        "three 502s counted",
+        Duration::from_secs(5),
+        || metric(&proxy.metrics(), series),
+        3,
+    );
+    let text = proxy.metrics();
+    assert_eq!(
+        text.lines().filter(|l| l.contains("code=\"502\"")).count(),
+        1,
+        "502s are counted once, as upstream errors, not as misses: {text}"
+    );
+    assert_eq!(
+        metric(&text, "zerocache_requests_total{cache_status=\"MISS\"}"),
+        0
+    );
+    assert_eq!(
+        metric(&text, "zerocache_requests_total{cache_status=\"ERROR\"}"),
+        3
+    );
 }
 
 #[test]

@@ -21,6 +21,12 @@ fn check_big(all: &[u8]) {
     assert_complete_64mib_hit(all);
 }
 
+/// `/healthz`, asked as a load balancer does: by address, with another `Host` and no token.
+fn healthz(proxy: &Proxy) -> (u16, String) {
+    let r = Client::connect(proxy.dashboard).get("/healthz", &[]);
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
 #[test]
 fn sighup_reload_changes_routes_for_new_requests_while_a_64mib_hit_finishes() {
     let (a, _rta) = origin();
@@ -82,6 +88,7 @@ fn sigterm_finishes_the_transfer_in_flight_refuses_new_connections_and_exits_0()
     // An idle keep-alive connection, which the drain closes without waiting for it.
     let mut idle = proxy.client();
     assert_eq!(idle.get("/obj/10", &[]).status, 200);
+    assert_eq!(healthz(&proxy), (200, "ok\n".to_string()));
     let inflight = slow_hit(&proxy);
     std::thread::sleep(Duration::from_millis(100));
     signal(&proxy, libc::SIGTERM);
@@ -98,6 +105,8 @@ fn sigterm_finishes_the_transfer_in_flight_refuses_new_connections_and_exits_0()
             }
         }
     }
+    // While the 64 MiB transfer drains, the health check tells load balancers to stop.
+    assert_eq!(healthz(&proxy), (503, "draining\n".to_string()));
     assert!(
         idle.is_closed(),
         "idle keep-alive connections are closed by the drain"

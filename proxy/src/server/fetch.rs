@@ -449,11 +449,13 @@ impl<'a> Fetch<'a> {
                 if let Some(stale) = self.stale_on_error() {
                     return self.serve_stale(conn, &stale).await;
                 }
+                // The client still sees what the cache did (X-Cache: MISS); the accounting and
+                // metrics see an upstream failure, not a miss.
                 return conn
                     .respond_simple(
                         req,
                         e.status(),
-                        self.status,
+                        CacheStatus::Error,
                         &[("X-Cache", self.status.as_str())],
                         self.started,
                     )
@@ -493,7 +495,7 @@ impl<'a> Fetch<'a> {
                     .respond_simple(
                         req,
                         502,
-                        self.status,
+                        CacheStatus::Error,
                         &[("X-Cache", self.status.as_str())],
                         self.started,
                     )
