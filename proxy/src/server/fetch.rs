@@ -188,6 +188,27 @@ impl<'a> Fetch<'a> {
         self
     }
 
+    /// `stored` updated by `head` (a 304 to a revalidation, a 200 to a HEAD) under this route's
+    /// rules, and whether it may stay stored.
+    fn updated_meta(
+        &self,
+        ctx: &crate::server::Ctx,
+        stored: &Entry,
+        head: &ResponseHead,
+        request_time: SystemTime,
+        response_time: SystemTime,
+    ) -> (Meta, bool) {
+        revalidated_meta(
+            stored,
+            head,
+            request_time,
+            response_time,
+            self.heuristics(ctx),
+            self.store_set_cookie,
+            ctx.store.targeted(),
+        )
+    }
+
     /// The route's `store_set_cookie`: whether responses that set cookies may be stored.
     pub fn store_set_cookie(mut self, store: bool) -> Self {
         self.store_set_cookie = store;
@@ -522,15 +543,8 @@ impl<'a> Fetch<'a> {
                     stored.body_len,
                 )
             {
-                let (meta, storable) = revalidated_meta(
-                    &stored,
-                    &head,
-                    request_time,
-                    response_time,
-                    self.heuristics(&ctx),
-                    self.store_set_cookie,
-                    ctx.store.targeted(),
-                );
+                let (meta, storable) =
+                    self.updated_meta(&ctx, &stored, &head, request_time, response_time);
                 if storable {
                     ctx.store.replace_meta(&stored, meta);
                 } else {
@@ -571,15 +585,8 @@ impl<'a> Fetch<'a> {
             && let Some(stale) = self.revalidating.clone()
         {
             drain(&mut up, framing, &self.upstream).await;
-            let (meta, storable) = revalidated_meta(
-                &stale,
-                &head,
-                request_time,
-                response_time,
-                self.heuristics(&ctx),
-                self.store_set_cookie,
-                ctx.store.targeted(),
-            );
+            let (meta, storable) =
+                self.updated_meta(&ctx, &stale, &head, request_time, response_time);
             let updated = ctx.store.replace_meta(&stale, meta);
             self.fill = None;
             let served = conn
