@@ -131,6 +131,14 @@ pub struct LoggingConfig {
     /// Access log line format.
     #[serde(default)]
     pub access_log_format: AccessLogFormat,
+    /// The request-id field: sent upstream with every forwarded request, and in every access log
+    /// line. A valid value from a `proxy.trusted_proxies` peer is kept; otherwise one is generated.
+    #[serde(default = "default_request_id_header")]
+    pub request_id_header: String,
+}
+
+fn default_request_id_header() -> String {
+    "X-Request-Id".into()
 }
 
 fn default_level() -> String {
@@ -143,6 +151,7 @@ impl Default for LoggingConfig {
             level: default_level(),
             access_log: None,
             access_log_format: AccessLogFormat::default(),
+            request_id_header: default_request_id_header(),
         }
     }
 }
@@ -156,6 +165,8 @@ pub enum AccessLogFormat {
     Text,
     /// One JSON object per line.
     Json,
+    /// Apache/nginx "combined", with the cache status appended, for existing log tooling.
+    Combined,
 }
 
 /// The disk cache.

@@ -75,6 +75,17 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    let id = &config.logging.request_id_header;
+    if id.is_empty()
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    {
+        return Err(invalid(
+            "logging.request_id_header",
+            format!("`{id}` is not a header field name (letters, digits and - . _ ...)"),
+        ));
+    }
     if config.cache.max_size.as_u64() == 0 {
         return Err(invalid("cache.max_size", "must be positive".into()));
     }

@@ -44,14 +44,17 @@ enum Command {
     },
 }
 
-/// Logs to stderr at `RUST_LOG` if set, else at `level` (the config's `logging.level`).
+/// Logs to stderr at `RUST_LOG` if set, else at `level` (the config's `logging.level`), in
+/// colour only when stderr is a terminal: journald, files and pipes get plain text.
 fn init_logging(level: &str) {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 

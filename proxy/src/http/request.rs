@@ -24,6 +24,9 @@ pub struct RequestHead {
     pub close: bool,
     /// `Expect: 100-continue`.
     pub expect_continue: bool,
+    /// The request id (`logging.request_id_header`), assigned by the connection before routing;
+    /// empty until then. See [`crate::request_id`].
+    pub id: String,
 }
 
 /// How a request body is delimited.
@@ -295,6 +298,7 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             body,
             close,
             expect_continue,
+            id: String::new(),
         },
         consumed,
     )))

@@ -49,6 +49,8 @@ pub struct Conn {
     /// Close after the current response: the request's body was not read to its end, so the
     /// next bytes on the connection are no request.
     pub must_close: bool,
+    /// The current request's part of its access log line (left empty without an access log).
+    pub log_info: crate::accesslog::RequestInfo,
 }
 
 /// Why a connection must end without (further) response.
@@ -79,6 +81,7 @@ pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         ctx: ctx.clone(),
         shared,
         must_close: false,
+        log_info: Default::default(),
     };
     /// Closes the connection's record however the task ends (a panic included). Declared after
     /// `conn`, so it runs first: the record must be waiting before the kernel sees the close.
@@ -119,6 +122,8 @@ impl Conn {
                 Head::Request(r) => r,
                 Head::Closed => return Ok(()),
                 Head::Reject(status) => {
+                    // No request to describe: the line must not carry the previous one's.
+                    self.log_info = Default::default();
                     self.reject(status).await;
                     return Ok(());
                 }
@@ -284,12 +289,34 @@ impl Conn {
     pub fn record(&self, r: &ResponseRecord<'_>) {
         self.ctx.accounting.response(self.id, r);
         if let Some(log) = &self.ctx.access_log {
-            log.log(&self.peer, r);
+            log.log(&self.peer, r, &self.log_info);
         }
     }
 
+    /// The request's id: a trusted proxy's, when it sent a valid one, else a new one.
+    fn request_id(&self, req: &RequestHead) -> String {
+        let ctx = &self.ctx;
+        if ctx
+            .trusted_proxies
+            .iter()
+            .any(|c| c.contains(self.peer.ip()))
+            && let Some(v) = req
+                .fields
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(&ctx.request_id_header))
+                .and_then(|(_, v)| crate::request_id::accept(v))
+        {
+            return v.to_string();
+        }
+        crate::request_id::generate()
+    }
+
     /// One request: route → cache lookup → hit or fetch. Returns whether to keep the connection.
-    async fn handle(&mut self, req: RequestHead, started: Instant) -> Result<bool, ConnError> {
+    async fn handle(&mut self, mut req: RequestHead, started: Instant) -> Result<bool, ConnError> {
+        req.id = self.request_id(&req);
+        if self.ctx.access_log.is_some() {
+            self.log_info = crate::accesslog::RequestInfo::of(&req);
+        }
         let Some(body) = self.read_body(&req).await? else {
             return Ok(false);
         };

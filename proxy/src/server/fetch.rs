@@ -348,6 +348,7 @@ impl<'a> Fetch<'a> {
                 || n.eq_ignore_ascii_case("host")
                 || n.eq_ignore_ascii_case("content-length")
                 || n.eq_ignore_ascii_case("expect")
+                || n.eq_ignore_ascii_case(&ctx.request_id_header)
                 || (whole && headers::is_range_or_condition(n))
             {
                 continue;
@@ -408,6 +409,9 @@ impl<'a> Fetch<'a> {
             "1.1 zerocache"
         };
         put(&mut out, "Via", append(via, via_me.to_string()).as_bytes());
+        if !req.id.is_empty() {
+            put(&mut out, &ctx.request_id_header, req.id.as_bytes());
+        }
         match &self.body {
             RequestBody::Whole(b) => {
                 if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
@@ -484,6 +488,17 @@ impl<'a> Fetch<'a> {
             }
         };
         let response_time = SystemTime::now();
+        if ctx.access_log.is_some()
+            && let Ok(addr) = up.stream.peer_addr()
+        {
+            conn.log_info.upstream = Some(crate::accesslog::UpstreamInfo {
+                addr,
+                status: head.status,
+                time: response_time
+                    .duration_since(request_time)
+                    .unwrap_or_default(),
+            });
+        }
         let mut interim_bytes = 0u64;
         if !req.http10 {
             for h in &interim {

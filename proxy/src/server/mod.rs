@@ -66,6 +66,8 @@ pub struct Ctx {
     pub send_timeout: Duration,
     /// Request fields never forwarded (lower-cased).
     pub strip_fields: Vec<String>,
+    /// `logging.request_id_header`: the request id's field, sent upstream.
+    pub request_id_header: String,
     /// Peers whose forwarding fields are kept and appended to.
     pub trusted_proxies: Vec<zerocache_config::cidr::Cidr>,
     /// Largest object filled in the background after a ranged miss.
