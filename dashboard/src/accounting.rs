@@ -113,6 +113,29 @@ pub struct ResponseRecord<'a> {
     pub complete: bool,
 }
 
+/// Why a connection was answered 503 as soon as it was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// `limits.max_connections` open already.
+    MaxConnections,
+    /// The process ran out of file descriptors.
+    OutOfFds,
+}
+
+/// Every [`RejectReason`], in metric order.
+pub const REJECT_REASONS: [RejectReason; 2] =
+    [RejectReason::MaxConnections, RejectReason::OutOfFds];
+
+impl RejectReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::MaxConnections => "max_connections",
+            RejectReason::OutOfFds => "out_of_fds",
+        }
+    }
+}
+
 /// Connection id, unique for the process's lifetime.
 pub type ConnId = u64;
 
@@ -224,6 +247,10 @@ pub struct Accounting {
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
     /// Responses by status code (100-599) and cache status: `(code - 100) * 8 + cache status`.
     by_code: Box<[AtomicU64]>,
+    /// Connections answered 503 at accept, by [`REJECT_REASONS`] index.
+    rejected: [AtomicU64; 2],
+    /// Config reloads: accepted, rejected.
+    reloads: [AtomicU64; 2],
     /// `zerocache_request_duration_seconds`, by cache status; `duration_children` are its
     /// children in [`CacheStatus::ALL`] order, so recording needs no label lookup.
     durations: prometheus::HistogramVec,
@@ -277,6 +304,8 @@ impl Accounting {
             corrupt_entries: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
+            rejected: Default::default(),
+            reloads: Default::default(),
             by_code: (0..500 * CacheStatus::ALL.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -536,6 +565,29 @@ impl Accounting {
     /// The request-duration histogram.
     pub fn durations(&self) -> &prometheus::HistogramVec {
         &self.durations
+    }
+
+    /// `n` connections were answered 503 at accept for `reason` (one of [`REJECT_REASONS`]).
+    pub fn connections_rejected(&self, reason: RejectReason, n: u64) {
+        self.rejected[reason as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Connections rejected so far, by reason.
+    pub fn rejected(&self) -> [(RejectReason, u64); 2] {
+        REJECT_REASONS.map(|r| (r, self.rejected[r as usize].load(Ordering::Relaxed)))
+    }
+
+    /// A SIGHUP reload was accepted (`true`) or rejected (`false`, the running config kept).
+    pub fn config_reload(&self, accepted: bool) {
+        self.reloads[usize::from(!accepted)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reloads so far: (accepted, rejected).
+    pub fn reloads(&self) -> (u64, u64) {
+        (
+            self.reloads[0].load(Ordering::Relaxed),
+            self.reloads[1].load(Ordering::Relaxed),
+        )
     }
 
     /// Responses sent so far by status code and cache status, those with at least one.

@@ -8,5 +8,5 @@ pub mod history;
 pub mod metrics;
 pub mod server;
 
-pub use accounting::{Accounting, CacheStatus, DataPath, ResponseRecord};
+pub use accounting::{Accounting, CacheStatus, DataPath, RejectReason, ResponseRecord};
 pub use server::{CacheStats, DashboardState, Purge, WorkerStats, serve};

@@ -64,6 +64,36 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
             .inc_by(n);
     }
 
+    let rejected = counter_vec(
+        &r,
+        "zerocache_connections_rejected_total",
+        "Connections answered 503 as soon as they were accepted, by reason.",
+        &["reason"],
+    )?;
+    for (reason, n) in acc.rejected() {
+        rejected.with_label_values(&[reason.as_str()]).inc_by(n);
+    }
+
+    let reloads = counter_vec(
+        &r,
+        "zerocache_config_reloads_total",
+        "SIGHUP reloads, by result (rejected: the running config was kept).",
+        &["result"],
+    )?;
+    let (accepted, refused) = acc.reloads();
+    reloads.with_label_values(&["accepted"]).inc_by(accepted);
+    reloads.with_label_values(&["rejected"]).inc_by(refused);
+
+    let dropped = counter_vec(
+        &r,
+        "zerocache_access_log_dropped_total",
+        "Access log lines dropped because the writer thread fell behind.",
+        &[],
+    )?;
+    dropped
+        .with_label_values(&[] as &[&str])
+        .inc_by((state.access_log_dropped)());
+
     let build = IntGaugeVec::new(
         Opts::new(
             "zerocache_build_info",
@@ -135,6 +165,21 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     g.set(cache.objects as i64);
     r.register(Box::new(g))?;
     let g = IntGauge::new(
+        "zerocache_cache_max_size_bytes",
+        "cache.max_size: the bytes of cache files eviction keeps the cache under.",
+    )?;
+    g.set(cache.max_size_bytes as i64);
+    r.register(Box::new(g))?;
+    let evictions = counter_vec(
+        &r,
+        "zerocache_cache_evictions_total",
+        "Entries evicted (least recently used) to stay under cache.max_size or cache.max_entries.",
+        &[],
+    )?;
+    evictions
+        .with_label_values(&[] as &[&str])
+        .inc_by(cache.evictions);
+    let g = IntGauge::new(
         "zerocache_cache_open_files",
         "Cache files held open so hot hits cost no open(2).",
     )?;
@@ -202,18 +247,16 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;
     up.set(snap.status.is_attached() as i64);
     r.register(Box::new(up))?;
-    let lost = IntGaugeVec::new(
-        Opts::new(
-            "zerocache_probe_lost",
-            "Probe records lost, by what was lost (never silent).",
-        ),
+    let lost = counter_vec(
+        &r,
+        "zerocache_probe_lost_total",
+        "Probe records lost since start, by what was lost (never silent).",
         &["what"],
     )?;
     lost.with_label_values(&["events"])
-        .set(snap.health.events_lost as i64);
+        .inc_by(snap.health.events_lost);
     lost.with_label_values(&["fd_records"])
-        .set(snap.health.fd_records_lost as i64);
-    r.register(Box::new(lost))?;
+        .inc_by(snap.health.fd_records_lost);
 
     let calls = counter_vec(
         &r,
@@ -257,6 +300,11 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     }
 
     r.register(Box::new(acc.durations().clone()))?;
+    // The standard process_* families (CPU seconds, resident memory, open fds, start time), so
+    // the usual alerts and dashboards work unchanged.
+    r.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
 
     let mut out = Vec::with_capacity(16 * 1024);
     TextEncoder::new().encode(&r.gather(), &mut out)?;

@@ -57,6 +57,8 @@ pub struct DashboardState {
     /// Whether the proxy is serving (`Ok`) or why not (`Err`: draining, cache unwritable), for
     /// `/healthz`.
     pub health: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+    /// Access log lines dropped because the writer fell behind (0 without an access log).
+    pub access_log_dropped: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
 /// The proxy's purge: removes what a [`Purge`] names and answers how many entries went.
@@ -93,6 +95,10 @@ pub struct CacheStats {
     pub writable: bool,
     /// Files held open by the open-file cache.
     pub open_files: u64,
+    /// Entries evicted to make room, since start.
+    pub evictions: u64,
+    /// `cache.max_size`.
+    pub max_size_bytes: u64,
 }
 
 static INDEX: &str = include_str!("../assets/index.html");

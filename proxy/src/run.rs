@@ -141,6 +141,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
         copy_hits: config.debug.copy_hits,
         send_timeout: config.limits.send_timeout,
+        request_id_header: config.logging.request_id_header.clone(),
         strip_fields: config
             .proxy
             .strip_request_fields
@@ -249,6 +250,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                     write_errors: st.write_errors.load(std::sync::atomic::Ordering::Relaxed),
                     writable: st.is_writable(),
                     open_files: st.open_files() as u64,
+                    evictions: st.evictions.load(std::sync::atomic::Ordering::Relaxed),
+                    max_size_bytes: st.max_size(),
                 }
             }),
             upstreams: config.upstreams.keys().cloned().collect(),
@@ -265,6 +268,13 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
             purge: Box::new(move |p| purge(&purge_store, p)),
+            access_log_dropped: {
+                let log = access_log.clone();
+                Box::new(move || {
+                    log.as_ref()
+                        .map_or(0, |l| l.dropped.load(std::sync::atomic::Ordering::Relaxed))
+                })
+            },
             health: Box::new(move || {
                 if health_draining.load(std::sync::atomic::Ordering::Relaxed) {
                     Err("draining".into())
@@ -388,6 +398,7 @@ fn reload(
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "reload rejected; keeping the running config");
+            shared.ctx.load().accounting.config_reload(false);
             return None;
         }
     };
@@ -409,5 +420,6 @@ fn reload(
     shared.ctx.store(Arc::new(build_ctx(&new, kept)));
     probe.set_targets(watch_targets(&new));
     tracing::info!(path = %path.display(), routes = new.routes.len(), upstreams = new.upstreams.len(), "config reloaded");
+    shared.ctx.load().accounting.config_reload(true);
     Some(new)
 }

@@ -39,6 +39,13 @@ fn max_entries_bounds_the_index() {
     assert_eq!(files(&proxy.dir).len(), 3);
     assert_eq!(c.get("/obj/500", &[]).x_cache(), "HIT");
     assert_eq!(c.get("/obj/100", &[]).x_cache(), "MISS");
+    // Five stored, then a sixth: three evictions, each counted.
+    assert_eventually_eq(
+        "evictions counted",
+        std::time::Duration::from_secs(5),
+        || metric(&proxy.metrics(), "zerocache_cache_evictions_total"),
+        3,
+    );
 }
 
 #[test]

@@ -238,6 +238,15 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_request_duration_seconds_count{cache_status=\"MISS\"} 0",
         "zerocache_responses_total{cache_status=\"MISS\",code=\"200\"} 0",
         "zerocache_build_info{commit=\"",
+        "zerocache_connections_rejected_total{reason=\"max_connections\"} 0",
+        "zerocache_connections_rejected_total{reason=\"out_of_fds\"} 0",
+        "zerocache_config_reloads_total{result=\"accepted\"} 0",
+        "zerocache_access_log_dropped_total 0",
+        "zerocache_cache_evictions_total 0",
+        "zerocache_cache_max_size_bytes ",
+        "zerocache_probe_lost_total{what=\"events\"} 0",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
         "zerocache_worker_unpins_total 0",
         // Its value: 1 once worker 0's thread has pinned itself, which may be after this scrape.
         "zerocache_worker_pinned{worker=\"0\"} ",
@@ -460,15 +469,30 @@ fn the_grafana_dashboard_and_scrape_config_use_only_real_metrics() {
     let dash: Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("zerocache.json")).expect("read"))
             .expect("json");
+    // A fleet is viewed per node or summed: job and instance variables, used by every query.
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(vars, ["datasource", "job", "instance"]);
     let mut exprs = 0;
     for panel in dash["panels"].as_array().expect("panels") {
+        assert!(
+            panel["fieldConfig"]["defaults"]["unit"].is_string(),
+            "panel {} has no unit",
+            panel["title"]
+        );
         for t in panel["targets"].as_array().expect("targets") {
             let expr = t["expr"].as_str().expect("expr");
             exprs += 1;
+            let mut names = 0;
             for name in expr
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .filter(|w| w.starts_with("zerocache_"))
+                .filter(|w| w.starts_with("zerocache_") || w.starts_with("process_"))
             {
+                names += 1;
                 let base = name.trim_end_matches("_bucket");
                 assert!(
                     metrics.contains(&format!("# TYPE {base} ")),
@@ -476,9 +500,16 @@ fn the_grafana_dashboard_and_scrape_config_use_only_real_metrics() {
                     panel["title"]
                 );
             }
+            assert_eq!(
+                expr.matches("{job=~\"$job\",instance=~\"$instance\"")
+                    .count(),
+                names,
+                "panel {}: every metric scoped to $job and $instance: {expr}",
+                panel["title"]
+            );
         }
     }
-    assert!(exprs >= 12);
+    assert!(exprs >= 20, "{exprs}");
     let out = Command::new("promtool")
         .args(["check", "config"])
         .arg(root.join("prometheus.yml"))

@@ -57,6 +57,13 @@ fn sighup_reload_changes_routes_for_new_requests_while_a_64mib_hit_finishes() {
         assert!(Instant::now() < deadline, "reload did not take effect");
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(
+        metric(
+            &proxy.metrics(),
+            "zerocache_config_reloads_total{result=\"accepted\"}"
+        ),
+        1
+    );
     // The cache survived the reload, and the transfer in flight finished intact.
     assert_eq!(proxy.get("/obj/67108864").x_cache(), "HIT");
     check_big(&inflight.join().expect("in-flight hit"));
@@ -74,7 +81,19 @@ fn a_bad_reload_keeps_the_running_config() {
     )
     .expect("rewrite");
     signal(&proxy, libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(300));
+    // The reload was attempted and refused: counted, so this test cannot pass without it.
+    assert_eventually_eq(
+        "the rejected reload is counted",
+        Duration::from_secs(5),
+        || {
+            let m = proxy.metrics();
+            (
+                metric(&m, "zerocache_config_reloads_total{result=\"rejected\"}"),
+                metric(&m, "zerocache_config_reloads_total{result=\"accepted\"}"),
+            )
+        },
+        (1, 0),
+    );
     let r = proxy.get("/obj/20");
     assert_eq!((r.status, r.body.clone()), (200, body(20)));
     assert_eq!(proxy.get("/obj/10").x_cache(), "HIT");
@@ -129,10 +148,16 @@ fn the_access_log_has_one_exact_line_per_response() {
         },
     );
     let mut c = proxy.client();
-    c.get("/obj/1000", &[]);
+    c.get(
+        "/obj/1000",
+        &[
+            ("User-Agent", "probe/1 (\"x\")"),
+            ("Referer", "http://r.example/a b"),
+        ],
+    );
     c.get("/obj/1000", &[]);
     let peer = c.sock.local_addr().expect("addr").to_string();
-    // A hit the client walks away from is logged too, with what was sent and how it ended.
+    // A response the client walks away from is logged too, with what was sent and how it ended.
     proxy.get("/obj/16777216");
     let mut gone = proxy.client();
     gone.send(b"GET /obj/16777216 HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -150,21 +175,130 @@ fn the_access_log_has_one_exact_line_per_response() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(lines.len(), 4);
-    assert!(lines[0].ends_with(" complete"), "{}", lines[0]);
-    assert!(lines[2].ends_with(" complete"), "{}", lines[2]);
-    let aborted: Vec<&str> = lines[3].split(' ').collect();
-    assert_eq!(aborted[4], "200");
-    assert_eq!(aborted.last(), Some(&"aborted"), "{}", lines[3]);
-    let sent: u64 = aborted[5].parse().expect("bytes");
-    assert!(sent < 16_777_216, "{}", lines[3]);
-    let fields = |l: &str| l.split(' ').skip(1).take(7).collect::<Vec<_>>().join(" ");
+    // The time, the two durations and the request id vary: masked, then every other byte is
+    // pinned.
+    let mask = |l: &str| {
+        let mut t: Vec<String> = l.split(' ').map(str::to_string).collect();
+        t[0] = "T".into();
+        let n = t.len();
+        t[n - 1] = "ID".into();
+        for w in t.iter_mut() {
+            let secs = w.split_once('.').is_some_and(|(a, b)| {
+                !a.is_empty()
+                    && b.len() == 6
+                    && (a.to_string() + b).bytes().all(|c| c.is_ascii_digit())
+            });
+            if secs {
+                *w = "S".into();
+            }
+        }
+        t.join(" ")
+    };
+    let id = |l: &str| l.rsplit(' ').next().unwrap_or_default().to_string();
+    let origin_addr = origin.addr();
     assert_eq!(
-        fields(&lines[0]),
-        format!("{peer} \"GET /obj/1000\" 200 1000 MISS sendfile")
+        mask(&lines[0]),
+        format!(
+            "T {peer} \"GET /obj/1000 HTTP/1.1\" 200 1000 MISS sendfile S complete \"test.example\" \"probe/1 (\\x22x\\x22)\" \"http://r.example/a b\" {origin_addr} 200 S ID"
+        )
     );
     assert_eq!(
-        fields(&lines[1]),
-        format!("{peer} \"GET /obj/1000\" 200 1000 HIT sendfile")
+        mask(&lines[1]),
+        format!(
+            "T {peer} \"GET /obj/1000 HTTP/1.1\" 200 1000 HIT sendfile S complete \"test.example\" \"-\" \"-\" - - - ID"
+        )
+    );
+    // Every id is 16 hex digits and distinct, and the miss's is the one the origin received.
+    let ids: Vec<String> = lines.iter().map(|l| id(l)).collect();
+    for i in &ids {
+        assert!(
+            i.len() == 16 && i.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{i}"
+        );
+    }
+    assert_eq!(
+        ids.iter().collect::<std::collections::HashSet<_>>().len(),
+        4
+    );
+    let sent_upstream: Vec<String> = origin
+        .received()
+        .iter()
+        .filter_map(|r| r.header("x-request-id").map(str::to_string))
+        .collect();
+    assert_eq!(sent_upstream[0], ids[0]);
+    let aborted = mask(&lines[3]);
+    let (head, tail) = aborted.split_once(" sendfile S ").expect("aborted line");
+    let sent: u64 = head
+        .rsplit(' ')
+        .nth(1)
+        .and_then(|b| b.parse().ok())
+        .expect("bytes");
+    assert!(sent < 16_777_216, "{}", lines[3]);
+    // Another Host, so another key: a miss, with its upstream.
+    assert_eq!(
+        tail,
+        format!("aborted \"a\" \"-\" \"-\" {origin_addr} 200 S ID"),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn the_combined_format_reads_like_nginx_and_ids_from_trusted_peers_are_kept() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("access.log");
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!(
+                "logging:\n  access_log: {}\n  access_log_format: combined\n  request_id_header: X-Trace\nproxy:\n  trusted_proxies: [127.0.0.0/8]\n",
+                log.display()
+            ),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    c.get(
+        "/obj/10",
+        &[
+            ("X-Trace", "lb-42"),
+            ("User-Agent", "ua"),
+            ("Referer", "ref"),
+        ],
+    );
+    // An invalid id is replaced, even from a trusted peer.
+    c.get("/obj/11", &[("X-Trace", "a b")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 2 {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let first = text.lines().next().expect("line");
+    let (ip, rest) = first.split_once(" - - [").expect("combined");
+    assert_eq!(ip, "127.0.0.1");
+    let (time, rest) = rest.split_once("] ").expect("time");
+    assert_eq!(time.len(), "30/Nov/2026:08:26:58 +0000".len(), "{time}");
+    assert!(time.ends_with(" +0000"), "{time}");
+    assert_eq!(rest, "\"GET /obj/10 HTTP/1.1\" 200 10 \"ref\" \"ua\" MISS");
+    let received = origin.received();
+    let traces: Vec<&str> = received
+        .iter()
+        .filter_map(|r| r.header("x-trace"))
+        .collect();
+    assert_eq!(traces.len(), 2);
+    assert_eq!(traces[0], "lb-42");
+    assert!(
+        traces[1].len() == 16 && traces[1].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{}",
+        traces[1]
+    );
+    assert!(
+        received.iter().all(|r| r.header("x-request-id").is_none()),
+        "only the configured field is sent"
     );
 }
 
@@ -192,6 +326,17 @@ fn connections_beyond_max_connections_get_a_canned_503_at_once() {
     assert_eq!(
         String::from_utf8_lossy(&got),
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 24\r\n\r\n503 Service Unavailable\n"
+    );
+    assert_eventually_eq(
+        "the refused connection is counted",
+        Duration::from_secs(5),
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_connections_rejected_total{reason=\"max_connections\"}",
+            )
+        },
+        1,
     );
     drop(a);
     std::thread::sleep(Duration::from_millis(200));

@@ -98,6 +98,8 @@ pub struct Store {
     writable: AtomicBool,
     /// Writes that failed (disk full, permissions).
     pub write_errors: AtomicU64,
+    /// Entries evicted to make room (size or entry limit), since start.
+    pub evictions: AtomicU64,
     /// Entries discarded because their body no longer had its checksum (start-up verification,
     /// scrub), since start.
     pub corrupt_entries: AtomicU64,
@@ -197,6 +199,7 @@ impl Store {
             tmp_seq: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             write_errors: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
             corrupt_entries: AtomicU64::new(0),
             corrupt_sink: Mutex::new(None),
             targeted: Targeted::default(),
@@ -644,6 +647,8 @@ impl Store {
                 }
             }
         }
+        self.evictions
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
         for v in victims {
             // A transfer in flight keeps its open fd; unlinking never cuts it short.
             let _ = fs::remove_file(&v.path);

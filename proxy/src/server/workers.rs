@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use zerocache_dashboard::RejectReason;
 
 thread_local! {
     /// This thread's worker number; `usize::MAX` on threads that are not data-plane workers.
@@ -367,6 +368,11 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                         reserve.refill_at_limit();
                         drop(reserve);
                         pool.accept_failures.lock().refused += 1;
+                        shared
+                            .ctx
+                            .load()
+                            .accounting
+                            .connections_rejected(RejectReason::OutOfFds, 1);
                         continue;
                     }
                     drop(reserve);
@@ -382,6 +388,11 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                         if let Ok(sock) = sock.into_std() {
                             refuse(sock);
                         }
+                        shared
+                            .ctx
+                            .load()
+                            .accounting
+                            .connections_rejected(RejectReason::MaxConnections, 1);
                         continue;
                     }
                     let to = pool.pick(me, &sock);
@@ -407,6 +418,13 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                         0
                     };
                     pool.accept_failures.lock().failed(&e, refused);
+                    if refused > 0 {
+                        shared
+                            .ctx
+                            .load()
+                            .accounting
+                            .connections_rejected(RejectReason::OutOfFds, refused);
+                    }
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
