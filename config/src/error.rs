@@ -33,11 +33,12 @@ pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> Confi
         .location()
         .map(|l| (l.line(), l.column()))
         .unwrap_or((0, 0));
-    let mut message = e.to_string();
+    let mut raw = e.to_string();
     // serde_yaml appends " at line L column C"; the location is already in front.
-    if let Some(i) = message.rfind(" at line ") {
-        message.truncate(i);
+    if let Some(i) = raw.rfind(" at line ") {
+        raw.truncate(i);
     }
+    let mut message = plain_words(&raw);
     if let Some(suggestion) = suggest(&message) {
         message.push_str(&format!("; did you mean `{suggestion}`?"));
     }
@@ -47,6 +48,52 @@ pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> Confi
         column,
         message,
     }
+}
+
+/// serde's message in the config's own words: an operator reads "a whole number", not `usize`,
+/// and "a mapping of keys", not `struct CacheConfig`.
+fn plain_words(message: &str) -> String {
+    const WORDS: &[(&str, &str)] = &[
+        ("expected usize", "expected a whole number (0 or more)"),
+        ("expected u64", "expected a whole number (0 or more)"),
+        ("expected u32", "expected a whole number (0 or more)"),
+        ("expected u16", "expected a whole number (0 or more)"),
+        ("expected u8", "expected a whole number (0 or more)"),
+        ("expected i64", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+        (
+            "expected a sequence",
+            "expected a list (`[a, b]`, or `- a` lines)",
+        ),
+        ("expected a map", "expected a mapping (`key: value` lines)"),
+    ];
+    let mut out = message.to_string();
+    for (from, to) in WORDS {
+        out = out.replace(from, to);
+    }
+    // `expected struct CacheConfig`, `expected enum Foo`, `expected tuple struct X`.
+    for kind in [
+        "expected struct ",
+        "expected tuple struct ",
+        "expected enum ",
+    ] {
+        while let Some(i) = out.find(kind) {
+            let rest = &out[i + kind.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let replacement = if kind == "expected enum " {
+                "expected one of the values this key accepts"
+            } else {
+                "expected a mapping (`key: value` lines)"
+            };
+            out = format!("{}{replacement}{}", &out[..i], &rest[end..]);
+        }
+    }
+    out
 }
 
 /// For "unknown field `x`, expected one of `a`, `b`", the closest of the keys serde lists (the

@@ -7,6 +7,7 @@
 pub mod cidr;
 pub mod error;
 pub mod schema;
+pub mod units;
 pub mod validate;
 
 pub use error::ConfigError;

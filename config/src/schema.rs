@@ -176,9 +176,10 @@ pub struct CacheConfig {
     /// Directory holding the cache files; created if missing.
     pub path: PathBuf,
     /// Upper bound of the bytes of all cache files; least recently used entries are evicted.
+    #[serde(with = "crate::units::size")]
     pub max_size: ByteSize,
     /// Largest single sendfile(2) call, so one huge transfer cannot starve other connections.
-    #[serde(default = "default_sendfile_max_chunk")]
+    #[serde(default = "default_sendfile_max_chunk", with = "crate::units::size")]
     pub sendfile_max_chunk: ByteSize,
     /// Directory levels between `path` and the files (0 to 3, two hex digits each), so no
     /// directory holds millions of files.
@@ -194,7 +195,7 @@ pub struct CacheConfig {
     pub open_files: OpenFiles,
     /// Cap of heuristic freshness: responses without explicit freshness but with
     /// `Last-Modified` stay fresh for 10% of their age, at most this long (RFC 9111 §4.2.2).
-    #[serde(default = "default_heuristic_max", with = "humantime_serde")]
+    #[serde(default = "default_heuristic_max", with = "crate::units::duration")]
     pub heuristic_max: Duration,
     /// Read hits whose pages are not in the page cache on the blocking pool before sendfile, so a
     /// disk wait never stalls a runtime thread (like nginx's `aio threads`).
@@ -212,7 +213,7 @@ pub struct CacheConfig {
     /// A `Range` request on a miss is forwarded and its 206 relayed, never stored; when the 206
     /// says the whole object is at most this large, the whole object is fetched and stored in the
     /// background, so the next request is a hit.
-    #[serde(default = "default_range_fill_max")]
+    #[serde(default = "default_range_fill_max", with = "crate::units::size")]
     pub range_fill_max: ByteSize,
     /// Store 5xx responses that carry explicit freshness (RFC 9111 §3 allows it); `false` never
     /// stores a 5xx.
@@ -220,10 +221,13 @@ pub struct CacheConfig {
     pub store_5xx: bool,
     /// A fill reads the origin into the cache file while clients read behind it; once no client
     /// is reading, it stops after this many bytes.
-    #[serde(default = "default_range_fill_max")]
+    #[serde(default = "default_range_fill_max", with = "crate::units::size")]
     pub abandoned_fill_max: ByteSize,
     /// ...or after this long with no client reading.
-    #[serde(default = "default_abandoned_fill_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_abandoned_fill_timeout",
+        with = "crate::units::duration"
+    )]
     pub abandoned_fill_timeout: Duration,
     /// At start-up, verify the bodies of at most this many entries, chosen at random, against the
     /// checksum stored with them, before listening; a corrupt one is deleted. 0 verifies none.
@@ -231,7 +235,7 @@ pub struct CacheConfig {
     pub verify_on_start: usize,
     /// Bytes per second the background scrub reads to verify every stored body against its
     /// checksum, over and over; a corrupt entry is discarded. 0 turns the scrub off.
-    #[serde(default = "default_scrub_rate")]
+    #[serde(default = "default_scrub_rate", with = "crate::units::size")]
     pub scrub_rate: ByteSize,
 }
 
@@ -334,10 +338,10 @@ pub struct Upstream {
     /// `host:port` of each server, tried in order on connect failure.
     pub servers: Vec<String>,
     /// Time allowed for a TCP connect.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(default = "default_connect_timeout", with = "crate::units::duration")]
     pub connect_timeout: Duration,
     /// Time allowed between bytes of the upstream response.
-    #[serde(default = "default_read_timeout", with = "humantime_serde")]
+    #[serde(default = "default_read_timeout", with = "crate::units::duration")]
     pub read_timeout: Duration,
     /// Idle keep-alive connections kept per server.
     #[serde(default = "default_pool_size")]
@@ -368,7 +372,7 @@ pub struct Route {
     pub cache: bool,
     /// Freshness lifetime for responses that carry none (like nginx `proxy_cache_valid`); unset:
     /// such responses are not stored. Never overrides `no-store`, `private` or explicit freshness.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::units::opt_duration")]
     pub default_ttl: Option<Duration>,
     /// What goes into the cache key beyond method, scheme, host and path.
     #[serde(default)]
@@ -376,7 +380,7 @@ pub struct Route {
     /// How long past expiry a stored response may be served when the upstream fails (refused,
     /// closed, timed out, 5xx) and the response has no `stale-if-error`. Never past
     /// `must-revalidate`, `proxy-revalidate` or `no-cache`.
-    #[serde(default = "default_stale_grace", with = "humantime_serde")]
+    #[serde(default = "default_stale_grace", with = "crate::units::duration")]
     pub stale_grace: Duration,
     /// Requests that must never be served from, or stored in, the cache (`X-Cache: BYPASS`).
     #[serde(default)]
@@ -590,32 +594,35 @@ pub enum Keyword {
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Largest request head (request line and headers); larger gets 431.
-    #[serde(default = "default_max_header")]
+    #[serde(default = "default_max_header", with = "crate::units::size")]
     pub max_header_bytes: ByteSize,
     /// Longest request target; longer gets 414.
-    #[serde(default = "default_max_uri")]
+    #[serde(default = "default_max_uri", with = "crate::units::size")]
     pub max_uri_bytes: ByteSize,
     /// Time a client has to send a complete request head; slower gets 408.
-    #[serde(default = "default_header_timeout", with = "humantime_serde")]
+    #[serde(default = "default_header_timeout", with = "crate::units::duration")]
     pub header_timeout: Duration,
     /// Time a keep-alive connection may sit idle between requests.
-    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    #[serde(default = "default_idle_timeout", with = "crate::units::duration")]
     pub idle_timeout: Duration,
     /// Time allowed between reads of a request body; slower clients are disconnected.
-    #[serde(default = "default_client_read_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_client_read_timeout",
+        with = "crate::units::duration"
+    )]
     pub read_timeout: Duration,
     /// Largest request body accepted; larger gets 413.
-    #[serde(default = "default_max_body")]
+    #[serde(default = "default_max_body", with = "crate::units::size")]
     pub max_body_bytes: ByteSize,
     /// Most client connections open at once; further connections are closed on accept.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
     /// On SIGTERM/SIGINT, how long in-flight responses may run before the process exits anyway.
-    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    #[serde(default = "default_drain_timeout", with = "crate::units::duration")]
     pub drain_timeout: Duration,
     /// Longest time between two writes to a client that make progress (nginx's `send_timeout`);
     /// a client that stops reading is disconnected after it.
-    #[serde(default = "default_send_timeout", with = "humantime_serde")]
+    #[serde(default = "default_send_timeout", with = "crate::units::duration")]
     pub send_timeout: Duration,
 }
 

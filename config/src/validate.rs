@@ -177,6 +177,36 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
         crate::cidr::Cidr::parse(c)
             .map_err(|e| invalid(format!("proxy.trusted_proxies[{i}]"), e))?;
     }
+    // A zero timeout would fail every exchange at once (or, for some, wait forever): never what
+    // was meant, so it is refused rather than obeyed.
+    let l = &config.limits;
+    let mut timeouts: Vec<(String, std::time::Duration)> = vec![
+        ("limits.header_timeout".into(), l.header_timeout),
+        ("limits.idle_timeout".into(), l.idle_timeout),
+        ("limits.read_timeout".into(), l.read_timeout),
+        ("limits.send_timeout".into(), l.send_timeout),
+        (
+            "cache.abandoned_fill_timeout".into(),
+            config.cache.abandoned_fill_timeout,
+        ),
+    ];
+    for (name, up) in &config.upstreams {
+        timeouts.push((
+            format!("upstreams.{name}.connect_timeout"),
+            up.connect_timeout,
+        ));
+        timeouts.push((format!("upstreams.{name}.read_timeout"), up.read_timeout));
+    }
+    for (path, t) in timeouts {
+        if t.is_zero() {
+            return Err(invalid(
+                path,
+                "a timeout of 0 would fail every exchange: give a duration (`30s`), or leave the \
+                 key out for the default"
+                    .into(),
+            ));
+        }
+    }
     Ok(())
 }
 

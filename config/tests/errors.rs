@@ -138,7 +138,7 @@ fn more_error_classes_name_their_key() {
     );
     assert_eq!(
         err(&format!("{GOOD}limits:\n  drain_timeout: soon\n")),
-        "zc.yaml:14:18: limits.drain_timeout: invalid value: string \"soon\", expected a duration"
+        "zc.yaml:14:18: limits.drain_timeout: `soon` is not a duration: write seconds (`30`) or a number with a unit (`500ms`, `30s`, `5m`, `1h`, `1day`)"
     );
     assert_eq!(
         err(&GOOD.replace(
@@ -169,4 +169,63 @@ fn environment_overrides_apply_per_host() {
     });
     assert_eq!(c.listen, "127.0.0.1:9999");
     assert_eq!(c.cache.path, std::path::PathBuf::from("/srv/cache"));
+}
+
+#[test]
+fn sizes_and_durations_read_as_nginx_writes_them() {
+    let c = parse(
+        &(GOOD.replace("max_size: 1GiB", "max_size: 1g")
+            + "limits:\n  drain_timeout: 45\n  max_body_bytes: 10MB\n"),
+        "zc.yaml",
+    )
+    .expect("valid");
+    assert_eq!(c.cache.max_size.as_u64(), 1 << 30);
+    assert_eq!(c.limits.drain_timeout, std::time::Duration::from_secs(45));
+    assert_eq!(c.limits.max_body_bytes.as_u64(), 10_000_000);
+    assert_eq!(
+        err(&GOOD.replace("max_size: 1GiB", "max_size: 1gb!")),
+        "zc.yaml:4:13: cache.max_size: `1gb!` is not a size: write bytes (`1048576`) or a number with a unit: k, m, g, t or KiB, MiB, GiB, TiB (binary, `1g` = 1 GiB as in nginx), KB, MB, GB, TB (decimal)"
+    );
+}
+
+#[test]
+fn errors_never_name_rust_types() {
+    for (bad, want) in [
+        (
+            format!("{GOOD}limits:\n  max_connections: many\n"),
+            "zc.yaml:14:20: limits.max_connections: invalid type: string \"many\", expected a whole number (0 or more)",
+        ),
+        (
+            format!("{GOOD}limits:\n  max_connections: -3\n"),
+            "zc.yaml:14:20: limits.max_connections: invalid type: integer `-3`, expected a whole number (0 or more)",
+        ),
+        (
+            format!("{GOOD}cache:\n  path: /tmp/x\n  max_size: 1g\n  offload_cold_hits: maybe\n"),
+            "",
+        ),
+        (
+            format!("{GOOD}limits: 5\n"),
+            "zc.yaml:13:9: limits: invalid type: integer `5`, expected a mapping (`key: value` lines)",
+        ),
+    ] {
+        let e = err(&bad);
+        if !want.is_empty() {
+            assert_eq!(e, want);
+        }
+        for rust in [
+            "usize", "u64", "u32", "u8", "i64", "f64", "struct ", "enum ", "Duration", "ByteSize",
+            "Option<",
+        ] {
+            assert!(!e.contains(rust), "`{rust}` in {e}");
+        }
+    }
+}
+
+#[test]
+fn a_zero_timeout_is_refused() {
+    assert_eq!(
+        err(&format!("{GOOD}limits:\n  send_timeout: 0s\n")),
+        "zc.yaml:14:3: limits.send_timeout: a timeout of 0 would fail every exchange: give a duration (`30s`), or leave the key out for the default"
+    );
+    assert!(parse(&format!("{GOOD}limits:\n  drain_timeout: 0\n"), "zc.yaml").is_ok());
 }

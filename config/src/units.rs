@@ -1,0 +1,292 @@
+//! Sizes and durations as an nginx operator writes them, so nobody is surprised.
+//!
+//! Sizes: a bare number is bytes; `k`, `m`, `g`, `t` (either case, as in nginx, where `1g` is
+//! 1 GiB) and `KiB`, `MiB`, `GiB`, `TiB` are binary; `KB`, `MB`, `GB`, `TB` are decimal, as
+//! written. A fraction is allowed before a unit (`1.5GiB`) and rounded down to whole bytes.
+//! `zerocache check` prints every size in bytes and in its binary form.
+//!
+//! Durations: a bare number is seconds, as in nginx (`30` is `30s`); otherwise humantime's
+//! forms (`500ms`, `30s`, `5m`, `1h`, `1day`, `1h 30m`). Where zero makes no sense (a timeout)
+//! validation refuses it.
+//!
+//! Used through `#[serde(with = "crate::units::size")]` and friends, so the fields keep their
+//! types (`ByteSize`, `Duration`) and the data plane never sees a unit.
+
+use bytesize::ByteSize;
+use std::time::Duration;
+
+/// Parses a size; the error says what is accepted.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim());
+    let bad = || {
+        format!(
+            "`{s}` is not a size: write bytes (`1048576`) or a number with a unit: k, m, g, t or \
+             KiB, MiB, GiB, TiB (binary, `1g` = 1 GiB as in nginx), KB, MB, GB, TB (decimal)"
+        )
+    };
+    if number.is_empty() || number.starts_with('.') || number.matches('.').count() > 1 {
+        return Err(bad());
+    }
+    let factor: u64 = match unit {
+        "" | "b" | "B" => 1,
+        "k" | "K" | "KiB" | "kib" | "Kib" => 1 << 10,
+        "m" | "M" | "MiB" | "mib" | "Mib" => 1 << 20,
+        "g" | "G" | "GiB" | "gib" | "Gib" => 1 << 30,
+        "t" | "T" | "TiB" | "tib" | "Tib" => 1 << 40,
+        "KB" | "kB" | "kb" => 1_000,
+        "MB" | "mb" => 1_000_000,
+        "GB" | "gb" => 1_000_000_000,
+        "TB" | "tb" => 1_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    let bytes = match number.split_once('.') {
+        None => number
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(factor)),
+        Some((int, frac)) if factor > 1 && !frac.is_empty() && frac.len() <= 9 => {
+            let whole = int.parse::<u64>().ok().and_then(|i| i.checked_mul(factor));
+            let scale = 10u64.pow(frac.len() as u32);
+            let part = frac.parse::<u64>().ok().map(|f| {
+                // f / scale of a unit, in whole bytes (u128: factor * f can exceed u64).
+                (u128::from(factor) * u128::from(f) / u128::from(scale)) as u64
+            });
+            whole.zip(part).and_then(|(w, p)| w.checked_add(p))
+        }
+        Some(_) => None,
+    };
+    bytes.ok_or_else(bad)
+}
+
+/// A size in its binary form, as `check` shows it: `64 MiB`, `1.5 GiB`, `1000 B`.
+pub fn binary(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, size) in UNITS {
+        if bytes >= size {
+            let whole = bytes / size;
+            let hundredths = (bytes % size) * 100 / size;
+            return match hundredths {
+                0 if bytes % size == 0 => format!("{whole} {name}"),
+                h if h % 10 == 0 => format!("{whole}.{} {name}", h / 10),
+                h => format!("{whole}.{h:02} {name}"),
+            };
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// Parses a duration: bare seconds or humantime.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("`{s}` seconds is too long"));
+    }
+    humantime::parse_duration(t).map_err(|_| {
+        format!(
+            "`{s}` is not a duration: write seconds (`30`) or a number with a unit (`500ms`, \
+             `30s`, `5m`, `1h`, `1day`)"
+        )
+    })
+}
+
+/// Reads a scalar that may be a number or a string, so an error points at the value itself
+/// (an untagged enum would report it at the enclosing mapping).
+struct Scalar<T> {
+    expecting: &'static str,
+    from_number: fn(u64) -> T,
+    from_text: fn(&str) -> Result<T, String>,
+}
+
+impl<'de, T> serde::de::Visitor<'de> for Scalar<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.expecting)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<T, E> {
+        Ok((self.from_number)(n))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<T, E> {
+        u64::try_from(n)
+            .map(self.from_number)
+            .map_err(|_| E::custom(format!("`{n}` is negative: {}", self.expecting)))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<T, E> {
+        (self.from_text)(s).map_err(E::custom)
+    }
+}
+
+const SIZE: &str = "a size: bytes, or a number with a unit (`64MiB`, `1g`)";
+const DURATION: &str = "a duration: seconds, or a number with a unit (`30s`, `5m`)";
+
+fn size_scalar() -> Scalar<ByteSize> {
+    Scalar {
+        expecting: SIZE,
+        from_number: ByteSize::b,
+        from_text: |s| parse_size(s).map(ByteSize::b),
+    }
+}
+
+fn duration_scalar() -> Scalar<Duration> {
+    Scalar {
+        expecting: DURATION,
+        from_number: Duration::from_secs,
+        from_text: parse_duration,
+    }
+}
+
+/// `#[serde(with = "crate::units::size")]` for a `ByteSize` field; serialises as bytes.
+pub mod size {
+    use super::*;
+
+    /// Reads a size (see the module doc).
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ByteSize, D::Error> {
+        d.deserialize_any(size_scalar())
+    }
+
+    /// Writes the size as a number of bytes.
+    pub fn serialize<S: serde::Serializer>(v: &ByteSize, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(v.as_u64())
+    }
+}
+
+/// `#[serde(with = "crate::units::duration")]` for a `Duration` field; serialises as humantime.
+pub mod duration {
+    use super::*;
+
+    /// Reads a duration (see the module doc).
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        d.deserialize_any(duration_scalar())
+    }
+
+    /// Writes the duration as humantime (`30s`).
+    pub fn serialize<S: serde::Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*v).to_string())
+    }
+}
+
+/// `#[serde(with = "crate::units::opt_duration")]` for an `Option<Duration>` field.
+pub mod opt_duration {
+    use super::*;
+
+    struct Opt;
+
+    impl<'de> serde::de::Visitor<'de> for Opt {
+        type Value = Option<Duration>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(DURATION)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(duration_scalar()).map(Some)
+        }
+    }
+
+    /// Reads an optional duration (`null` or absent: `None`).
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        d.deserialize_option(Opt)
+    }
+
+    /// Writes the duration as humantime, or null.
+    pub fn serialize<S: serde::Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_as_nginx_operators_write_them() {
+        for (s, n) in [
+            ("0", 0),
+            ("1048576", 1 << 20),
+            ("512k", 512 << 10),
+            ("512K", 512 << 10),
+            ("1m", 1 << 20),
+            ("1g", 1 << 30),
+            ("2T", 2 << 40),
+            ("64MiB", 64 << 20),
+            ("64 MiB", 64 << 20),
+            ("1GiB", 1 << 30),
+            ("1.5GiB", 3 << 29),
+            ("1KB", 1_000),
+            ("100MB", 100_000_000),
+            ("1GB", 1_000_000_000),
+            ("10B", 10),
+        ] {
+            assert_eq!(parse_size(s), Ok(n), "{s}");
+        }
+        for bad in [
+            "",
+            "g",
+            "1x",
+            "-1",
+            "+1",
+            "1.g",
+            ".5g",
+            "1.2.3g",
+            "1 g b",
+            "１g",
+            "1e3",
+            "1.5",
+            "99999999999999999999",
+            "20000000T",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn binary_forms() {
+        assert_eq!(binary(0), "0 B");
+        assert_eq!(binary(1000), "1000 B");
+        assert_eq!(binary(1 << 30), "1 GiB");
+        assert_eq!(binary(3 << 29), "1.5 GiB");
+        assert_eq!(binary(1_000_000_000), "953.67 MiB");
+        assert_eq!(binary(64 << 20), "64 MiB");
+    }
+
+    #[test]
+    fn durations_bare_seconds_or_humantime() {
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1day"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5_400)));
+        for bad in ["", "s", "-5", "5 parsecs", "99999999999999999999"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+}
