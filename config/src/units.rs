@@ -75,7 +75,7 @@ pub fn binary(bytes: u64) -> String {
             let whole = bytes / size;
             let hundredths = (bytes % size) * 100 / size;
             return match hundredths {
-                0 if bytes % size == 0 => format!("{whole} {name}"),
+                0 if bytes.is_multiple_of(size) => format!("{whole} {name}"),
                 h if h % 10 == 0 => format!("{whole}.{} {name}", h / 10),
                 h => format!("{whole}.{h:02} {name}"),
             };
