@@ -31,22 +31,19 @@ pub enum CacheStatus {
     Revalidated,
     /// Cache not consulted (route, method or rule).
     Bypass,
-    /// Stale entry served while a refresh runs.
-    Updating,
     /// The proxy answered on its own (bad request, upstream failure).
     Error,
 }
 
 impl CacheStatus {
     /// All values, in metric order.
-    pub const ALL: [CacheStatus; 8] = [
+    pub const ALL: [CacheStatus; 7] = [
         CacheStatus::Hit,
         CacheStatus::Miss,
         CacheStatus::Expired,
         CacheStatus::Stale,
         CacheStatus::Revalidated,
         CacheStatus::Bypass,
-        CacheStatus::Updating,
         CacheStatus::Error,
     ];
 
@@ -59,7 +56,6 @@ impl CacheStatus {
             CacheStatus::Stale => "STALE",
             CacheStatus::Revalidated => "REVALIDATED",
             CacheStatus::Bypass => "BYPASS",
-            CacheStatus::Updating => "UPDATING",
             CacheStatus::Error => "ERROR",
         }
     }
@@ -237,15 +233,15 @@ const ZC_RESPONSES_KEPT: usize = 64;
 
 /// The accounting shared by the data plane and the dashboard.
 pub struct Accounting {
-    requests: [AtomicU64; 8],
-    body_bytes: [[AtomicU64; 2]; 8],
+    requests: [AtomicU64; 7],
+    body_bytes: [[AtomicU64; 2]; 7],
     violations: AtomicU64,
     violation_bytes: AtomicU64,
     cold_offloads: AtomicU64,
     corrupt_entries: AtomicU64,
     next_conn: AtomicU64,
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
-    /// Responses by status code (100-599) and cache status: `(code - 100) * 8 + cache status`.
+    /// Responses by status code (100-599) and cache status: `(code - 100) * 7 + cache status`.
     by_code: Box<[AtomicU64]>,
     /// Connections answered 503 at accept, by [`REJECT_REASONS`] index.
     rejected: [AtomicU64; 2],
