@@ -695,7 +695,7 @@ pub struct WorkersConfig {
 ///
 /// Pinned, a connection's sends, the ACKs that clock them and its socket lock stay on one CPU and
 /// one backlog queue, which costs the proxy about two thirds of the CPU per GB of an unpinned
-/// worker on large hits (README, "Speed and the benchmark"). The price is that a pinned worker
+/// worker on large hits (docs/benchmark.md). The price is that a pinned worker
 /// cannot leave a CPU that something else holds. An ordinary busy loop costs a waking worker
 /// little (the scheduler lets it preempt), but a real-time task or a crowded CPU can hold it off
 /// for hundreds of milliseconds (nginx leaves `worker_cpu_affinity` off unless asked). `auto`

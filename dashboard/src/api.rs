@@ -1,5 +1,5 @@
 //! The JSON API: `/api/stats`, `/api/connections`, `/api/processes`. The same figures as the page
-//! and `/metrics`, documented in the README.
+//! and `/metrics`, documented in docs/dashboard-and-metrics.md.
 
 use crate::accounting::{BodyTotals, CacheStatus, ConnRecord, DataPath, Violation};
 use crate::history::Sample;

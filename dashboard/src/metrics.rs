@@ -1,6 +1,6 @@
 //! `/metrics` in the Prometheus text format. Families follow Prometheus naming (base units,
 //! `_total` counters) and every one has samples from start-up, so a scrape of an idle proxy is
-//! complete. Ratios are left to PromQL (see the README); no per-connection labels.
+//! complete. Ratios are left to PromQL (see docs/dashboard-and-metrics.md); no per-connection labels.
 
 use crate::accounting::{CacheStatus, DataPath};
 use crate::server::DashboardState;

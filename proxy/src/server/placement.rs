@@ -4,7 +4,7 @@
 //! Why pin: a connection is cheapest when the thread that sends on it runs where its packets are
 //! received (see `affinity`). Pinned and steered there, a 16 MiB hit cost the proxy 0.069–0.085
 //! CPU-s/GB against 0.086–0.160 unpinned in side-by-side runs, because the flow's segments all
-//! leave from one CPU's backlog queue and are never reordered (README, "Speed and the
+//! leave from one CPU's backlog queue and are never reordered (docs/benchmark.md, "Speed and the
 //! benchmark"). Placing connections on the CPU an unpinned worker happens to be on does not keep
 //! that: the scheduler reshuffles the worker and client threads within a second of a burst of
 //! connections (measured: 0.067–0.142, half the runs unaligned).
