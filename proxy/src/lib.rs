@@ -7,6 +7,7 @@ pub mod cache;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod http;
+pub mod notify;
 pub mod request_id;
 pub mod residency;
 pub mod routing;

@@ -28,6 +28,10 @@ enum Command {
         /// Print the effective config as JSON instead of YAML.
         #[arg(long)]
         json: bool,
+        /// Print nothing when the config is valid (errors still go to stderr): for systemd's
+        /// ExecStartPre= and ExecReload=, whose output would otherwise fill the journal.
+        #[arg(short, long, conflicts_with = "json")]
+        quiet: bool,
     },
     /// Verify every entry of the configured cache directory, without running the proxy.
     ///
@@ -61,9 +65,13 @@ fn init_logging(level: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config, json } => {
-            init_logging("warn");
-            check(&config, json)
+        Command::Check {
+            config,
+            json,
+            quiet,
+        } => {
+            init_logging(if quiet { "error" } else { "warn" });
+            check(&config, json, quiet)
         }
         Command::CheckCache { config, remove } => {
             init_logging("warn");
@@ -100,8 +108,9 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
     }
 }
 
-fn check(config: &std::path::Path, json: bool) -> ExitCode {
+fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
     match zerocache_config::load_and_check_dirs(config) {
+        Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(c) => {
             let out = if json {
                 serde_json::to_string_pretty(&c).map_err(|e| e.to_string())

@@ -316,6 +316,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     .context("starting the data-plane worker threads")?;
     // Until the process exits: connections still draining after shutdown need it as well.
     tokio::spawn(async move { placement.valve().await });
+    // The index is rebuilt and both listeners are bound and accepting: systemd (Type=notify) may
+    // start what comes after this unit.
+    crate::notify::ready();
 
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
@@ -328,9 +331,13 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break }
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break }
             _ = hup.recv() => {
+                // `systemctl reload` waits from RELOADING=1 to READY=1, which follows a rejected
+                // reload as well: the old config keeps serving, and the unit is still running.
+                crate::notify::reloading();
                 if let Some(next) = reload(&path, &current, &kept, &shared, &probe) {
                     current = next;
                 }
+                crate::notify::ready();
             }
             _ = usr1.recv() => {
                 tracing::info!("SIGUSR1: reopening the access log");
@@ -340,6 +347,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             }
         }
     }
+    crate::notify::stopping();
     // Stop accepting (the listener closes with the accept loop) and close idle connections;
     // responses in flight run to their end or to the drain timeout.
     draining.store(true, std::sync::atomic::Ordering::Relaxed);

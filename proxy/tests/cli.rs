@@ -92,3 +92,33 @@ fn run_fails_fast_when_the_port_is_taken() {
         "ANSI escapes on a non-terminal: {err:?}"
     );
 }
+
+#[test]
+fn check_quiet_prints_nothing_on_success_and_the_error_on_failure() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let valid = format!(
+        "listen: 127.0.0.1:1\ncache: {{path: {}, max_size: 1MiB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\n",
+        tmp.path().join("c").display()
+    );
+    let cfg = write(tmp.path(), &valid);
+    for flag in ["-q", "--quiet"] {
+        assert_eq!(
+            zerocache(&["check", flag, "-c", &cfg]),
+            (0, String::new(), String::new()),
+            "{flag}"
+        );
+    }
+    let cfg = write(tmp.path(), &valid.replace("upstream: o", "upstream: orgin"));
+    assert_eq!(
+        zerocache(&["check", "-q", "--config", &cfg]),
+        (
+            1,
+            String::new(),
+            format!(
+                "error: {cfg}:7:5: routes[0].upstream: upstream `orgin` is not defined; defined: o\n"
+            )
+        )
+    );
+    // -q and --json ask for opposite things.
+    assert_eq!(zerocache(&["check", "-q", "--json", "-c", &cfg]).0, 2);
+}

@@ -1,9 +1,10 @@
-//! `cargo xtask setup|demo|test|bench|fuzz|soak`: everything a fresh machine needs, in the
+//! `cargo xtask setup|demo|test|bench|fuzz|soak|package`: everything a fresh machine needs, in the
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
 mod demo;
 mod fuzz;
+mod package;
 mod setup;
 mod soak;
 
@@ -79,6 +80,10 @@ enum Task {
         #[arg(long)]
         cold: bool,
     },
+    /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
+    /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
+    /// in zerocache-dbgsym_<version>_amd64.ddeb. Install with `dpkg -i`.
+    Package,
     /// A verified soak of the real binary: client threads check every byte while faults are
     /// injected on a schedule (origin killed, truncating, stalling; cache files truncated and
     /// flipped; SIGHUP storms); prints one table, fails on a corrupt body, an unexpected error or
@@ -157,6 +162,7 @@ fn main() -> ExitCode {
                 cold,
             })
         }),
+        Task::Package => setup::setup().and_then(|_| package::package().map(|_| ())),
         Task::Soak {
             duration,
             clients,

@@ -6,6 +6,7 @@
 //!   version, so a prefix under `~/.local/share/zerocache/llvm` links to nightly's libLLVM, and a
 //!   bpf-linker that does not run, or that links another nightly's libLLVM, counts as missing;
 //! - `cargo-fuzz`, for `cargo xtask fuzz` and the short fuzz runs of `cargo xtask test`;
+//! - `cargo-deb` at a pinned version, for `cargo xtask package` and the package test;
 //! - tracefs mounted at /sys/kernel/tracing (the probe attaches through it);
 //! - the Debian packages the tests and the benchmark use.
 
@@ -18,7 +19,9 @@ use std::time::Instant;
 /// Debian packages used by tests and the benchmark: nginx (bench, probe tests) and wrk for
 /// `bench`; chromium and chromium-driver for the dashboard's browser test; prometheus for
 /// `promtool check metrics`; util-linux's setpriv for the unprivileged test; strace and curl for
-/// the README's examples.
+/// the README's examples; for `cargo xtask package` and its test, dpkg-dev (cargo-deb's
+/// dependency detection runs dpkg-shlibdeps), binutils (strip, objcopy, readelf) and logrotate
+/// (the test has it parse the packaged snippet).
 const APT_PACKAGES: &[&str] = &[
     "nginx",
     "wrk",
@@ -28,10 +31,17 @@ const APT_PACKAGES: &[&str] = &[
     "strace",
     "util-linux",
     "curl",
+    "dpkg-dev",
+    "binutils",
+    "logrotate",
 ];
 
 /// The bpf-linker release this recipe was verified with.
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// The cargo-deb release `[package.metadata.deb]` in proxy/Cargo.toml was written for (its
+/// `dbgsym` and `systemd-units` keys); it builds with the workspace's rustc 1.95.
+pub const CARGO_DEB_VERSION: &str = "3.8.0";
 
 pub fn setup() -> anyhow::Result<()> {
     let started = Instant::now();
@@ -41,6 +51,7 @@ pub fn setup() -> anyhow::Result<()> {
     rust_src(&sysroot, &mut changed)?;
     bpf_linker(&sysroot, &mut changed)?;
     cargo_fuzz(&mut changed)?;
+    cargo_deb(&mut changed)?;
     tracefs(&mut changed)?;
     apt(&mut changed)?;
     if changed.is_empty() {
@@ -214,6 +225,40 @@ fn cargo_fuzz(changed: &mut Vec<String>) -> anyhow::Result<()> {
     );
     changed.push(format!(
         "cargo-fuzz ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// True when `cargo deb` runs and is [`CARGO_DEB_VERSION`].
+pub fn cargo_deb_ok() -> bool {
+    output(Command::new("cargo").args(["deb", "--version"]))
+        .is_some_and(|v| v == format!("cargo-deb {CARGO_DEB_VERSION}"))
+}
+
+/// cargo-deb, which builds the Debian package; installed (or replaced) when `cargo deb` does not
+/// run or is another version.
+fn cargo_deb(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    if cargo_deb_ok() {
+        return Ok(());
+    }
+    println!("xtask: installing cargo-deb {CARGO_DEB_VERSION} (a minute or two)");
+    let started = Instant::now();
+    run(Command::new("cargo").args([
+        "install",
+        "cargo-deb",
+        "--version",
+        CARGO_DEB_VERSION,
+        "--locked",
+        "--force",
+    ]))
+    .context("installing cargo-deb")?;
+    anyhow::ensure!(
+        cargo_deb_ok(),
+        "cargo-deb was installed but `cargo deb --version` does not say {CARGO_DEB_VERSION}: is ~/.cargo/bin on PATH?"
+    );
+    changed.push(format!(
+        "cargo-deb ({:.0} s)",
         started.elapsed().as_secs_f64()
     ));
     Ok(())
