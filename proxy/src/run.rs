@@ -1,5 +1,6 @@
 //! Start-up, reload and shut-down of the whole process: config → cache rebuild → probe →
-//! dashboard → listener; SIGHUP reloads, SIGTERM/SIGINT drain and exit.
+//! dashboard → listener; SIGHUP reloads, SIGUSR1 reopens the access
+//! log, SIGTERM/SIGINT/SIGQUIT drain and exit, SIGUSR2 and SIGALRM are ignored.
 
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
@@ -76,12 +77,35 @@ fn watch_targets(config: &Config) -> Vec<WatchTarget> {
         .collect()
 }
 
+/// The most client connections RLIMIT_NOFILE could ever hold: each needs at least its own socket,
+/// so a `limits.max_connections` above the fd limit is a limit that can never act, and the
+/// operator who wrote it believes in a capacity the process does not have. Below it, running out
+/// of fds (a connection also holds an upstream socket and a cache file) is still answered with
+/// the canned 503 (see `server::workers`).
+fn connection_cap(nofile: u64) -> usize {
+    usize::try_from(nofile).unwrap_or(usize::MAX).max(1)
+}
+
+fn warn_if_clamped(config: &Config, cap: usize, nofile: u64) {
+    if config.limits.max_connections > cap {
+        tracing::warn!(
+            max_connections = config.limits.max_connections,
+            nofile,
+            clamped_to = cap,
+            "limits.max_connections is above what RLIMIT_NOFILE allows; clamped"
+        );
+    }
+}
+
 /// The parts of a context that survive reloads.
 struct Kept {
     store: Arc<Store>,
     locks: Arc<FillLocks>,
     accounting: Arc<Accounting>,
     access_log: Option<Arc<AccessLog>>,
+    /// [`connection_cap`] of the process's RLIMIT_NOFILE.
+    connection_cap: usize,
+    nofile: u64,
 }
 
 /// How many data-plane workers to run and where (see `server::placement`). By default one worker
@@ -134,7 +158,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         idle_timeout: config.limits.idle_timeout,
         read_timeout: config.limits.read_timeout,
         max_body: config.limits.max_body_bytes.as_u64(),
-        max_connections: config.limits.max_connections,
+        max_connections: config.limits.max_connections.min(kept.connection_cap),
         sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
         heuristic_max: config.cache.heuristic_max,
         offload_cold_hits: config.cache.offload_cold_hits,
@@ -169,6 +193,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(raised, |(soft, _)| soft);
     let open_files = open_files_for(config.cache.open_files, nofile);
+    let connection_cap = connection_cap(nofile);
+    warn_if_clamped(&config, connection_cap, nofile);
     let store = Arc::new(
         Store::open(
             &config.cache.path,
@@ -298,6 +324,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         locks: Arc::new(FillLocks::default()),
         accounting,
         access_log,
+        connection_cap,
+        nofile,
     };
     let shared = Shared::new(build_ctx(&config, &kept));
     if config.debug.copy_hits {
@@ -325,11 +353,20 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // Without a handler SIGUSR1 would kill the process: logrotate's nginx-style postrotate
     // (`kill -USR1`) would take the cache down.
     let mut usr1 = signal(SignalKind::user_defined1())?;
+    // nginx's graceful stop: drains like SIGTERM (its default action would dump core).
+    let mut quit = signal(SignalKind::quit())?;
+    // Signals with no meaning here whose default action would end the process silently: a stray
+    // `kill -USR2` (nginx's binary upgrade) or an alarm must not take the cache down.
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let mut alrm = signal(SignalKind::alarm())?;
     let mut current = config;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break }
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break }
+            _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break }
+            _ = usr2.recv() => tracing::info!("SIGUSR2 ignored (zerocache has no binary upgrade)"),
+            _ = alrm.recv() => tracing::info!("SIGALRM ignored"),
             _ = hup.recv() => {
                 // `systemctl reload` waits from RELOADING=1 to READY=1, which follows a rejected
                 // reload as well: the old config keeps serving, and the unit is still running.
@@ -425,6 +462,7 @@ fn reload(
             );
         }
     }
+    warn_if_clamped(&new, kept.connection_cap, kept.nofile);
     shared.ctx.store(Arc::new(build_ctx(&new, kept)));
     probe.set_targets(watch_targets(&new));
     tracing::info!(path = %path.display(), routes = new.routes.len(), upstreams = new.upstreams.len(), "config reloaded");

@@ -122,3 +122,37 @@ fn check_quiet_prints_nothing_on_success_and_the_error_on_failure() {
     // -q and --json ask for opposite things.
     assert_eq!(zerocache(&["check", "-q", "--json", "-c", &cfg]).0, 2);
 }
+
+#[test]
+fn max_connections_above_the_fd_limit_is_clamped_with_a_warning() {
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    // The port is taken so `run` stops right after start-up, with its log on stderr.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let cfg = write(
+        tmp.path(),
+        &format!(
+            "listen: 127.0.0.1:{port}\ncache: {{path: {}, max_size: 1MiB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\nprobe: {{enabled: false}}\nlimits: {{max_connections: 100000}}\n",
+            tmp.path().join("c").display()
+        ),
+    );
+    let out = std::process::Command::new("prlimit")
+        .args(["--nofile=256:256", "--"])
+        .arg(env!("CARGO_BIN_EXE_zerocache"))
+        .args(["run", "-c", &cfg])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("limits.max_connections is above what RLIMIT_NOFILE allows; clamped max_connections=100000 nofile=256 clamped_to=256"),
+        "{err}"
+    );
+}

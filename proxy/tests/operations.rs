@@ -462,3 +462,31 @@ fn sigusr1_reopens_the_access_log_and_the_process_keeps_running() {
         "still running"
     );
 }
+
+#[test]
+fn stray_signals_are_ignored_and_sigquit_drains_like_sigterm() {
+    let (origin, _rt) = origin();
+    let mut proxy = Proxy::start(origin.addr(), Opts::default());
+    assert_eq!(proxy.get("/obj/10").status, 200);
+    // Their default action would end the process without a word.
+    for sig in [libc::SIGUSR2, libc::SIGALRM] {
+        signal(&proxy, sig);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        proxy.child.try_wait().expect("status").is_none(),
+        "USR2 and ALRM must not end the process"
+    );
+    assert_eq!(proxy.get("/obj/10").x_cache(), "HIT");
+    // nginx's graceful stop.
+    signal(&proxy, libc::SIGQUIT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = proxy.child.try_wait().expect("status") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "SIGQUIT did not stop the proxy");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "a drain, not a core dump");
+}
