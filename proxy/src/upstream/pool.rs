@@ -98,7 +98,7 @@ impl Group {
                 .servers
                 .iter()
                 .map(|a| Server {
-                    addr: a.clone(),
+                    addr: a.addr().to_string(),
                     idle: Mutex::new(Vec::new()),
                 })
                 .collect(),
