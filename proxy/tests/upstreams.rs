@@ -346,3 +346,46 @@ fn host_is_what_the_origin_receives_and_the_key_keeps_the_client_s() {
         .collect();
     assert_eq!(hosts, vec![Some("objects.example".to_string()); 2]);
 }
+
+#[test]
+fn when_every_server_is_down_they_are_tried_anyway() {
+    let (_none, rt) = origins(0);
+    let port = free_port();
+    let (proxy, _tmp) = proxy_with(&format!("    servers: [\"127.0.0.1:{port}\"]\n"));
+    // Refused: the only server is marked down for 10 s...
+    assert_eq!(proxy.get("/obj/3").status, 502);
+    let back = rt
+        .block_on(Origin::bind(&format!("127.0.0.1:{port}")))
+        .expect("rebind the port");
+    // ...but with no server up, the down one is tried rather than failing outright.
+    let r = proxy.get("/obj/3");
+    assert_eq!((r.status, r.body), (200, body(3)));
+    assert_eq!(back.request_count(), 1);
+}
+
+#[test]
+fn a_down_server_gets_requests_again_after_fail_timeout() {
+    let (os, rt) = origins(1);
+    let live = &os[0];
+    live.script("/f", uncacheable(b"f"));
+    let dead = free_port();
+    let (proxy, _tmp) = proxy_with(&format!(
+        "    servers: [\"127.0.0.1:{dead}\", \"{}\"]\n    fail_timeout: 1s\n",
+        live.addr()
+    ));
+    assert_eq!(proxy.get("/f").status, 200);
+    let revived = rt
+        .block_on(Origin::bind(&format!("127.0.0.1:{dead}")))
+        .expect("rebind the dead port");
+    revived.script("/f", uncacheable(b"f"));
+    // Once the second has passed, round robin includes it again; every answer meanwhile is a 200.
+    assert_eventually_eq(
+        "the revived server is used again",
+        Duration::from_secs(10),
+        || {
+            assert_eq!(proxy.get("/f").status, 200);
+            revived.hits("/f") > 0
+        },
+        true,
+    );
+}
