@@ -1,7 +1,7 @@
 //! Cross-field checks that types alone cannot express: every route's upstream exists, addresses
 //! parse and differ, sizes are positive, the cache directory can be created and written.
 
-use crate::schema::Config;
+use crate::schema::{Config, UpstreamServer};
 use std::net::SocketAddr;
 
 /// One failed check: where (the key path, which the error module finds in the text) and what.
@@ -109,13 +109,68 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             ));
         }
         for (i, s) in up.servers.iter().enumerate() {
-            let ok = s
+            let (at, addr) = match s {
+                UpstreamServer::Addr(a) => (format!("upstreams.{name}.servers[{i}]"), a),
+                UpstreamServer::Detailed(d) => {
+                    (format!("upstreams.{name}.servers[{i}].addr"), &d.addr)
+                }
+            };
+            let ok = addr
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
             if !ok {
+                return Err(invalid(at, format!("`{addr}` is not host:port")));
+            }
+            if let UpstreamServer::Detailed(d) = s {
+                if d.weight == 0 {
+                    return Err(invalid(
+                        format!("upstreams.{name}.servers[{i}].weight"),
+                        "must be at least 1 (remove the server to send it nothing)".into(),
+                    ));
+                }
+                if d.fail_timeout.is_some_and(|t| t.is_zero()) {
+                    return Err(invalid(
+                        format!("upstreams.{name}.servers[{i}].fail_timeout"),
+                        "must be positive".into(),
+                    ));
+                }
+            }
+        }
+        if up.fail_timeout.is_zero() {
+            return Err(invalid(
+                format!("upstreams.{name}.fail_timeout"),
+                "must be positive".into(),
+            ));
+        }
+        if let Some(h) = &up.health_check {
+            let at = |k: &str| format!("upstreams.{name}.health_check.{k}");
+            if !h.path.starts_with('/') || !h.path.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(invalid(
-                    format!("upstreams.{name}.servers[{i}]"),
-                    format!("`{s}` is not host:port"),
+                    at("path"),
+                    format!(
+                        "`{}` must start with `/` and hold no spaces or controls",
+                        h.path
+                    ),
+                ));
+            }
+            if h.interval.is_zero() {
+                return Err(invalid(at("interval"), "must be positive".into()));
+            }
+            if h.timeout.is_zero() {
+                return Err(invalid(at("timeout"), "must be positive".into()));
+            }
+        }
+        if let Some(host) = &up.host {
+            // It goes into the request head as is: anything but an authority's characters
+            // (a space, CR/LF, `/`, `@`) would change the request rather than name a host.
+            let ok = !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&b));
+            if !ok {
+                return Err(invalid(
+                    format!("upstreams.{name}.host"),
+                    format!("`{host}` is not a host name (optionally with :port)"),
                 ));
             }
         }

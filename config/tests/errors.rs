@@ -229,3 +229,107 @@ fn a_zero_timeout_is_refused() {
     );
     assert!(parse(&format!("{GOOD}limits:\n  drain_timeout: 0\n"), "zc.yaml").is_ok());
 }
+
+/// `GOOD` with the `origin` group replaced by `group` (its lines indented 4 spaces).
+fn with_origin_group(group: &str) -> String {
+    GOOD.replace(
+        "  origin:\n    servers: [\"127.0.0.1:8081\"]\n",
+        &format!("  origin:\n{group}"),
+    )
+}
+
+#[test]
+fn upstream_servers_take_both_forms_and_the_group_defaults() {
+    use std::time::Duration;
+    use zerocache_config::{Balance, ServerSpec};
+    let c = parse(
+        &with_origin_group(
+            "    balance: least_conn\n    max_fails: 3\n    fail_timeout: 30s\n    host: objects.example\n    health_check: {path: /health}\n    servers:\n      - 127.0.0.1:8081\n      - addr: 127.0.0.1:8083\n        weight: 3\n      - {addr: \"127.0.0.1:8084\", max_fails: 0, fail_timeout: 5s}\n",
+        ),
+        "zc.yaml",
+    )
+    .expect("valid");
+    let up = &c.upstreams["origin"];
+    assert_eq!(up.balance, Balance::LeastConn);
+    assert_eq!(up.host.as_deref(), Some("objects.example"));
+    let hc = up.health_check.as_ref().expect("health_check");
+    assert_eq!(
+        (hc.path.as_str(), hc.interval, hc.timeout),
+        ("/health", Duration::from_secs(5), Duration::from_secs(2))
+    );
+    let spec = |addr: &str, weight, max_fails, secs| ServerSpec {
+        addr: addr.into(),
+        weight,
+        max_fails,
+        fail_timeout: Duration::from_secs(secs),
+    };
+    assert_eq!(
+        up.resolved_servers(),
+        vec![
+            spec("127.0.0.1:8081", 1, 3, 30),
+            spec("127.0.0.1:8083", 3, 3, 30),
+            spec("127.0.0.1:8084", 1, 0, 5),
+        ]
+    );
+    // And nginx's defaults when nothing is said.
+    let c = parse(GOOD, "zc.yaml").expect("valid");
+    let up = &c.upstreams["origin"];
+    assert_eq!(up.balance, Balance::RoundRobin);
+    assert_eq!(
+        (up.max_fails, up.fail_timeout),
+        (1, Duration::from_secs(10))
+    );
+    assert_eq!((&up.health_check, &up.host), (&None, &None));
+    assert_eq!(
+        up.resolved_servers(),
+        vec![spec("127.0.0.1:8081", 1, 1, 10)]
+    );
+}
+
+#[test]
+fn bad_upstream_keys_name_their_key() {
+    assert_eq!(
+        err(&with_origin_group(
+            "    servers:\n      - 127.0.0.1:8081\n      - addr: 127.0.0.1:8083\n        weight: 0\n"
+        )),
+        "zc.yaml:10:9: upstreams.origin.servers[1].weight: must be at least 1 (remove the server to send it nothing)"
+    );
+    assert_eq!(
+        err(&with_origin_group(
+            "    balance: random\n    servers: [\"127.0.0.1:8081\"]\n"
+        )),
+        "zc.yaml:7:14: upstreams.origin.balance: unknown variant `random`, expected one of `round_robin`, `least_conn`, `hash`"
+    );
+    assert_eq!(
+        err(&with_origin_group(
+            "    servers:\n      - addr: 127.0.0.1:8083\n        wieght: 2\n"
+        )),
+        "zc.yaml:9:9: upstreams.origin.servers[0]: unknown field `wieght`, expected one of `addr`, `weight`, `max_fails`, `fail_timeout`; did you mean `weight`?"
+    );
+    assert_eq!(
+        err(&with_origin_group("    servers:\n      - addr: nowhere\n")),
+        "zc.yaml:8:9: upstreams.origin.servers[0].addr: `nowhere` is not host:port"
+    );
+    assert_eq!(
+        err(&with_origin_group(
+            "    servers: [\"127.0.0.1:8081\"]\n    health_check:\n      path: health\n"
+        )),
+        "zc.yaml:9:7: upstreams.origin.health_check.path: `health` must start with `/` and hold no spaces or controls"
+    );
+    assert_eq!(
+        err(&with_origin_group(
+            "    servers: [\"127.0.0.1:8081\"]\n    host: \"a.example\\r\\nX-Evil: 1\"\n"
+        )),
+        "zc.yaml:8:5: upstreams.origin.host: `a.example\r\nX-Evil: 1` is not a host name (optionally with :port)"
+    );
+    assert_eq!(
+        err(&with_origin_group(
+            "    servers: [\"127.0.0.1:8081\"]\n    max_fail: 2\n"
+        )),
+        "zc.yaml:8:5: upstreams.origin: unknown field `max_fail`, expected one of `servers`, `connect_timeout`, `read_timeout`, `keepalive`, `balance`, `max_fails`, `fail_timeout`, `health_check`, `host`; did you mean `max_fails`?"
+    );
+    assert_eq!(
+        err(&with_origin_group("    servers: [42]\n")),
+        "zc.yaml:7:15: upstreams.origin.servers[0]: invalid type: integer `42`, expected `host:port` or `{addr: host:port, weight: N, max_fails: N, fail_timeout: D}`"
+    );
+}

@@ -138,8 +138,14 @@ fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placeme
 }
 
 fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
+    let routes = Routes::new(config);
+    for (name, group) in &routes.groups {
+        if let Some(cfg) = config.upstreams.get(name) {
+            group.start_health_check(cfg);
+        }
+    }
     Ctx {
-        routes: Routes::new(config),
+        routes,
         store: kept.store.clone(),
         locks: kept.locks.clone(),
         accounting: kept.accounting.clone(),
@@ -463,7 +469,11 @@ fn reload(
         }
     }
     warn_if_clamped(&new, kept.connection_cap, kept.nofile);
-    shared.ctx.store(Arc::new(build_ctx(&new, kept)));
+    let old_ctx = shared.ctx.swap(Arc::new(build_ctx(&new, kept)));
+    // Responses in flight keep the old groups until they end; their health checks stop now.
+    for group in old_ctx.routes.groups.values() {
+        group.retire();
+    }
     probe.set_targets(watch_targets(&new));
     tracing::info!(path = %path.display(), routes = new.routes.len(), upstreams = new.upstreams.len(), "config reloaded");
     shared.ctx.load().accounting.config_reload(true);

@@ -314,9 +314,26 @@ impl<'a> Fetch<'a> {
         self
     }
 
+    /// What the group's `hash` balancing hashes, so one object reaches one server: the primary
+    /// key being filled, or for a fetch that fills none (a bypass, a HEAD, a Range miss) the URL
+    /// key, which is the primary key of a route with no `cache_key.headers`.
+    fn balance_key(&self) -> std::borrow::Cow<'_, str> {
+        if let Some((k, _)) = &self.fill {
+            return std::borrow::Cow::Borrowed(&k.text);
+        }
+        if let Some(r) = &self.range_fill {
+            return std::borrow::Cow::Borrowed(&r.primary.text);
+        }
+        let req = self.req;
+        std::borrow::Cow::Owned(
+            CacheKey::new(&req.method, "http", &req.host, &req.target, 128).text,
+        )
+    }
+
     /// The request sent upstream: the client's, minus hop-by-hop fields, the fields the operator
     /// strips, and the client's own claims about where it came from (unless its peer is a trusted
-    /// proxy); `Host` regenerated from the one normalised authority the key and the route used.
+    /// proxy); `Host` regenerated from the one normalised authority the key and the route used,
+    /// or the group's `host` (which never changes the key: that was computed from the client's).
     fn upstream_request(&self, peer: IpAddr, ctx: &crate::server::Ctx) -> Vec<u8> {
         let req = self.req;
         let mut out = Vec::with_capacity(1024);
@@ -324,7 +341,8 @@ impl<'a> Fetch<'a> {
         out.push(b' ');
         out.extend_from_slice(req.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        put(&mut out, "Host", req.host.as_bytes());
+        let host = self.upstream.host.as_deref().unwrap_or(&req.host);
+        put(&mut out, "Host", host.as_bytes());
         let tokens =
             headers::connection_tokens(req.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         let trusted = ctx.trusted_proxies.iter().any(|c| c.contains(peer));
@@ -448,7 +466,7 @@ impl<'a> Fetch<'a> {
         let exchanged = match std::mem::replace(&mut self.body, RequestBody::Whole(Vec::new())) {
             RequestBody::Whole(_) => {
                 self.upstream
-                    .exchange(&request, idempotent, &mut interim)
+                    .exchange(&request, idempotent, &self.balance_key(), &mut interim)
                     .await
             }
             RequestBody::Streaming { first, rest } => {
@@ -887,7 +905,8 @@ impl<'a> Fetch<'a> {
         mut rest: Remaining,
         interim: &mut Vec<ResponseHead>,
     ) -> Result<(UpstreamConn, ResponseHead), StreamError> {
-        let mut up = self.upstream.connect_fresh().await?;
+        let key = self.balance_key().into_owned();
+        let mut up = self.upstream.connect_fresh(&key).await?;
         let chunked = matches!(rest, Remaining::Chunked { .. });
         up.stream
             .write_all(head)
@@ -1226,7 +1245,7 @@ impl Background {
         let request_time = SystemTime::now();
         let (mut up, head) = match self
             .upstream
-            .exchange(&request, true, &mut Vec::new())
+            .exchange(&request, true, &self.primary.text, &mut Vec::new())
             .await
         {
             Ok(x) => x,

@@ -1,7 +1,11 @@
-//! The upstream side: pooled keep-alive connections per server with failover, and the exchange of
-//! one request for one response head, retried once when a pooled connection turns out dead.
+//! The upstream side: named groups of servers with nginx's balancing methods, weights, passive
+//! and active health, pooled keep-alive connections per server, and the exchange of one request
+//! for one response head, failing over to the next server when one does not answer.
 
+mod balance;
 pub mod body;
+mod health;
+mod peer;
 pub mod pool;
 
 pub use pool::{Group, UpstreamConn, UpstreamError};

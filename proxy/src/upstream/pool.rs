@@ -1,12 +1,17 @@
-//! Connection pools and the request/response-head exchange.
+//! An upstream group: its servers' connection pools, the balancer's choice of server, failover
+//! and passive health bookkeeping around the request/response-head exchange.
 
+use super::balance::Balancer;
+use super::health;
+use super::peer::{InFlight, Outcome, Peer};
 use crate::http::response::{self, ResponseHead};
 use crate::server::workers;
 use bytes::BytesMut;
-use parking_lot::Mutex;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use zerocache_config::Upstream;
 
 /// Why an upstream exchange failed; each maps to the status the client gets.
@@ -62,18 +67,17 @@ impl UpstreamError {
 pub struct Group {
     /// The group's name (metrics label).
     pub name: String,
-    servers: Vec<Server>,
+    peers: Vec<Arc<Peer>>,
+    balancer: Balancer,
     /// Connect timeout.
     pub connect_timeout: Duration,
     /// Read timeout (between bytes).
     pub read_timeout: Duration,
     keepalive: usize,
-}
-
-struct Server {
-    addr: String,
-    /// Idle connections and the data-plane worker whose runtime polls each.
-    idle: Mutex<Vec<(usize, TcpStream)>>,
+    /// The `Host` sent upstream in place of the client's (`upstreams.NAME.host`).
+    pub host: Option<String>,
+    /// Stops the group's health-check tasks: on [`Group::retire`], or when dropped.
+    stop: watch::Sender<bool>,
 }
 
 /// A connection to one server of a group.
@@ -87,105 +91,148 @@ pub struct UpstreamConn {
     worker: usize,
     /// Came from the pool (may have been closed by the server meanwhile).
     pub reused: bool,
+    /// Counts this request in its server's in-flight requests (`least_conn`) while it lives.
+    _in_flight: InFlight,
 }
 
 impl Group {
-    /// Builds a group from its config.
+    /// Builds a group from its config. Its health check, if any, starts with
+    /// [`Group::start_health_check`].
     pub fn new(name: &str, cfg: &Upstream) -> Group {
+        let peers: Vec<Arc<Peer>> = cfg
+            .resolved_servers()
+            .iter()
+            .map(|s| Arc::new(Peer::new(s)))
+            .collect();
         Group {
             name: name.to_string(),
-            servers: cfg
-                .servers
-                .iter()
-                .map(|a| Server {
-                    addr: a.clone(),
-                    idle: Mutex::new(Vec::new()),
-                })
-                .collect(),
+            balancer: Balancer::new(cfg.balance, peers.len()),
+            peers,
             connect_timeout: cfg.connect_timeout,
             read_timeout: cfg.read_timeout,
             keepalive: cfg.keepalive,
+            host: cfg.host.clone(),
+            stop: watch::channel(false).0,
         }
     }
 
-    /// A pooled connection if one is idle, else a new one (servers in order, failing over).
-    /// Prefers a connection this worker polls already; one another worker polls is moved to this
-    /// worker's runtime first, so its readiness never waits on a thread busy with other clients.
-    pub async fn connect(&self) -> Result<UpstreamConn, UpstreamError> {
+    /// Starts the active health check of `cfg` (if it has one) on the current runtime; it runs
+    /// until the group is retired or dropped.
+    pub fn start_health_check(&self, cfg: &Upstream) {
+        if let Some(check) = &cfg.health_check {
+            health::spawn(
+                &self.name,
+                &self.peers,
+                check,
+                self.host.as_deref(),
+                &self.stop,
+            );
+        }
+    }
+
+    /// The group was replaced (a reload): its health checks stop now, rather than when the last
+    /// response still using it ends.
+    pub fn retire(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// An idle pooled connection to server `i` that is still quiet, moved to this worker's
+    /// runtime if another polled it. Prefers one this worker polls already, so its readiness
+    /// never waits on a thread busy with other clients.
+    fn pooled(&self, i: usize) -> Option<UpstreamConn> {
         let me = workers::current();
-        for (i, s) in self.servers.iter().enumerate() {
-            loop {
-                let pooled = {
-                    let mut idle = s.idle.lock();
-                    match idle.iter().rposition(|(w, _)| *w == me) {
-                        Some(at) => Some(idle.remove(at)),
-                        None => idle.pop(),
-                    }
-                };
-                let Some((worker, stream)) = pooled else {
-                    break;
-                };
-                if !quiet(&stream) {
-                    // Bytes (a late body, a stray response) or a close arrived while it was idle:
-                    // reusing it would read them as the next response. Drop it; try the next.
-                    continue;
+        let peer = &self.peers[i];
+        loop {
+            let (worker, stream) = {
+                let mut idle = peer.idle.lock();
+                match idle.iter().rposition(|(w, _)| *w == me) {
+                    Some(at) => idle.remove(at),
+                    None => idle.pop()?,
                 }
-                let stream = if worker == me {
-                    stream
-                } else {
-                    match stream.into_std().and_then(TcpStream::from_std) {
-                        Ok(s) => s,
-                        // Could not move it: drop it and try the next.
-                        Err(_) => continue,
-                    }
-                };
+            };
+            if !quiet(&stream) {
+                // Bytes (a late body, a stray response) or a close arrived while it was idle:
+                // reusing it would read them as the next response. Drop it; try the next.
+                continue;
+            }
+            let stream = if worker == me {
+                stream
+            } else {
+                match stream.into_std().and_then(TcpStream::from_std) {
+                    Ok(s) => s,
+                    // Could not move it: drop it and try the next.
+                    Err(_) => continue,
+                }
+            };
+            return Some(UpstreamConn {
+                stream,
+                buf: BytesMut::with_capacity(16 * 1024),
+                server: i,
+                worker: me,
+                reused: true,
+                _in_flight: peer.in_flight(),
+            });
+        }
+    }
+
+    /// A new connection to server `i`; a failure is recorded against it.
+    async fn open(&self, i: usize) -> Result<UpstreamConn, UpstreamError> {
+        let peer = &self.peers[i];
+        let in_flight = peer.in_flight();
+        let error = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&peer.addr))
+            .await
+        {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
                 return Ok(UpstreamConn {
                     stream,
                     buf: BytesMut::with_capacity(16 * 1024),
                     server: i,
-                    worker: me,
-                    reused: true,
+                    worker: workers::current(),
+                    reused: false,
+                    _in_flight: in_flight,
                 });
             }
-        }
-        self.connect_fresh().await
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("timed out after {:?}", self.connect_timeout),
+        };
+        self.failed(i, "connect", &error);
+        Err(UpstreamError::Connect {
+            server: peer.addr.clone(),
+            error,
+        })
     }
 
-    /// A new connection, trying each server in order.
-    pub async fn connect_fresh(&self) -> Result<UpstreamConn, UpstreamError> {
-        let mut last = UpstreamError::Connect {
-            server: String::new(),
-            error: "no servers".into(),
-        };
-        for (i, s) in self.servers.iter().enumerate() {
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&s.addr)).await {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    return Ok(UpstreamConn {
-                        stream,
-                        buf: BytesMut::with_capacity(16 * 1024),
-                        server: i,
-                        worker: workers::current(),
-                        reused: false,
-                    });
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(upstream = %self.name, server = %s.addr, error = %e, "upstream connect failed; trying next");
-                    last = UpstreamError::Connect {
-                        server: s.addr.clone(),
-                        error: e.to_string(),
-                    };
-                }
-                Err(_) => {
-                    tracing::warn!(upstream = %self.name, server = %s.addr, "upstream connect timed out; trying next");
-                    last = UpstreamError::Connect {
-                        server: s.addr.clone(),
-                        error: format!("timed out after {:?}", self.connect_timeout),
-                    };
-                }
+    /// Records a failure of server `i` (see [`Peer::record`]).
+    fn failed(&self, i: usize, kind: &'static str, error: &dyn std::fmt::Display) {
+        let peer = &self.peers[i];
+        // Debug only: a client can make every request fail on a dead server. Marking it down is
+        // logged, at most once per `fail_timeout`.
+        tracing::debug!(upstream = %self.name, server = %peer.addr, kind, error = %error, "upstream server failed");
+        if peer.record(Outcome::Failed(kind), Instant::now()) {
+            tracing::warn!(upstream = %self.name, server = %peer.addr, kind, error = %error, down_for = ?peer.fail_timeout(), "upstream server marked down");
+        }
+    }
+
+    /// Records that server `i` answered.
+    fn answered(&self, i: usize) {
+        self.peers[i].record(Outcome::Answered, Instant::now());
+    }
+
+    /// A new connection for a request with cache key `key` (used by `hash`), on the server the
+    /// balancer picks, failing over to the next on connect failure (nothing was sent, so that is
+    /// safe for any method). For requests whose body streams: no exchange retry is possible.
+    pub async fn connect_fresh(&self, key: &str) -> Result<UpstreamConn, UpstreamError> {
+        let mut tried = Vec::with_capacity(self.peers.len());
+        let mut last = None;
+        while let Some(i) = self.balancer.pick(&self.peers, key, &tried, Instant::now()) {
+            tried.push(i);
+            match self.open(i).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
             }
         }
-        Err(last)
+        Err(last.unwrap_or_else(no_servers))
     }
 
     /// Returns a connection whose response was fully read to the pool.
@@ -193,7 +240,7 @@ impl Group {
         if !conn.buf.is_empty() {
             return; // Bytes beyond the response: the connection is out of step; drop it.
         }
-        if let Some(s) = self.servers.get(conn.server) {
+        if let Some(s) = self.peers.get(conn.server) {
             let mut idle = s.idle.lock();
             if idle.len() < self.keepalive {
                 idle.push((conn.worker, conn.stream));
@@ -201,29 +248,85 @@ impl Group {
         }
     }
 
-    /// Sends `request` (head and body bytes) and reads the final response head, forwarding
-    /// interim 103 heads to `on_interim`. A pooled connection that fails before any response byte
-    /// is replaced by a fresh one once, for idempotent requests.
+    /// Sends `request` (head and body bytes) for cache key `key` (what `hash` balances on) and
+    /// reads the final response head, forwarding interim 103 heads to `on_interim`.
+    ///
+    /// The balancer picks the server; a pooled connection to it is used when one is idle. A
+    /// failure before any response byte (refused, timed out, closed, reset) is recorded against
+    /// the server and the request goes to the next one the balancer picks: always when the
+    /// connect failed (nothing was sent), otherwise only for idempotent requests (nginx's
+    /// `proxy_next_upstream error timeout`), until every server was tried once. A pooled
+    /// connection that turns out dead is the pool's race with the server's keep-alive timeout,
+    /// not a failure: it is replaced by a fresh one to the same server.
     pub async fn exchange(
         &self,
         request: &[u8],
         idempotent: bool,
+        key: &str,
         on_interim: &mut Vec<ResponseHead>,
     ) -> Result<(UpstreamConn, ResponseHead), UpstreamError> {
-        let mut conn = self.connect().await?;
-        match self.try_exchange(&mut conn, request, on_interim).await {
-            Ok(head) => Ok((conn, head)),
-            Err(ExchangeError::BeforeResponse(e)) if conn.reused && idempotent => {
-                tracing::debug!(upstream = %self.name, error = %e, "pooled connection was dead; retrying on a fresh one");
-                let mut fresh = self.connect_fresh().await?;
-                let head = self
-                    .try_exchange(&mut fresh, request, on_interim)
-                    .await
-                    .map_err(ExchangeError::into_inner)?;
-                Ok((fresh, head))
+        let mut tried = Vec::with_capacity(self.peers.len());
+        let mut last = None;
+        while let Some(i) = self.balancer.pick(&self.peers, key, &tried, Instant::now()) {
+            tried.push(i);
+            if let Some(mut conn) = self.pooled(i) {
+                match self.try_exchange(&mut conn, request, on_interim).await {
+                    Ok(head) => {
+                        self.answered(i);
+                        return Ok((conn, head));
+                    }
+                    Err(ExchangeError::BeforeResponse(e)) if idempotent => {
+                        tracing::debug!(upstream = %self.name, error = %e, "pooled connection was dead; retrying on a fresh one");
+                    }
+                    Err(e @ ExchangeError::TimedOut(_)) => {
+                        let e = self.attempt_failed(i, e).into_inner();
+                        if idempotent {
+                            last = Some(e);
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                    Err(e) => return Err(e.into_inner()),
+                }
             }
-            Err(e) => Err(e.into_inner()),
+            let mut conn = match self.open(i).await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            match self.try_exchange(&mut conn, request, on_interim).await {
+                Ok(head) => {
+                    self.answered(i);
+                    return Ok((conn, head));
+                }
+                Err(e) => {
+                    let e = self.attempt_failed(i, e);
+                    match e {
+                        ExchangeError::BeforeResponse(e) | ExchangeError::TimedOut(e)
+                            if idempotent =>
+                        {
+                            last = Some(e);
+                        }
+                        e => return Err(e.into_inner()),
+                    }
+                }
+            }
         }
+        Err(last.unwrap_or_else(no_servers))
+    }
+
+    /// Records a failed exchange on server `i` when it says the server failed (no response byte
+    /// at all); a bad or cut response is the origin answering, not a dead server.
+    fn attempt_failed(&self, i: usize, e: ExchangeError) -> ExchangeError {
+        match &e {
+            ExchangeError::BeforeResponse(inner) | ExchangeError::TimedOut(inner) => {
+                self.failed(i, inner.kind(), inner)
+            }
+            ExchangeError::After(_) => {}
+        }
+        e
     }
 
     async fn try_exchange(
@@ -246,9 +349,13 @@ impl Group {
         conn: &mut UpstreamConn,
         on_interim: &mut Vec<ResponseHead>,
     ) -> Result<ResponseHead, UpstreamError> {
-        self.read_response_head(conn, on_interim)
-            .await
-            .map_err(ExchangeError::into_inner)
+        match self.read_response_head(conn, on_interim).await {
+            Ok(head) => {
+                self.answered(conn.server);
+                Ok(head)
+            }
+            Err(e) => Err(self.attempt_failed(conn.server, e).into_inner()),
+        }
     }
 
     async fn read_response_head(
@@ -295,6 +402,11 @@ impl Group {
             let read =
                 tokio::time::timeout(self.read_timeout, conn.stream.read_buf(&mut conn.buf)).await;
             match read {
+                Err(_) if !got_any => {
+                    return Err(ExchangeError::TimedOut(UpstreamError::Timeout(
+                        self.read_timeout,
+                    )));
+                }
                 Err(_) => {
                     return Err(ExchangeError::After(UpstreamError::Timeout(
                         self.read_timeout,
@@ -349,16 +461,33 @@ fn parse_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, String> {
     }
 }
 
+/// How an exchange failed, which decides whether it counts against the server and may go to
+/// another.
 enum ExchangeError {
+    /// Closed or failed before any response byte: maybe a pooled connection the server had
+    /// closed, maybe a dead server.
     BeforeResponse(UpstreamError),
+    /// No response byte within the read timeout: the server is not answering (never a stale
+    /// pooled connection, which fails at once).
+    TimedOut(UpstreamError),
+    /// After part of a response: the server answered, badly.
     After(UpstreamError),
 }
 
 impl ExchangeError {
     fn into_inner(self) -> UpstreamError {
         match self {
-            ExchangeError::BeforeResponse(e) | ExchangeError::After(e) => e,
+            ExchangeError::BeforeResponse(e)
+            | ExchangeError::TimedOut(e)
+            | ExchangeError::After(e) => e,
         }
+    }
+}
+
+fn no_servers() -> UpstreamError {
+    UpstreamError::Connect {
+        server: String::new(),
+        error: "no servers".into(),
     }
 }
 

@@ -1,0 +1,116 @@
+//! The active health check of a group (`upstreams.NAME.health_check`): one task per server
+//! that GETs the configured path every `interval`. A 2xx or 3xx within `timeout` says the server
+//! is up; anything else (another status, a refused or hung connection) marks it down until a
+//! check succeeds, whatever real requests see meanwhile (nginx Plus's `health_check`).
+//!
+//! The tasks live as long as their group: they stop when the group is retired by a reload or
+//! dropped (the group holds the only sender of their stop channel), so a reload never leaves the
+//! old config's checks running beside the new ones.
+
+use super::peer::Peer;
+use crate::http::response;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use zerocache_config::HealthCheck;
+
+/// Largest response head a check reads; a health endpoint's is a few hundred bytes.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Starts checking each of `peers` on the current runtime until `stop` says so or its sender is
+/// dropped.
+pub(crate) fn spawn(
+    group: &str,
+    peers: &[Arc<Peer>],
+    check: &HealthCheck,
+    host: Option<&str>,
+    stop: &watch::Sender<bool>,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::error!(upstream = %group, "no runtime to run the health check on; not checking");
+        return;
+    };
+    for peer in peers {
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: zerocache-health-check\r\nConnection: close\r\n\r\n",
+            check.path,
+            host.unwrap_or(&peer.addr)
+        );
+        rt.spawn(run(
+            group.to_string(),
+            peer.clone(),
+            request.into_bytes(),
+            check.interval,
+            check.timeout,
+            stop.subscribe(),
+        ));
+    }
+}
+
+async fn run(
+    group: String,
+    peer: Arc<Peer>,
+    request: Vec<u8>,
+    interval: Duration,
+    timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let verdict = tokio::select! {
+            v = tokio::time::timeout(timeout, probe(&peer.addr, &request)) => {
+                v.unwrap_or_else(|_| Err(format!("no response within {timeout:?}")))
+            }
+            _ = stop.changed() => return,
+        };
+        if *stop.borrow() {
+            return;
+        }
+        let healthy = verdict.is_ok();
+        // Logged on changes only: at most one line per server per interval.
+        if peer.set_checked(healthy) {
+            match &verdict {
+                Ok(status) => {
+                    tracing::info!(upstream = %group, server = %peer.addr, status, "health check passed; server up")
+                }
+                Err(why) => {
+                    tracing::warn!(upstream = %group, server = %peer.addr, why = %why, "health check failed; server down")
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// One check: the status of a 2xx or 3xx answer, or why the server is not healthy.
+async fn probe(addr: &str, request: &[u8]) -> Result<u16, String> {
+    let mut sock = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    sock.write_all(request)
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        if let Some((head, _)) = response::parse(&buf)? {
+            return match head.status {
+                200..=399 => Ok(head.status),
+                s => Err(format!("status {s}")),
+            };
+        }
+        if buf.len() > MAX_HEAD {
+            return Err("response head too large".into());
+        }
+        let n = sock
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err("closed before a response".into());
+        }
+    }
+}
