@@ -241,6 +241,10 @@ pub struct Accounting {
     corrupt_entries: AtomicU64,
     next_conn: AtomicU64,
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
+    /// Upstream response heads received, by (group, server, status code).
+    upstream_responses: Mutex<HashMap<(String, String, u16), u64>>,
+    /// `zerocache_upstream_response_seconds`: request sent to response head, by group.
+    upstream_seconds: prometheus::HistogramVec,
     /// Responses by status code (100-599) and cache status: `(code - 100) * 7 + cache status`.
     by_code: Box<[AtomicU64]>,
     /// Connections answered 503 at accept, by [`REJECT_REASONS`] index.
@@ -287,6 +291,18 @@ impl Accounting {
             &["cache_status"],
         )
         .expect("static histogram options are valid");
+        let upstream_seconds = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new(
+                "zerocache_upstream_response_seconds",
+                "Time from sending a request upstream to its response head, by upstream group.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ]),
+            &["upstream"],
+        )
+        .expect("static histogram options are valid");
         let duration_children = CacheStatus::ALL
             .iter()
             .map(|cs| durations.with_label_values(&[cs.as_str()]))
@@ -300,6 +316,8 @@ impl Accounting {
             corrupt_entries: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
+            upstream_responses: Mutex::new(HashMap::new()),
+            upstream_seconds,
             rejected: Default::default(),
             reloads: Default::default(),
             by_code: (0..500 * CacheStatus::ALL.len())
@@ -400,7 +418,34 @@ impl Accounting {
         self.corrupt_entries.load(Ordering::Relaxed)
     }
 
-    /// An upstream exchange failed.
+    /// Server `server` of group `upstream` answered with a response head of status `code`,
+    /// `time` after the request was sent.
+    pub fn upstream_response(&self, upstream: &str, server: &str, code: u16, time: Duration) {
+        *self
+            .upstream_responses
+            .lock()
+            .entry((upstream.to_string(), server.to_string(), code))
+            .or_insert(0) += 1;
+        self.upstream_seconds
+            .with_label_values(&[upstream])
+            .observe(time.as_secs_f64());
+    }
+
+    /// Upstream response heads so far, by (group, server, status code).
+    pub fn upstream_responses(&self) -> Vec<((String, String, u16), u64)> {
+        self.upstream_responses
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// The upstream response-time histogram.
+    pub fn upstream_seconds(&self) -> &prometheus::HistogramVec {
+        &self.upstream_seconds
+    }
+
+    /// A failed upstream exchange of group `upstream`, by kind.
     pub fn upstream_error(&self, upstream: &str, kind: &'static str) {
         *self
             .upstream_errors

@@ -154,6 +154,24 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         upstream.with_label_values(&[name.as_str(), k]).inc_by(n);
     }
 
+    // By server and status: which origin server answers 5xx. Series appear as servers answer.
+    let upstream_requests = counter_vec(
+        &r,
+        "zerocache_upstream_requests_total",
+        "Upstream response heads received, by upstream group, server and status code.",
+        &["upstream", "server", "code"],
+    )?;
+    for ((name, server, code), n) in acc.upstream_responses() {
+        upstream_requests
+            .with_label_values(&[name.as_str(), server.as_str(), &code.to_string()])
+            .inc_by(n);
+    }
+    for name in &state.upstreams {
+        // Every group's histogram is there from start-up, with a count of 0.
+        let _ = acc.upstream_seconds().with_label_values(&[name.as_str()]);
+    }
+    r.register(Box::new(acc.upstream_seconds().clone()))?;
+
     let cache = (state.cache)();
     let g = IntGauge::new(
         "zerocache_cache_size_bytes",

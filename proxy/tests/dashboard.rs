@@ -238,6 +238,7 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_request_duration_seconds_count{cache_status=\"MISS\"} 0",
         "zerocache_responses_total{cache_status=\"MISS\",code=\"200\"} 0",
         "zerocache_build_info{commit=\"",
+        "zerocache_upstream_response_seconds_count{upstream=\"origin\"} 0",
         "zerocache_connections_rejected_total{reason=\"max_connections\"} 0",
         "zerocache_connections_rejected_total{reason=\"out_of_fds\"} 0",
         "zerocache_config_reloads_total{result=\"accepted\"} 0",
@@ -386,6 +387,24 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         ),
         2
     );
+    // The three misses went upstream: by server and code, and timed.
+    assert_eq!(
+        metric(
+            &text,
+            &format!(
+                "zerocache_upstream_requests_total{{code=\"200\",server=\"{}\",upstream=\"origin\"}}",
+                origin.addr()
+            )
+        ),
+        3
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "zerocache_upstream_response_seconds_count{upstream=\"origin\"}"
+        ),
+        3
+    );
 }
 
 #[test]
@@ -464,6 +483,8 @@ fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
 fn the_grafana_dashboard_and_scrape_config_use_only_real_metrics() {
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), Opts::default());
+    // One miss, so the families whose series appear as upstream servers answer are there too.
+    assert_eq!(proxy.get("/obj/10").status, 200);
     let metrics = proxy.metrics();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboard/grafana");
     let dash: Value =
@@ -519,5 +540,40 @@ fn the_grafana_dashboard_and_scrape_config_use_only_real_metrics() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn an_origin_answering_5xx_shows_by_server_and_code() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/boom",
+        Reply::ok(b"down".to_vec())
+            .status(503)
+            .headers(&[("Cache-Control", "no-store")]),
+    );
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    for _ in 0..2 {
+        assert_eq!(c.get("/boom", &[]).status, 503);
+    }
+    let upstream = format!(
+        "zerocache_upstream_requests_total{{code=\"503\",server=\"{}\",upstream=\"origin\"}}",
+        origin.addr()
+    );
+    assert_eventually_eq(
+        "two 503s from the origin",
+        Duration::from_secs(5),
+        || {
+            let m = proxy.metrics();
+            (
+                metric(&m, &upstream),
+                metric(
+                    &m,
+                    "zerocache_responses_total{cache_status=\"MISS\",code=\"503\"}",
+                ),
+            )
+        },
+        (2, 2),
     );
 }

@@ -506,15 +506,22 @@ impl<'a> Fetch<'a> {
             }
         };
         let response_time = SystemTime::now();
+        let upstream_time = response_time
+            .duration_since(request_time)
+            .unwrap_or_default();
+        ctx.accounting.upstream_response(
+            &self.upstream.name,
+            self.upstream.server_of(&up),
+            head.status,
+            upstream_time,
+        );
         if ctx.access_log.is_some()
             && let Ok(addr) = up.stream.peer_addr()
         {
             conn.log_info.upstream = Some(crate::accesslog::UpstreamInfo {
                 addr,
                 status: head.status,
-                time: response_time
-                    .duration_since(request_time)
-                    .unwrap_or_default(),
+                time: upstream_time,
             });
         }
         let mut interim_bytes = 0u64;
@@ -1256,6 +1263,14 @@ impl Background {
             }
         };
         let response_time = SystemTime::now();
+        ctx.accounting.upstream_response(
+            &self.upstream.name,
+            self.upstream.server_of(&up),
+            head.status,
+            response_time
+                .duration_since(request_time)
+                .unwrap_or_default(),
+        );
         let Ok(framing) = head.framing(false) else {
             return;
         };

@@ -130,6 +130,11 @@ impl Group {
         }
     }
 
+    /// The address of the server `conn` is connected to (metrics label).
+    pub fn server_of(&self, conn: &UpstreamConn) -> &str {
+        self.peers.get(conn.server).map_or("", |p| p.addr.as_str())
+    }
+
     /// The group was replaced (a reload): its health checks stop now, rather than when the last
     /// response still using it ends.
     pub fn retire(&self) {
