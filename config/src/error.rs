@@ -26,12 +26,55 @@ pub enum ConfigError {
         /// Key path and what is wrong.
         message: String,
     },
+    /// Several problems, in file order: `check` reports them all at once.
+    #[error("{}", join(.0))]
+    Many(Vec<ConfigError>),
+}
+
+fn join(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl ConfigError {
+    /// One error, or [`ConfigError::Many`] for several (sorted by line, duplicates removed).
+    pub(crate) fn from_list(mut errors: Vec<ConfigError>) -> ConfigError {
+        let key = |e: &ConfigError| match e {
+            ConfigError::At { line, column, .. } => (*line, *column),
+            _ => (0, 0),
+        };
+        // Stable: of two errors at one place (the whole file's and its section's), the first
+        // pushed is kept.
+        errors.sort_by_key(key);
+        errors.dedup_by_key(|e| key(e));
+        if errors.len() == 1 {
+            errors.remove(0)
+        } else {
+            ConfigError::Many(errors)
+        }
+    }
+
+    /// Every single error: itself, or each of [`ConfigError::Many`].
+    pub fn each(&self) -> Vec<&ConfigError> {
+        match self {
+            ConfigError::Many(v) => v.iter().collect(),
+            e => vec![e],
+        }
+    }
 }
 
 pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> ConfigError {
+    from_yaml_at(file, e, 0)
+}
+
+/// [`from_yaml`] for an error in a part of the file that starts after `line_offset` lines.
+pub(crate) fn from_yaml_at(file: &str, e: &serde_yaml::Error, line_offset: usize) -> ConfigError {
     let (line, column) = e
         .location()
-        .map(|l| (l.line(), l.column()))
+        .map(|l| (l.line() + line_offset, l.column()))
         .unwrap_or((0, 0));
     let mut raw = e.to_string();
     // serde_yaml appends " at line L column C"; the location is already in front.

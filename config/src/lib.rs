@@ -7,6 +7,7 @@
 pub mod cidr;
 pub mod error;
 pub mod schema;
+mod sections;
 pub mod units;
 pub mod validate;
 
@@ -26,10 +27,16 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Parses and validates config text; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-    let mut config: Config =
-        serde_yaml::from_str(text).map_err(|e| error::from_yaml(file, text, &e))?;
+    let mut config: Config = serde_yaml::from_str(text)
+        .map_err(|e| sections::errors(text, file, error::from_yaml(file, text, &e)))?;
     apply_env(&mut config, |k| std::env::var(k).ok());
-    validate::validate(&config).map_err(|v| error::from_validation(file, text, v))?;
+    validate::validate(&config).map_err(|all| {
+        ConfigError::from_list(
+            all.into_iter()
+                .map(|v| error::from_validation(file, text, v))
+                .collect(),
+        )
+    })?;
     Ok(config)
 }
 

@@ -42,6 +42,24 @@ pub struct Config {
     pub debug: DebugConfig,
 }
 
+impl Config {
+    /// Every size in the config, by key path, in bytes: what `check` prints beside their binary
+    /// form, so nobody is surprised by what `1g` or `10MB` became.
+    pub fn sizes(&self) -> Vec<(&'static str, u64)> {
+        let (c, l) = (&self.cache, &self.limits);
+        vec![
+            ("cache.max_size", c.max_size.as_u64()),
+            ("cache.sendfile_max_chunk", c.sendfile_max_chunk.as_u64()),
+            ("cache.range_fill_max", c.range_fill_max.as_u64()),
+            ("cache.abandoned_fill_max", c.abandoned_fill_max.as_u64()),
+            ("cache.scrub_rate", c.scrub_rate.as_u64()),
+            ("limits.max_header_bytes", l.max_header_bytes.as_u64()),
+            ("limits.max_uri_bytes", l.max_uri_bytes.as_u64()),
+            ("limits.max_body_bytes", l.max_body_bytes.as_u64()),
+        ]
+    }
+}
+
 /// What the proxy does to the requests it forwards upstream.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]

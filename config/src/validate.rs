@@ -24,38 +24,56 @@ fn invalid(path: impl Into<String>, message: String) -> Invalid {
 /// enough that a typo (an extra zero or two) is caught rather than spawning thousands of threads.
 pub const MAX_WORKERS: usize = 1024;
 
-/// Checks `config`; the first problem found is returned.
-pub fn validate(config: &Config) -> Result<(), Invalid> {
-    let listen: SocketAddr = config.listen.parse().map_err(|e| {
-        invalid(
-            "listen",
-            format!("`{}` is not an address (host:port): {e}", config.listen),
-        )
-    })?;
+/// Checks `config`; every problem found is returned, in the order of the checks (so `check`
+/// reports all of them at once, not one per edit-and-rerun).
+pub fn validate(config: &Config) -> Result<(), Vec<Invalid>> {
+    let mut errs = Vec::new();
+    checks(config, &mut errs);
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+fn checks(config: &Config, errs: &mut Vec<Invalid>) {
+    let listen: Option<SocketAddr> = match config.listen.parse() {
+        Ok(a) => Some(a),
+        Err(e) => {
+            errs.push(invalid(
+                "listen",
+                format!("`{}` is not an address (host:port): {e}", config.listen),
+            ));
+            None
+        }
+    };
     if config
         .dashboard
         .token
         .as_deref()
         .is_some_and(|t| t.trim().is_empty())
     {
-        return Err(invalid(
+        errs.push(invalid(
             "dashboard.token",
             "is empty or only whitespace, which is no token: set a real one or remove the key"
                 .into(),
         ));
     }
     if config.dashboard.enabled {
-        let dash: SocketAddr = config.dashboard.listen.parse().map_err(|e| {
-            invalid(
-                "dashboard.listen",
-                format!(
-                    "`{}` is not an address (host:port): {e}",
-                    config.dashboard.listen
-                ),
-            )
-        })?;
-        if !dash.ip().is_loopback() && config.dashboard.token.as_deref().is_none_or(str::is_empty) {
-            return Err(invalid(
+        let dash: Option<SocketAddr> = match config.dashboard.listen.parse() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                errs.push(invalid(
+                    "dashboard.listen",
+                    format!(
+                        "`{}` is not an address (host:port): {e}",
+                        config.dashboard.listen
+                    ),
+                ));
+                None
+            }
+        };
+        if let Some(dash) = dash
+            && !dash.ip().is_loopback()
+            && config.dashboard.token.as_deref().is_none_or(str::is_empty)
+        {
+            errs.push(invalid(
                 "dashboard.listen",
                 format!(
                     "`{dash}` is not loopback: set `dashboard.token` so the dashboard and its API need a bearer token"
@@ -63,13 +81,16 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             ));
         }
         if config.dashboard.metrics_require_token && config.dashboard.token.is_none() {
-            return Err(invalid(
+            errs.push(invalid(
                 "dashboard.metrics_require_token",
                 "needs `dashboard.token`".into(),
             ));
         }
-        if dash == listen && listen.port() != 0 {
-            return Err(invalid(
+        if let (Some(dash), Some(listen)) = (dash, listen)
+            && dash == listen
+            && listen.port() != 0
+        {
+            errs.push(invalid(
                 "dashboard.listen",
                 format!("`{dash}` is also the proxy's `listen`; they must differ"),
             ));
@@ -81,29 +102,29 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
     {
-        return Err(invalid(
+        errs.push(invalid(
             "logging.request_id_header",
             format!("`{id}` is not a header field name (letters, digits and - . _ ...)"),
         ));
     }
     if config.cache.max_size.as_u64() == 0 {
-        return Err(invalid("cache.max_size", "must be positive".into()));
+        errs.push(invalid("cache.max_size", "must be positive".into()));
     }
     if config.cache.sendfile_max_chunk.as_u64() == 0 {
-        return Err(invalid(
+        errs.push(invalid(
             "cache.sendfile_max_chunk",
             "must be positive".into(),
         ));
     }
     if config.upstreams.is_empty() {
-        return Err(invalid(
+        errs.push(invalid(
             "upstreams",
             "at least one upstream is needed".into(),
         ));
     }
     for (name, up) in &config.upstreams {
         if up.servers.is_empty() {
-            return Err(invalid(
+            errs.push(invalid(
                 format!("upstreams.{name}.servers"),
                 "at least one server is needed".into(),
             ));
@@ -119,17 +140,17 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
             if !ok {
-                return Err(invalid(at, format!("`{addr}` is not host:port")));
+                errs.push(invalid(at, format!("`{addr}` is not host:port")));
             }
             if let UpstreamServer::Detailed(d) = s {
                 if d.weight == 0 {
-                    return Err(invalid(
+                    errs.push(invalid(
                         format!("upstreams.{name}.servers[{i}].weight"),
                         "must be at least 1 (remove the server to send it nothing)".into(),
                     ));
                 }
                 if d.fail_timeout.is_some_and(|t| t.is_zero()) {
-                    return Err(invalid(
+                    errs.push(invalid(
                         format!("upstreams.{name}.servers[{i}].fail_timeout"),
                         "must be positive".into(),
                     ));
@@ -137,7 +158,7 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             }
         }
         if up.fail_timeout.is_zero() {
-            return Err(invalid(
+            errs.push(invalid(
                 format!("upstreams.{name}.fail_timeout"),
                 "must be positive".into(),
             ));
@@ -145,7 +166,7 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
         if let Some(h) = &up.health_check {
             let at = |k: &str| format!("upstreams.{name}.health_check.{k}");
             if !h.path.starts_with('/') || !h.path.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(invalid(
+                errs.push(invalid(
                     at("path"),
                     format!(
                         "`{}` must start with `/` and hold no spaces or controls",
@@ -154,10 +175,10 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
                 ));
             }
             if h.interval.is_zero() {
-                return Err(invalid(at("interval"), "must be positive".into()));
+                errs.push(invalid(at("interval"), "must be positive".into()));
             }
             if h.timeout.is_zero() {
-                return Err(invalid(at("timeout"), "must be positive".into()));
+                errs.push(invalid(at("timeout"), "must be positive".into()));
             }
         }
         if let Some(host) = &up.host {
@@ -168,7 +189,7 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&b));
             if !ok {
-                return Err(invalid(
+                errs.push(invalid(
                     format!("upstreams.{name}.host"),
                     format!("`{host}` is not a host name (optionally with :port)"),
                 ));
@@ -176,35 +197,35 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
         }
     }
     if config.cache.levels > 3 {
-        return Err(invalid(
+        errs.push(invalid(
             "cache.levels",
             format!("{} levels: use 0 to 3", config.cache.levels),
         ));
     }
     if config.cache.max_entries == 0 {
-        return Err(invalid("cache.max_entries", "must be positive".into()));
+        errs.push(invalid("cache.max_entries", "must be positive".into()));
     }
     if config.limits.max_connections == 0 {
-        return Err(invalid("limits.max_connections", "must be positive".into()));
+        errs.push(invalid("limits.max_connections", "must be positive".into()));
     }
     if let Some(n) = config.workers.count
         && !(1..=MAX_WORKERS).contains(&n)
     {
-        return Err(invalid(
+        errs.push(invalid(
             "workers.count",
             format!("{n} workers: use 1 to {MAX_WORKERS}, or leave it out for one per CPU"),
         ));
     }
     if let Err(e) = tracing_filter_ok(&config.logging.level) {
-        return Err(invalid("logging.level", e));
+        errs.push(invalid("logging.level", e));
     }
     if config.routes.is_empty() {
-        return Err(invalid("routes", "at least one route is needed".into()));
+        errs.push(invalid("routes", "at least one route is needed".into()));
     }
     for (i, r) in config.routes.iter().enumerate() {
         if !config.upstreams.contains_key(&r.upstream) {
             let defined: Vec<&str> = config.upstreams.keys().map(String::as_str).collect();
-            return Err(invalid(
+            errs.push(invalid(
                 format!("routes[{i}].upstream"),
                 format!(
                     "upstream `{}` is not defined; defined: {}",
@@ -214,14 +235,14 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             ));
         }
         if !r.matcher.path_prefix.starts_with('/') {
-            return Err(invalid(
+            errs.push(invalid(
                 format!("routes[{i}].match.path_prefix"),
                 format!("`{}` must start with `/`", r.matcher.path_prefix),
             ));
         }
         for (j, h) in r.cache_key.headers.iter().enumerate() {
             if let Some(why) = never_forwarded(config, h) {
-                return Err(invalid(
+                errs.push(invalid(
                     format!("routes[{i}].cache_key.headers[{j}]"),
                     format!("`{h}` is {why}, so it can never be part of what the origin answers"),
                 ));
@@ -229,8 +250,9 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
         }
     }
     for (i, c) in config.proxy.trusted_proxies.iter().enumerate() {
-        crate::cidr::Cidr::parse(c)
-            .map_err(|e| invalid(format!("proxy.trusted_proxies[{i}]"), e))?;
+        if let Err(e) = crate::cidr::Cidr::parse(c) {
+            errs.push(invalid(format!("proxy.trusted_proxies[{i}]"), e));
+        }
     }
     // A zero timeout would fail every exchange at once (or, for some, wait forever): never what
     // was meant, so it is refused rather than obeyed.
@@ -254,7 +276,7 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
     }
     for (path, t) in timeouts {
         if t.is_zero() {
-            return Err(invalid(
+            errs.push(invalid(
                 path,
                 "a timeout of 0 would fail every exchange: give a duration (`30s`), or leave the \
                  key out for the default"
@@ -262,7 +284,6 @@ pub fn validate(config: &Config) -> Result<(), Invalid> {
             ));
         }
     }
-    Ok(())
 }
 
 /// Fields hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1). The proxy strips the same

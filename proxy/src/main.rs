@@ -111,25 +111,62 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
 fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
     match zerocache_config::load_and_check_dirs(config) {
         Ok(_) if quiet => ExitCode::SUCCESS,
-        Ok(c) => {
-            let out = if json {
-                serde_json::to_string_pretty(&c).map_err(|e| e.to_string())
-            } else {
-                serde_yaml::to_string(&c).map_err(|e| e.to_string())
-            };
-            match out {
-                Ok(s) => {
-                    println!("{s}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+        Ok(c) if json => match serde_json::to_string_pretty(&c) {
+            // Sizes are numbers of bytes here (the schema serialises them so).
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
             }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(c) => match serde_yaml::to_string(&c) {
+            Ok(s) => {
+                println!("{s}");
+                // Every size as the proxy will use it, and in binary units.
+                println!("# sizes, in bytes:");
+                for (key, bytes) in c.sizes() {
+                    println!(
+                        "#   {key}: {bytes} ({})",
+                        zerocache_config::units::binary(bytes)
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) if json => {
+            // Machines get the errors as JSON too, on stdout, with the same exit status.
+            let errors: Vec<serde_json::Value> = e
+                .each()
+                .into_iter()
+                .map(|e| match e {
+                    zerocache_config::ConfigError::At {
+                        file,
+                        line,
+                        column,
+                        message,
+                    } => serde_json::json!({
+                        "file": file, "line": line, "column": column, "message": message,
+                    }),
+                    other => serde_json::json!({ "message": other.to_string() }),
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({ "valid": false, "errors": errors })
+            );
+            ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            for one in e.each() {
+                eprintln!("error: {one}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -139,7 +176,9 @@ fn run(path: PathBuf) -> ExitCode {
     let config = match zerocache_config::load_and_check_dirs(&path) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            for one in e.each() {
+                eprintln!("error: {one}");
+            }
             return ExitCode::FAILURE;
         }
     };

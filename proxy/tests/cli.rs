@@ -156,3 +156,92 @@ fn max_connections_above_the_fd_limit_is_clamped_with_a_warning() {
         "{err}"
     );
 }
+
+#[test]
+fn check_reports_every_error_in_the_file_and_json_too() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    // Three sections that do not fit the schema: each is named, in file order.
+    let cfg = write(
+        tmp.path(),
+        "listen: 127.0.0.1:1\ncache:\n  path: /tmp/x\n  max_size: lots\nupstreams:\n  o: {servers: [\"127.0.0.1:2\"]}\nroutes:\n  - match: {host: \"*\"}\n    upstream: o\nlimits:\n  max_connections: many\nlogging:\n  levle: info\n",
+    );
+    let (code, out, err) = zerocache(&["check", "-c", &cfg]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "error: {cfg}:4:13: cache.max_size: `lots` is not a size"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "error: {cfg}:11:20: limits.max_connections: invalid type: string \"many\", expected a whole number (0 or more)"
+        )
+    );
+    assert!(
+        lines[2].starts_with(&format!(
+            "error: {cfg}:13:3: logging: unknown field `levle`"
+        )),
+        "{err}"
+    );
+    assert!(lines[2].ends_with("did you mean `level`?"), "{err}");
+
+    // Once the schema fits, every validation error at once.
+    let cfg = write(
+        tmp.path(),
+        "listen: 127.0.0.1:1\ncache: {path: /tmp/x, max_size: 1MiB, max_entries: 0}\nupstreams:\n  o: {servers: [\"127.0.0.1:2\"]}\nroutes:\n  - match: {host: \"*\"}\n    upstream: orgin\nworkers: {count: 0}\n",
+    );
+    let (code, _, err) = zerocache(&["check", "-c", &cfg]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err.lines().collect::<Vec<_>>(),
+        [
+            format!("error: {cfg}:2:1: cache.max_entries: must be positive"),
+            format!(
+                "error: {cfg}:7:5: routes[0].upstream: upstream `orgin` is not defined; defined: o"
+            ),
+            format!(
+                "error: {cfg}:8:1: workers.count: 0 workers: use 1 to 1024, or leave it out for one per CPU"
+            ),
+        ]
+    );
+    let (code, out, _) = zerocache(&["check", "-c", &cfg, "--json"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["errors"].as_array().map(Vec::len), Some(3));
+    assert_eq!(v["errors"][1]["line"], 7);
+    assert_eq!(v["errors"][1]["column"], 5);
+    assert_eq!(
+        v["errors"][1]["message"],
+        "routes[0].upstream: upstream `orgin` is not defined; defined: o"
+    );
+}
+
+#[test]
+fn check_prints_every_size_in_bytes_and_binary() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let cfg = write(
+        tmp.path(),
+        &format!(
+            "listen: 127.0.0.1:1\ncache: {{path: {}, max_size: 1g, scrub_rate: 10MB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\n",
+            tmp.path().join("c").display()
+        ),
+    );
+    let (code, out, err) = zerocache(&["check", "-c", &cfg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("#   cache.max_size: 1073741824 (1 GiB)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("#   cache.scrub_rate: 10000000 (9.53 MiB)\n"),
+        "{out}"
+    );
+    let (_, json, _) = zerocache(&["check", "-c", &cfg, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(v["cache"]["max_size"], 1_073_741_824u64);
+}
