@@ -30,7 +30,8 @@ pub(crate) fn errors(text: &str, file: &str, whole: ConfigError) -> ConfigError 
     let mut all = vec![whole];
     for (key, first_line, block) in split(text) {
         let e = match key {
-            "listen" => first_error::<String>(&block),
+            "listen" => first_error::<Listen>(&block),
+            "backlog" => first_error::<u32>(&block),
             "cache" => first_error::<CacheConfig>(&block),
             "upstreams" => first_error::<BTreeMap<String, Upstream>>(&block),
             "routes" => first_error::<Vec<Route>>(&block),

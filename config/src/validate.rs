@@ -33,16 +33,19 @@ pub fn validate(config: &Config) -> Result<(), Vec<Invalid>> {
 }
 
 fn checks(config: &Config, errs: &mut Vec<Invalid>) {
-    let listen: Option<SocketAddr> = match config.listen.parse() {
-        Ok(a) => Some(a),
+    let listen: Vec<SocketAddr> = match config.listen.addrs() {
+        Ok(a) => a,
         Err(e) => {
-            errs.push(invalid(
-                "listen",
-                format!("`{}` is not an address (host:port): {e}", config.listen),
-            ));
-            None
+            errs.push(invalid("listen", e));
+            Vec::new()
         }
     };
+    if config.backlog == 0 {
+        errs.push(invalid(
+            "backlog",
+            "must be at least 1 (511 is nginx's default)".into(),
+        ));
+    }
     if config
         .dashboard
         .token
@@ -86,9 +89,9 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
                 "needs `dashboard.token`".into(),
             ));
         }
-        if let (Some(dash), Some(listen)) = (dash, listen)
-            && dash == listen
-            && listen.port() != 0
+        if let Some(dash) = dash
+            && listen.contains(&dash)
+            && dash.port() != 0
         {
             errs.push(invalid(
                 "dashboard.listen",

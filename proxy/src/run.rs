@@ -223,9 +223,18 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, verified = rebuilt.verified, corrupt = rebuilt.corrupt, dir = %config.cache.path.display(), "cache index rebuilt");
 
     // Bind before the probe loads, so a taken port fails fast.
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
+    let mut listeners = Vec::new();
+    for addr in config
+        .listen
+        .addrs()
+        .map_err(anyhow::Error::msg)
+        .context("listen")?
+    {
+        listeners.push(
+            server::listen::bind_listener(addr, config.backlog)
+                .with_context(|| format!("cannot listen on {addr} (listen)"))?,
+        );
+    }
     let dashboard_listener = if config.dashboard.enabled {
         Some(
             TcpListener::bind(&config.dashboard.listen)
@@ -339,15 +348,15 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
         );
     }
-    let addr = listener.local_addr()?;
-    tracing::info!(%addr, nofile, probe = ?probe.status(), "zerocache listening");
-    let mut workers = server::workers::Workers::start(
-        listener.into_std()?,
-        shared.clone(),
-        loads,
-        placement.clone(),
-    )
-    .context("starting the data-plane worker threads")?;
+    let addrs: Vec<String> = listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .collect();
+    tracing::info!(addrs = %addrs.join(", "), backlog = config.backlog, nofile, probe = ?probe.status(), "zerocache listening");
+    let mut workers =
+        server::workers::Workers::start(listeners, shared.clone(), loads, placement.clone())
+            .context("starting the data-plane worker threads")?;
     // Until the process exits: connections still draining after shutdown need it as well.
     tokio::spawn(async move { placement.valve().await });
     // The index is rebuilt and both listeners are bound and accepting: systemd (Type=notify) may
@@ -454,7 +463,10 @@ fn reload(
         }
     };
     for (what, changed) in [
-        ("listen", new.listen != old.listen),
+        (
+            "listen",
+            new.listen != old.listen || new.backlog != old.backlog,
+        ),
         ("cache", new.cache != old.cache),
         ("dashboard", new.dashboard != old.dashboard),
         ("logging", new.logging != old.logging),

@@ -3,6 +3,7 @@
 
 mod support;
 use std::io::Read;
+use std::process::Command;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -489,4 +490,43 @@ fn stray_signals_are_ignored_and_sigquit_drains_like_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(0), "a drain, not a core dump");
+}
+
+#[test]
+fn listen_takes_a_list_names_and_ipv6_with_nginx_backlog() {
+    let (origin, _rt) = origin();
+    let tmp = tempfile::tempdir().expect("tmp");
+    // 127.0.0.1 comes from `localhost` too: bound once. [::1] only where the host has IPv6.
+    let v6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+    let extra = if v6 { ", \"[::1]:{port}\"" } else { "" };
+    let yaml = format!(
+        "listen: [\"localhost:{{port}}\", \"127.0.0.2:{{port}}\"{extra}]\nbacklog: 77\ncache: {{path: {}, max_size: 1GiB}}\nupstreams:\n  o: {{servers: [\"{}\"]}}\nroutes:\n  - match: {{host: \"*\", path_prefix: /}}\n    upstream: o\ndashboard: {{listen: \"127.0.0.1:{{dport}}\"}}\nprobe: {{enabled: false}}\n",
+        tmp.path().join("cache").display(),
+        origin.addr()
+    );
+    let proxy = Proxy::from_yaml(&yaml, tmp.path());
+    let port = proxy.addr.port();
+    let mut addrs = vec![format!("127.0.0.1:{port}"), format!("127.0.0.2:{port}")];
+    if v6 {
+        addrs.push(format!("[::1]:{port}"));
+    }
+    for a in &addrs {
+        let mut c = Client::connect(a.parse().expect("addr"));
+        assert_eq!(c.get("/obj/10", &[]).body, body(10), "{a}");
+    }
+    // Every listening socket has the configured backlog (ss shows it as Send-Q).
+    match Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+    {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let backlogs: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(2))
+                .collect();
+            assert_eq!(backlogs, vec!["77"; addrs.len()], "{text}");
+        }
+        Err(e) => eprintln!("skipped the backlog check: ss (iproute2) is missing: {e}"),
+    }
 }

@@ -11,6 +11,7 @@ pub mod behind;
 pub mod conn;
 pub mod fetch;
 pub mod hit;
+pub mod listen;
 pub mod placement;
 pub mod upload;
 pub mod valve;

@@ -265,15 +265,17 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts one worker thread per entry of `loads`, accepting from `listener` until
+    /// Starts one worker thread per entry of `loads`, accepting from every one of `listeners` until
     /// `shared.shutdown`, each placed as `placement` says (which must have one slot per worker).
     pub fn start(
-        listener: std::net::TcpListener,
+        listeners: Vec<std::net::TcpListener>,
         shared: Arc<Shared>,
         loads: Arc<Loads>,
         placement: Arc<Placement>,
     ) -> io::Result<Workers> {
-        listener.set_nonblocking(true)?;
+        for l in &listeners {
+            l.set_nonblocking(true)?;
+        }
         let count = loads.0.len();
         let (tx, stopped) = mpsc::channel(count);
         let mut inboxes = Vec::with_capacity(count);
@@ -297,7 +299,10 @@ impl Workers {
             accept_failures: Mutex::new(AcceptFailures::default()),
         });
         for (me, inbox) in inboxes.into_iter().enumerate() {
-            let listener = listener.try_clone()?;
+            let mine = listeners
+                .iter()
+                .map(std::net::TcpListener::try_clone)
+                .collect::<io::Result<Vec<_>>>()?;
             let shared = shared.clone();
             let pool = pool.clone();
             let tx = tx.clone();
@@ -322,11 +327,24 @@ impl Workers {
                     let _leave = Leave(pool.placement.clone(), me);
                     rt.block_on(async move {
                         tokio::spawn(receive(me, inbox, shared.clone(), pool.clone()));
-                        match TcpListener::from_std(listener) {
-                            Ok(l) => accept_loop(me, l, shared, pool).await,
-                            Err(e) => {
-                                tracing::error!(worker = me, error = %e, "worker cannot poll the listener")
+                        // One accept loop per listening socket; the worker has stopped accepting
+                        // once every one has returned.
+                        let mut loops = Vec::with_capacity(mine.len());
+                        for listener in mine {
+                            match TcpListener::from_std(listener) {
+                                Ok(l) => loops.push(tokio::spawn(accept_loop(
+                                    me,
+                                    l,
+                                    shared.clone(),
+                                    pool.clone(),
+                                ))),
+                                Err(e) => {
+                                    tracing::error!(worker = me, error = %e, "worker cannot poll a listener")
+                                }
                             }
+                        }
+                        for l in loops {
+                            let _ = l.await;
                         }
                         let _ = tx.send(()).await;
                         // Connections owned here still run on this thread: keep driving them

@@ -1,0 +1,59 @@
+//! The listening sockets, made with nix rather than `TcpListener::bind` so the backlog is the
+//! operator's (`backlog`, nginx's 511 by default; std uses 128) and an IPv6 socket is IPv6-only,
+//! so `[::]:8080` and `0.0.0.0:8080` can both be listed, as in nginx (`ipv6only=on`).
+
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, listen, setsockopt, socket,
+    sockopt,
+};
+use std::net::SocketAddr;
+
+/// A listening, non-blocking, close-on-exec TCP socket on `addr` with `backlog` pending
+/// connections at most (capped at `SOMAXCONN`, as the kernel would).
+pub fn bind_listener(addr: SocketAddr, backlog: u32) -> std::io::Result<std::net::TcpListener> {
+    let family = if addr.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let fd = socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    // A restart must not fail on the previous process's connections in TIME_WAIT.
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if addr.is_ipv6() {
+        setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    }
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(addr),
+    )?;
+    let n = i32::try_from(backlog)
+        .unwrap_or(i32::MAX)
+        .min(libc::SOMAXCONN);
+    listen(&fd, Backlog::new(n).unwrap_or(Backlog::MAXCONN))?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_v4_and_v6_on_one_port_and_accepts() {
+        let v4 = bind_listener("127.0.0.1:0".parse().expect("addr"), 511).expect("v4");
+        let port = v4.local_addr().expect("addr").port();
+        // IPv6-only: the same port on [::1] is a different socket, not a conflict.
+        if let Ok(v6) = bind_listener(format!("[::1]:{port}").parse().expect("addr"), 511) {
+            assert_eq!(v6.local_addr().expect("addr").port(), port);
+        }
+        let _c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        v4.set_nonblocking(false).expect("blocking");
+        assert!(v4.accept().is_ok());
+        // A port that is taken is an error, not a silent second listener.
+        assert!(bind_listener(format!("127.0.0.1:{port}").parse().expect("addr"), 511).is_err());
+    }
+}
