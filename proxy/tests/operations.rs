@@ -530,3 +530,49 @@ fn listen_takes_a_list_names_and_ipv6_with_nginx_backlog() {
         Err(e) => eprintln!("skipped the backlog check: ss (iproute2) is missing: {e}"),
     }
 }
+
+#[test]
+fn logrotate_with_sigusr1_under_traffic_loses_no_line() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("access.log");
+    let rotated = dir.path().join("access.log.1");
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("logging:\n  access_log: {}\n", log.display()),
+            ..Opts::default()
+        },
+    );
+    const N: usize = 400;
+    let addr = proxy.addr;
+    let traffic = std::thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        for _ in 0..N {
+            assert_eq!(c.get("/obj/10", &[]).status, 200);
+        }
+    });
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    // Rotate in the middle of the traffic, as logrotate's postrotate would.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lines(&log) < N / 4 {
+        assert!(Instant::now() < deadline, "no traffic logged");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::rename(&log, &rotated).expect("rotate");
+    signal(&proxy, libc::SIGUSR1);
+    traffic.join().expect("traffic");
+    assert_eventually_eq(
+        "every response has its line, in one file or the other",
+        Duration::from_secs(5),
+        || lines(&rotated) + lines(&log),
+        N,
+    );
+    assert!(lines(&rotated) >= N / 4, "{}", lines(&rotated));
+    assert!(lines(&log) > 0, "lines after the signal go to the new file");
+}
