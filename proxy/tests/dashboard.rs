@@ -577,3 +577,32 @@ fn an_origin_answering_5xx_shows_by_server_and_code() {
         (2, 2),
     );
 }
+
+#[test]
+fn every_metric_family_is_documented() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    // One miss, so the families that appear as upstream servers answer are there too.
+    assert_eq!(proxy.get("/obj/10").status, 200);
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-and-metrics.md"),
+    )
+    .expect("docs");
+    let text = proxy.metrics();
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|n| n.starts_with("zerocache_"))
+        .collect();
+    let missing: Vec<&&str> = families
+        .iter()
+        .filter(|name| !docs.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in docs/dashboard-and-metrics.md: {missing:?}"
+    );
+    assert!(families.len() >= 25, "{families:?}");
+    assert!(docs.contains("`process_*`"));
+}

@@ -352,6 +352,15 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
     }
     let m = proxy.metrics();
     assert!(m.contains("zerocache_cache_writable 0"), "{m}");
+    // Load balancers hear of it: serving, but not caching.
+    let health = Client::connect(proxy.dashboard).get("/healthz", &[]);
+    assert_eq!(
+        (health.status, health.body.as_slice()),
+        (
+            503,
+            &b"cache unwritable: responses are passed through, not stored\n"[..]
+        )
+    );
     let errors: u64 = m
         .lines()
         .find_map(|l| l.strip_prefix("zerocache_cache_write_errors_total "))
@@ -362,6 +371,10 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
     assert_eq!(c.get("/obj/1000", &[]).x_cache(), "MISS");
     assert_eq!(c.get("/obj/1000", &[]).x_cache(), "HIT");
     assert!(proxy.metrics().contains("zerocache_cache_writable 1"));
+    assert_eq!(
+        Client::connect(proxy.dashboard).get("/healthz", &[]).status,
+        200
+    );
     assert_eq!(
         std::fs::read_dir(dir.join("tmp")).expect("tmp").count(),
         0,
