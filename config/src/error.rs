@@ -46,10 +46,10 @@ impl ConfigError {
             ConfigError::At { line, column, .. } => (*line, *column),
             _ => (0, 0),
         };
-        // Stable: of two errors at one place (the whole file's and its section's), the first
-        // pushed is kept.
+        // The whole file's first error and its section's copy are the same error: equal in
+        // place and message. Two different problems located at one key are both kept.
         errors.sort_by_key(key);
-        errors.dedup_by_key(|e| key(e));
+        errors.dedup();
         if errors.len() == 1 {
             errors.remove(0)
         } else {

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 /// The top-level keys, as the schema names them.
 pub const TOP_LEVEL: &[&str] = &[
     "listen",
+    "backlog",
     "cache",
     "upstreams",
     "routes",

@@ -84,28 +84,43 @@ pub fn binary(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
-/// Parses a duration: bare seconds or humantime.
+/// The longest duration a config may give: beyond it a timeout means "never", which is never
+/// what was meant, and `Instant::now() + d` could overflow (a panic) where it is used.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+fn capped(d: Duration, written: &str) -> Result<Duration, String> {
+    if d > MAX_DURATION {
+        return Err(format!(
+            "`{written}` is longer than 10 years: give a real duration (`30s`, `5m`, `1day`)"
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses a duration: bare seconds or humantime, at most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
         return t
             .parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|_| format!("`{s}` seconds is too long"));
+            .map_err(|_| format!("`{s}` seconds is too long"))
+            .and_then(|n| capped(Duration::from_secs(n), s));
     }
-    humantime::parse_duration(t).map_err(|_| {
-        format!(
-            "`{s}` is not a duration: write seconds (`30`) or a number with a unit (`500ms`, \
+    humantime::parse_duration(t)
+        .map_err(|_| {
+            format!(
+                "`{s}` is not a duration: write seconds (`30`) or a number with a unit (`500ms`, \
              `30s`, `5m`, `1h`, `1day`)"
-        )
-    })
+            )
+        })
+        .and_then(|d| capped(d, s))
 }
 
 /// Reads a scalar that may be a number or a string, so an error points at the value itself
 /// (an untagged enum would report it at the enclosing mapping).
 struct Scalar<T> {
     expecting: &'static str,
-    from_number: fn(u64) -> T,
+    from_number: fn(u64) -> Result<T, String>,
     from_text: fn(&str) -> Result<T, String>,
 }
 
@@ -117,13 +132,14 @@ impl<'de, T> serde::de::Visitor<'de> for Scalar<T> {
     }
 
     fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<T, E> {
-        Ok((self.from_number)(n))
+        (self.from_number)(n).map_err(E::custom)
     }
 
     fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<T, E> {
-        u64::try_from(n)
-            .map(self.from_number)
-            .map_err(|_| E::custom(format!("`{n}` is negative: {}", self.expecting)))
+        match u64::try_from(n) {
+            Ok(n) => (self.from_number)(n).map_err(E::custom),
+            Err(_) => Err(E::custom(format!("`{n}` is negative: {}", self.expecting))),
+        }
     }
 
     fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<T, E> {
@@ -137,7 +153,7 @@ const DURATION: &str = "a duration: seconds, or a number with a unit (`30s`, `5m
 fn size_scalar() -> Scalar<ByteSize> {
     Scalar {
         expecting: SIZE,
-        from_number: ByteSize::b,
+        from_number: |n| Ok(ByteSize::b(n)),
         from_text: |s| parse_size(s).map(ByteSize::b),
     }
 }
@@ -145,7 +161,7 @@ fn size_scalar() -> Scalar<ByteSize> {
 fn duration_scalar() -> Scalar<Duration> {
     Scalar {
         expecting: DURATION,
-        from_number: Duration::from_secs,
+        from_number: |n| capped(Duration::from_secs(n), &n.to_string()),
         from_text: parse_duration,
     }
 }
@@ -285,7 +301,17 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1day"), Ok(Duration::from_secs(86_400)));
         assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5_400)));
-        for bad in ["", "s", "-5", "5 parsecs", "99999999999999999999"] {
+        assert!(parse_duration("3650days").is_ok());
+        for bad in [
+            "",
+            "s",
+            "-5",
+            "5 parsecs",
+            "99999999999999999999",
+            "18446744073709551615",
+            "3651days",
+            "500years",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

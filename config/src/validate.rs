@@ -110,6 +110,29 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             format!("`{id}` is not a header field name (letters, digits and - . _ ...)"),
         ));
     }
+    // The id is sent upstream under this name: a name the proxy generates or that frames or
+    // routes the message would let a trusted peer's id desync the upstream connection.
+    const RESERVED: &[&str] = &[
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "via",
+        "forwarded",
+        "x-forwarded-for",
+        "proxy-connection",
+    ];
+    if RESERVED.iter().any(|r| id.eq_ignore_ascii_case(r)) {
+        errs.push(invalid(
+            "logging.request_id_header",
+            format!("`{id}` is a field the proxy sets or that frames the message; use a name of its own such as X-Request-Id"),
+        ));
+    }
     if config.cache.max_size.as_u64() == 0 {
         errs.push(invalid("cache.max_size", "must be positive".into()));
     }
@@ -310,6 +333,8 @@ fn never_forwarded(config: &Config, name: &str) -> Option<&'static str> {
         Some("dropped (field names with `_` are never forwarded)")
     } else if HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) {
         Some("hop-by-hop")
+    } else if name.eq_ignore_ascii_case(&config.logging.request_id_header) {
+        Some("`logging.request_id_header`, replaced by the proxy's request id")
     } else if config
         .proxy
         .strip_request_fields

@@ -336,3 +336,48 @@ fn bad_upstream_keys_name_their_key() {
         "zc.yaml:7:15: upstreams.origin.servers[0]: invalid type: integer `42`, expected `host:port` or `{addr: host:port, weight: N, max_fails: N, fail_timeout: D}`"
     );
 }
+
+#[test]
+fn two_problems_located_at_one_key_are_both_reported() {
+    let e = parse(
+        &with_origin_group(
+            "    servers: [{addr: \"127.0.0.1:8081\", weight: 0}, {addr: \"127.0.0.1:8082\", weight: 0}]\n",
+        ),
+        "zc.yaml",
+    )
+    .expect_err("invalid");
+    let all: Vec<String> = e.each().iter().map(ToString::to_string).collect();
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all[0].contains("servers[0].weight"), "{all:?}");
+    assert!(all[1].contains("servers[1].weight"), "{all:?}");
+}
+
+#[test]
+fn a_duration_past_ten_years_is_refused() {
+    let e = err(&format!(
+        "{GOOD}limits:\n  header_timeout: 18446744073709551615\n"
+    ));
+    assert_eq!(
+        e,
+        "zc.yaml:14:19: limits.header_timeout: `18446744073709551615` is longer than 10 years: give a real duration (`30s`, `5m`, `1day`)"
+    );
+}
+
+#[test]
+fn the_request_id_field_cannot_be_one_the_proxy_sets_or_a_key_field() {
+    assert_eq!(
+        err(&format!(
+            "{GOOD}logging:\n  request_id_header: Transfer-Encoding\n"
+        )),
+        "zc.yaml:14:3: logging.request_id_header: `Transfer-Encoding` is a field the proxy sets or that frames the message; use a name of its own such as X-Request-Id"
+    );
+    let keyed = GOOD.replace(
+        "    upstream: origin\n",
+        "    upstream: origin\n    cache_key: {headers: [x-request-id]}\n",
+    );
+    let e = err(&keyed);
+    assert!(
+        e.ends_with("`x-request-id` is `logging.request_id_header`, replaced by the proxy's request id, so it can never be part of what the origin answers"),
+        "{e}"
+    );
+}

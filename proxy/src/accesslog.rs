@@ -77,6 +77,8 @@ pub struct AccessLog {
     format: AccessLogFormat,
     /// Lines dropped because the writer fell behind.
     pub dropped: AtomicU64,
+    /// A reopen asked for and not yet done (see [`AccessLog::reopen`]).
+    reopen_pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Where lines go: a path is opened for appending (and reopened on SIGUSR1), `stdout`/`stderr`
@@ -100,13 +102,16 @@ impl AccessLog {
         let out = open_target(target)?;
         let (tx, rx) = sync_channel(QUEUE);
         let target = target.to_string();
+        let reopen_pending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pending = reopen_pending.clone();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(rx, out, &target))?;
+            .spawn(move || writer(rx, out, &target, &pending))?;
         Ok(AccessLog {
             tx,
             format,
             dropped: AtomicU64::new(0),
+            reopen_pending,
         })
     }
 
@@ -119,19 +124,30 @@ impl AccessLog {
     }
 
     /// Asks the writer to reopen the file (nginx's SIGUSR1): lines queued before it go to the
-    /// old file, lines after it to the new one.
+    /// old file, lines after it to the new one. Never blocks: the request goes through the queue
+    /// when there is room, and the flag the writer checks every 200 ms carries it when the queue
+    /// is full (a stalled disk must not stall the signal loop, and with it the dashboard, reloads
+    /// and shutdown).
     pub fn reopen(&self) {
-        // A blocking send: the signal loop may wait for a full queue to drain, but the request
-        // must not be lost, or the log would keep going to a rotated (deleted) file.
-        let _ = self.tx.send(Msg::Reopen);
+        self.reopen_pending.store(true, Ordering::Relaxed);
+        let _ = self.tx.try_send(Msg::Reopen);
     }
 }
 
-fn writer(rx: Receiver<Msg>, out: Box<dyn Write + Send>, target: &str) {
+fn writer(
+    rx: Receiver<Msg>,
+    out: Box<dyn Write + Send>,
+    target: &str,
+    reopen_pending: &std::sync::atomic::AtomicBool,
+) {
     let mut out = BufWriter::with_capacity(64 * 1024, out);
     loop {
+        // A reopen that could not be queued (the queue was full) is done here.
+        if reopen_pending.load(Ordering::Relaxed) {
+            apply(Msg::Reopen, &mut out, target, reopen_pending);
+        }
         match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(msg) => apply(msg, &mut out, target),
+            Ok(msg) => apply(msg, &mut out, target, reopen_pending),
             Err(RecvTimeoutError::Timeout) => {
                 let _ = out.flush();
             }
@@ -142,7 +158,7 @@ fn writer(rx: Receiver<Msg>, out: Box<dyn Write + Send>, target: &str) {
         }
         // Flush whenever the queue runs dry, so a quiet proxy's log is current.
         match rx.try_recv() {
-            Ok(msg) => apply(msg, &mut out, target),
+            Ok(msg) => apply(msg, &mut out, target, reopen_pending),
             Err(_) => {
                 let _ = out.flush();
             }
@@ -152,11 +168,18 @@ fn writer(rx: Receiver<Msg>, out: Box<dyn Write + Send>, target: &str) {
 
 /// Writes a line, or flushes and reopens the file; a file that cannot be reopened leaves the
 /// old one in use (the lines still land somewhere) and says so.
-fn apply(msg: Msg, out: &mut BufWriter<Box<dyn Write + Send>>, target: &str) {
+fn apply(
+    msg: Msg,
+    out: &mut BufWriter<Box<dyn Write + Send>>,
+    target: &str,
+    reopen_pending: &std::sync::atomic::AtomicBool,
+) {
     match msg {
         Msg::Line(line) => {
             let _ = out.write_all(line.as_bytes());
         }
+        // A queued reopen whose flag an earlier one already cleared is the same request: done.
+        Msg::Reopen if !reopen_pending.swap(false, Ordering::Relaxed) => {}
         Msg::Reopen => {
             let _ = out.flush();
             match open_target(target) {

@@ -194,6 +194,20 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
 
 /// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
+    // Handlers first: the rebuild below may take minutes, and a signal arriving meanwhile (a
+    // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
+    // action (tokio keeps it until `recv`).
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    // Without a handler SIGUSR1 would kill the process: logrotate's nginx-style postrotate
+    // (`kill -USR1`) would take the cache down.
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    // nginx's graceful stop: drains like SIGTERM (its default action would dump core).
+    let mut quit = signal(SignalKind::quit())?;
+    // Signals with no meaning here whose default action would end the process silently: a stray
+    // `kill -USR2` (nginx's binary upgrade) or an alarm must not take the cache down.
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let mut alrm = signal(SignalKind::alarm())?;
     let raised = raise_nofile();
     // Read the limit back rather than trust the raise, which may have been refused.
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -363,17 +377,6 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // start what comes after this unit.
     crate::notify::ready();
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    // Without a handler SIGUSR1 would kill the process: logrotate's nginx-style postrotate
-    // (`kill -USR1`) would take the cache down.
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    // nginx's graceful stop: drains like SIGTERM (its default action would dump core).
-    let mut quit = signal(SignalKind::quit())?;
-    // Signals with no meaning here whose default action would end the process silently: a stray
-    // `kill -USR2` (nginx's binary upgrade) or an alarm must not take the cache down.
-    let mut usr2 = signal(SignalKind::user_defined2())?;
-    let mut alrm = signal(SignalKind::alarm())?;
     let mut current = config;
     loop {
         tokio::select! {

@@ -389,3 +389,68 @@ fn a_down_server_gets_requests_again_after_fail_timeout() {
         true,
     );
 }
+
+/// An origin that reads the first 64 KiB of whatever it is sent, then resets the connection:
+/// one that gives up on a request body. Counts the connections it took.
+fn quitter() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = taken.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = vec![0u8; 64 << 10];
+            let _ = s.read(&mut buf);
+            // Closing with unread bytes: a reset.
+            drop(s);
+        }
+    });
+    (addr, taken)
+}
+
+#[test]
+fn an_upload_the_origin_gave_up_on_does_not_mark_the_origin_down() {
+    let (os, _rt) = origins(1);
+    let good = &os[0];
+    good.script("/g", uncacheable(b"g"));
+    let (bad, taken) = quitter();
+    // Round robin over [bad, good]; one counted failure would take `bad` out for 10 s.
+    let (proxy, _tmp) = proxy_with(&format!(
+        "    max_fails: 1\n    fail_timeout: 10s\n    servers: [\"{bad}\", \"{}\"]\n",
+        good.addr()
+    ));
+    // 4 MiB is streamed (not buffered); `bad` stops reading it after 64 KiB.
+    let body = vec![b'x'; 4 << 20];
+    let addr = proxy.addr;
+    let upload = std::thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        let mut raw = format!(
+            "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(&body);
+        // The proxy may answer and close before taking the whole body.
+        let _ = std::io::Write::write_all(&mut c.sock, &raw);
+        c.try_read_response(false).map(|r| r.status)
+    });
+    let status = upload.join().expect("upload");
+    assert!(matches!(status, Some(502) | None), "{status:?}");
+    assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // `bad` is still in the rotation: the next GETs reach it (and fail over to `good`).
+    for _ in 0..2 {
+        let r = proxy.get("/g");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"g"[..]));
+    }
+    assert_eq!(
+        taken.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the upload the origin gave up on was held against it"
+    );
+}

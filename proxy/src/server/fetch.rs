@@ -951,7 +951,10 @@ impl<'a> Fetch<'a> {
                 .map_err(StreamError::Body)?;
         }
         conn.must_close = self.body_unfinished;
-        let head = self.upstream.response_head(&mut up, interim).await?;
+        let head = self
+            .upstream
+            .response_head(&mut up, interim, !self.body_unfinished)
+            .await?;
         Ok((up, head))
     }
 

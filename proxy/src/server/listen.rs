@@ -9,7 +9,7 @@ use nix::sys::socket::{
 use std::net::SocketAddr;
 
 /// A listening, non-blocking, close-on-exec TCP socket on `addr` with `backlog` pending
-/// connections at most (capped at `SOMAXCONN`, as the kernel would).
+/// connections at most (the kernel caps it at `net.core.somaxconn`).
 pub fn bind_listener(addr: SocketAddr, backlog: u32) -> std::io::Result<std::net::TcpListener> {
     let family = if addr.is_ipv6() {
         AddressFamily::Inet6
@@ -31,10 +31,14 @@ pub fn bind_listener(addr: SocketAddr, backlog: u32) -> std::io::Result<std::net
         std::os::fd::AsRawFd::as_raw_fd(&fd),
         &SockaddrStorage::from(addr),
     )?;
-    let n = i32::try_from(backlog)
-        .unwrap_or(i32::MAX)
-        .min(libc::SOMAXCONN);
-    listen(&fd, Backlog::new(n).unwrap_or(Backlog::MAXCONN))?;
+    // nix refuses values above the libc constant SOMAXCONN (4096); the kernel's own cap is the
+    // sysctl net.core.somaxconn, which a tuned host raises. Above the constant, -1 asks the
+    // kernel for its cap.
+    let backlog = i32::try_from(backlog)
+        .ok()
+        .and_then(|n| Backlog::new(n).ok())
+        .unwrap_or(Backlog::MAXALLOWABLE);
+    listen(&fd, backlog)?;
     Ok(std::net::TcpListener::from(fd))
 }
 

@@ -349,17 +349,22 @@ impl Group {
 
     /// Reads the final response head of a request already sent on `conn` (a streamed request
     /// body is sent by the caller), forwarding interim 103 heads to `on_interim`.
+    /// `body_delivered` is false when the body could not be sent whole (the origin stopped
+    /// reading it): a missing answer then says nothing against the server, since a client that
+    /// trickles or oversizes an upload would otherwise mark healthy origins down at will.
     pub async fn response_head(
         &self,
         conn: &mut UpstreamConn,
         on_interim: &mut Vec<ResponseHead>,
+        body_delivered: bool,
     ) -> Result<ResponseHead, UpstreamError> {
         match self.read_response_head(conn, on_interim).await {
             Ok(head) => {
                 self.answered(conn.server);
                 Ok(head)
             }
-            Err(e) => Err(self.attempt_failed(conn.server, e).into_inner()),
+            Err(e) if body_delivered => Err(self.attempt_failed(conn.server, e).into_inner()),
+            Err(e) => Err(e.into_inner()),
         }
     }
 
