@@ -2,7 +2,7 @@
 //! dispatching each request through route → cache lookup → hit or fetch, and answering malformed
 //! input with its 4xx before closing.
 
-use super::fetch::{Fetch, RangeFill};
+use super::fetch::{Fetch, Outcome, RangeFill};
 use super::hit::{HitKind, HitOutcome};
 use super::upload::RequestBody;
 use super::{Ctx, Shared};
@@ -293,6 +293,45 @@ impl Conn {
         }
     }
 
+    /// Runs a fetch and carries out what it leaves to the connection (see [`Outcome`]): the one
+    /// place a fetch's result turns into a stored entry served, or a generated answer.
+    async fn fetch(&mut self, f: Fetch<'_>) -> Result<bool, ConnError> {
+        let (req, started) = (f.request(), f.started());
+        match f.run(self).await? {
+            Outcome::Done(keep) => Ok(keep),
+            Outcome::ServeStored {
+                entry,
+                kind,
+                then_remove,
+            } => {
+                let served = self.serve_hit(req, &entry, kind, started).await;
+                if then_remove {
+                    self.ctx.store.remove_if_same(&entry);
+                }
+                match served? {
+                    HitOutcome::Served(keep) => Ok(keep),
+                    // A stale entry gone from disk leaves nothing to say; a just-revalidated one
+                    // owes the client an answer.
+                    HitOutcome::Gone if kind == HitKind::Stale => Ok(false),
+                    HitOutcome::Gone => {
+                        self.respond_simple(req, 502, CacheStatus::Error, &[], started)
+                            .await
+                    }
+                }
+            }
+            Outcome::Reply { status, x_cache } => {
+                let extra: Vec<(&str, &str)> =
+                    x_cache.iter().map(|c| ("X-Cache", c.as_str())).collect();
+                self.respond_simple(req, status, CacheStatus::Error, &extra, started)
+                    .await
+            }
+            Outcome::RefuseBody(e) => {
+                self.refuse_body(e).await?;
+                Ok(false)
+            }
+        }
+    }
+
     /// The request's id: a trusted proxy's, when it sent a valid one, else a new one.
     fn request_id(&self, req: &RequestHead) -> String {
         let ctx = &self.ctx;
@@ -352,35 +391,39 @@ impl Conn {
             };
             let invalidate =
                 (route.cache && !invalidation::is_safe(&req.method)).then_some(route.key_query);
-            return Fetch::new(
-                &req,
-                body,
-                upstream,
-                CacheStatus::Bypass,
-                detail,
-                None,
-                started,
-            )
-            .invalidating(invalidate)
-            .run(self)
-            .await;
+            return self
+                .fetch(
+                    Fetch::new(
+                        &req,
+                        body,
+                        upstream,
+                        CacheStatus::Bypass,
+                        detail,
+                        None,
+                        started,
+                    )
+                    .invalidating(invalidate),
+                )
+                .await;
         }
         if req.body != BodyFraming::None {
             // A GET or HEAD with a body: its meaning is the origin's business, so it goes upstream
             // with its body, but the answer depends on bytes no key holds, so it is neither
             // served from the cache nor stored.
-            return Fetch::new(
-                &req,
-                body,
-                upstream,
-                CacheStatus::Miss,
-                "miss",
-                None,
-                started,
-            )
-            .not_stored("request-body")
-            .run(self)
-            .await;
+            return self
+                .fetch(
+                    Fetch::new(
+                        &req,
+                        body,
+                        upstream,
+                        CacheStatus::Miss,
+                        "miss",
+                        None,
+                        started,
+                    )
+                    .not_stored("request-body"),
+                )
+                .await;
         }
         let target = if route.key_query {
             req.target.as_str()
@@ -469,15 +512,17 @@ impl Conn {
             // A Range miss: the size is unknown, so the range is forwarded and the 206 relayed,
             // never stored; the whole object is then filled in the background when it is small
             // enough (`cache.range_fill_max`), so the next request is a hit.
-            return Fetch::new(&req, body, upstream, status, "miss", None, started)
-                .not_stored("range")
-                .store_set_cookie(route.store_set_cookie)
-                .range_fill(RangeFill {
-                    primary,
-                    url: url.text,
-                    default_ttl,
-                })
-                .run(self)
+            return self
+                .fetch(
+                    Fetch::new(&req, body, upstream, status, "miss", None, started)
+                        .not_stored("range")
+                        .store_set_cookie(route.store_set_cookie)
+                        .range_fill(RangeFill {
+                            primary,
+                            url: url.text,
+                            default_ttl,
+                        }),
+                )
                 .await;
         }
         if req.method == "HEAD" {
@@ -491,7 +536,7 @@ impl Conn {
                 Some(e) => fetch.head_update(e, primary.hash),
                 None => fetch,
             };
-            return fetch.run(self).await;
+            return self.fetch(fetch).await;
         }
         // Fresh enough for this request, for a follower of another request's fill.
         let fresh = |e: &Entry| {
@@ -545,21 +590,22 @@ impl Conn {
                 None
             }
         };
-        Fetch::new(
-            &req,
-            body,
-            upstream,
-            status,
-            "miss",
-            Some((primary, guard)),
-            started,
+        self.fetch(
+            Fetch::new(
+                &req,
+                body,
+                upstream,
+                status,
+                "miss",
+                Some((primary, guard)),
+                started,
+            )
+            .revalidating(stale)
+            .stale_grace(route.stale_grace)
+            .url(url.text)
+            .default_ttl(default_ttl)
+            .store_set_cookie(route.store_set_cookie),
         )
-        .revalidating(stale)
-        .stale_grace(route.stale_grace)
-        .url(url.text)
-        .default_ttl(default_ttl)
-        .store_set_cookie(route.store_set_cookie)
-        .run(self)
         .await
     }
 }

@@ -7,7 +7,7 @@
 //! client connection closed, never a short response followed by keep-alive.
 
 use super::conn::{Conn, ConnError};
-use super::hit::{HitKind, HitOutcome};
+use super::hit::HitKind;
 use super::upload::{BUFFERED_MAX, BodyError, Remaining, RequestBody};
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
@@ -148,6 +148,46 @@ fn forwarded_for_only(v: &str) -> String {
         .join(", ")
 }
 
+/// What a fetch leaves to the connection: the fetch exchanges with the upstream and streams what
+/// it relays, but never calls back into the connection to serve an entry or a generated answer.
+/// Returning those instead keeps the data flow one way (request → fetch → outcome → response) and
+/// drops the fetch, with its fill lock, before the connection serves anything.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The response went out (relayed, or answered from the fetched head); `true` keeps the
+    /// connection.
+    Done(bool),
+    /// Serve this stored entry: stale in place of a failed upstream, or just revalidated.
+    ServeStored {
+        /// The entry.
+        entry: Arc<Entry>,
+        /// How it is served (`STALE`, `REVALIDATED`).
+        kind: HitKind,
+        /// Remove it from the cache once this client has it (its new directives forbid storing).
+        then_remove: bool,
+    },
+    /// Answer with a short generated response (an upstream that failed or misframed).
+    Reply {
+        /// Status code.
+        status: u16,
+        /// The `X-Cache` the client sees (what the cache did); the accounting records `ERROR`.
+        x_cache: Option<CacheStatus>,
+    },
+    /// The client's body could not be read to its end: refuse it.
+    RefuseBody(BodyError),
+}
+
+impl Outcome {
+    /// A stored entry served stale in place of a failed upstream answer.
+    fn stale(entry: Arc<Entry>) -> Outcome {
+        Outcome::ServeStored {
+            entry,
+            kind: HitKind::Stale,
+            then_remove: false,
+        }
+    }
+}
+
 impl<'a> Fetch<'a> {
     /// Prepares a fetch.
     pub fn new(
@@ -179,6 +219,16 @@ impl<'a> Fetch<'a> {
             body_unfinished: false,
             head_update: None,
         }
+    }
+
+    /// The request being fetched for.
+    pub fn request(&self) -> &'a RequestHead {
+        self.req
+    }
+
+    /// When the request's head was complete.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// A HEAD forwarded while `stored` (a GET response it could have been answered from) is
@@ -261,18 +311,6 @@ impl<'a> Fetch<'a> {
             default_ttl,
             guard,
             store_set_cookie: true,
-        }
-    }
-
-    /// Serves `stale` in place of a failed upstream answer, releasing the fill lock first.
-    async fn serve_stale(mut self, conn: &mut Conn, stale: &Arc<Entry>) -> Result<bool, ConnError> {
-        self.fill = None;
-        match conn
-            .serve_hit(self.req, stale, HitKind::Stale, self.started)
-            .await?
-        {
-            HitOutcome::Served(keep) => Ok(keep),
-            HitOutcome::Gone => Ok(false),
         }
     }
 
@@ -453,7 +491,7 @@ impl<'a> Fetch<'a> {
     }
 
     /// Runs the fetch; returns whether the client connection stays open.
-    pub async fn run(mut self, conn: &mut Conn) -> Result<bool, ConnError> {
+    pub async fn run(mut self, conn: &mut Conn) -> Result<Outcome, ConnError> {
         let ctx = conn.ctx.clone();
         let req = self.req;
         let request = self.upstream_request(conn.peer.ip(), &ctx);
@@ -478,8 +516,7 @@ impl<'a> Fetch<'a> {
                     Err(StreamError::Upstream(e)) => Err(e),
                     Err(StreamError::Body(e)) => {
                         // The origin got part of a body: its connection is dropped, never pooled.
-                        conn.refuse_body(e).await?;
-                        return Ok(false);
+                        return Ok(Outcome::RefuseBody(e));
                     }
                 }
             }
@@ -490,19 +527,14 @@ impl<'a> Fetch<'a> {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
                 ctx.accounting.upstream_error(&self.upstream.name, e.kind());
                 if let Some(stale) = self.stale_on_error() {
-                    return self.serve_stale(conn, &stale).await;
+                    return Ok(Outcome::stale(stale));
                 }
                 // The client still sees what the cache did (X-Cache: MISS); the accounting and
                 // metrics see an upstream failure, not a miss.
-                return conn
-                    .respond_simple(
-                        req,
-                        e.status(),
-                        CacheStatus::Error,
-                        &[("X-Cache", self.status.as_str())],
-                        self.started,
-                    )
-                    .await;
+                return Ok(Outcome::Reply {
+                    status: e.status(),
+                    x_cache: Some(self.status),
+                });
             }
         };
         let response_time = SystemTime::now();
@@ -552,15 +584,10 @@ impl<'a> Fetch<'a> {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, why, "upstream response has ambiguous framing; not stored");
                 ctx.accounting
                     .upstream_error(&self.upstream.name, "protocol");
-                return conn
-                    .respond_simple(
-                        req,
-                        502,
-                        CacheStatus::Error,
-                        &[("X-Cache", self.status.as_str())],
-                        self.started,
-                    )
-                    .await;
+                return Ok(Outcome::Reply {
+                    status: 502,
+                    x_cache: Some(self.status),
+                });
             }
         };
 
@@ -617,7 +644,7 @@ impl<'a> Fetch<'a> {
             tracing::warn!(upstream = %self.upstream.name, target = %req.target, status = head.status, "upstream error; serving stale");
             ctx.accounting.upstream_error(&self.upstream.name, "status");
             drop(up);
-            return self.serve_stale(conn, &stale).await;
+            return Ok(Outcome::stale(stale));
         }
 
         // A 304 to our revalidation: update the stored fields and serve it through sendfile.
@@ -628,21 +655,12 @@ impl<'a> Fetch<'a> {
             let (meta, storable) =
                 self.updated_meta(&ctx, &stale, &head, request_time, response_time);
             let updated = ctx.store.replace_meta(&stale, meta);
-            self.fill = None;
-            let served = conn
-                .serve_hit(req, &updated, HitKind::Revalidated, self.started)
-                .await;
-            if !storable {
-                // This client was answered; nobody else may be.
-                ctx.store.remove_if_same(&updated);
-            }
-            return match served? {
-                HitOutcome::Served(keep) => Ok(keep),
-                HitOutcome::Gone => {
-                    conn.respond_simple(req, 502, CacheStatus::Error, &[], self.started)
-                        .await
-                }
-            };
+            return Ok(Outcome::ServeStored {
+                entry: updated,
+                kind: HitKind::Revalidated,
+                // This client is answered from it; nobody else may be.
+                then_remove: !storable,
+            });
         }
 
         // Decide storage.
@@ -742,7 +760,8 @@ impl<'a> Fetch<'a> {
         if local != Precondition::Proceed {
             return self
                 .answer_precondition(conn, local, &head, interim_bytes)
-                .await;
+                .await
+                .map(Outcome::Done);
         }
 
         if let Some(r) = self.range_fill.take()
@@ -851,7 +870,7 @@ impl<'a> Fetch<'a> {
                     result.is_ok(),
                 );
                 result?;
-                return Ok(!close_after);
+                return Ok(Outcome::Done(!close_after));
             }
         };
         if let Err(e) = conn.send_head().await {
@@ -895,7 +914,7 @@ impl<'a> Fetch<'a> {
             self.upstream.release(up);
         }
         self.record(conn, head.status, head_bytes, body_bytes, true);
-        Ok(!close_after)
+        Ok(Outcome::Done(!close_after))
     }
 
     /// Sends a request whose body is too large to hold: the head, then the body as it arrives from
