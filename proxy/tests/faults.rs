@@ -462,3 +462,58 @@ fn a_content_length_on_a_204_is_not_relayed() {
         assert_eq!(r.header("content-length"), None);
     }
 }
+
+#[test]
+fn a_304_returns_its_connection_to_the_pool_unless_the_origin_says_close() {
+    let (origin, _rt) = origin();
+    let reply = |body: &str| {
+        Reply::ok(body.as_bytes().to_vec()).headers(&[
+            ("Cache-Control", "max-age=0, stale-while-revalidate=60"),
+            ("ETag", "\"v\""),
+        ])
+    };
+    origin.script("/v", reply("v"));
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    assert_eq!(c.get("/v", &[]).x_cache(), "MISS");
+    // A client-driven revalidation (no-cache): the 304's connection goes back to the pool.
+    origin.script(
+        "/v",
+        Reply::ok(Vec::new()).status(304).headers(&[
+            ("ETag", "\"v\""),
+            ("Cache-Control", "max-age=0, stale-while-revalidate=60"),
+        ]),
+    );
+    let r = c.get("/v", &[("Cache-Control", "no-cache")]);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("REVALIDATED", &b"v"[..]));
+    assert_eq!(c.get("/obj/5", &[]).body, body(5));
+    assert_eq!(
+        (origin.request_count(), origin.connection_count()),
+        (3, 1),
+        "the 304's connection was reused"
+    );
+    // A background refresh (stale-while-revalidate) whose 304 says `Connection: close`: that
+    // connection is not pooled, so the next request opens a new one.
+    origin.script(
+        "/v",
+        Reply::ok(Vec::new()).status(304).headers(&[
+            ("ETag", "\"v\""),
+            ("Cache-Control", "max-age=0, stale-while-revalidate=60"),
+            ("Connection", "close"),
+        ]),
+    );
+    assert_eq!(c.get("/v", &[]).x_cache(), "STALE");
+    assert_eventually_eq(
+        "the background refresh reached the origin",
+        Duration::from_secs(5),
+        || origin.request_count(),
+        4,
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(c.get("/obj/6", &[]).body, body(6));
+    assert_eq!(
+        (origin.request_count(), origin.connection_count()),
+        (5, 2),
+        "a connection the origin said it would close was reused"
+    );
+}

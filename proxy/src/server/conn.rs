@@ -459,20 +459,9 @@ impl Conn {
                 Use::Revalidate => {
                     // stale-while-revalidate (RFC 5861): serve it now and refresh it in the
                     // background, once, when only its age (not the request) asks for validation.
-                    let staleness = e.age(now).saturating_sub(e.meta.lifetime);
-                    let swr = e.stale_while_revalidate.is_some_and(|w| staleness <= w)
-                        && !e.reuse.no_stale
-                        && !e.reuse.always_revalidate
-                        && freshness::decide(
-                            e.age(now),
-                            e.meta.lifetime,
-                            e.reuse,
-                            &Default::default(),
-                        ) == Use::Revalidate
-                        && !directives.no_cache
-                        && directives.max_age.is_none()
-                        && directives.min_fresh.is_none();
-                    if swr && req.method == "GET" {
+                    if crate::cache::stale::while_revalidate(&e, now, &directives)
+                        && req.method == "GET"
+                    {
                         if let Role::Leader(guard) = ctx.locks.acquire(primary.hash) {
                             let bg = Fetch::background(
                                 req.clone(),

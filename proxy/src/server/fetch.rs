@@ -13,15 +13,14 @@ use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::fill::Fill;
-use crate::cache::freshness::{self, Heuristics};
+use crate::cache::freshness::Heuristics;
 use crate::cache::growing::{Growing, Reader, Writer};
 use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{LeaderGuard, Role};
 use crate::cache::policy;
-use crate::cache::targeted::Targeted;
+use crate::cache::stored_meta::{fill_meta, revalidated_meta};
 use crate::cache::validation;
-use crate::cache::variance;
 use crate::http::headers::{self, put, put_num};
 use crate::http::range;
 use crate::http::request::RequestHead;
@@ -319,12 +318,7 @@ impl<'a> Fetch<'a> {
     /// must-revalidate/proxy-revalidate/no-cache.
     fn stale_on_error(&self) -> Option<Arc<Entry>> {
         let e = self.revalidating.as_ref()?;
-        if e.reuse.no_stale || e.reuse.always_revalidate {
-            return None;
-        }
-        let window = e.stale_if_error.unwrap_or(self.stale_grace);
-        let staleness = e.age(SystemTime::now()).saturating_sub(e.meta.lifetime);
-        (staleness <= window).then(|| e.clone())
+        crate::cache::stale::if_error(e, self.stale_grace, SystemTime::now()).then(|| e.clone())
     }
 
     /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
@@ -521,7 +515,7 @@ impl<'a> Fetch<'a> {
                 }
             }
         };
-        let (mut up, head) = match exchanged {
+        let (up, head) = match exchanged {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
@@ -651,7 +645,7 @@ impl<'a> Fetch<'a> {
         if head.status == 304
             && let Some(stale) = self.revalidating.clone()
         {
-            drain(&mut up, framing, &self.upstream).await;
+            drain(up, &head, framing, &self.upstream).await;
             let (meta, storable) =
                 self.updated_meta(&ctx, &stale, &head, request_time, response_time);
             let updated = ctx.store.replace_meta(&stale, meta);
@@ -712,10 +706,7 @@ impl<'a> Fetch<'a> {
         let fetched_whole = self.fill.is_some();
         let guard = self.fill.take().and_then(|(_, g)| g);
         let guard = if fill.is_some() { guard } else { None };
-        let upstream_close = head.http10
-            || head
-                .field("connection")
-                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        let upstream_close = upstream_closes(&head);
 
         // The whole representation was fetched in place of the client's conditional request:
         // its preconditions are answered here, from what the origin sent (RFC 9110 §13.2.2),
@@ -1095,36 +1086,6 @@ fn heuristics(ctx: &crate::server::Ctx, default_ttl: Option<std::time::Duration>
     }
 }
 
-/// The key and metadata of a storable response: a varying response is stored under this
-/// request's secondary key.
-fn fill_meta(
-    primary: &CacheKey,
-    st: policy::Storable,
-    req: &RequestHead,
-    head: &ResponseHead,
-    response_time: SystemTime,
-    url: &str,
-    hash_bits: u32,
-) -> (CacheKey, Meta) {
-    let key = if st.vary.is_empty() {
-        primary.clone()
-    } else {
-        variance::variant(primary, &st.vary, req, hash_bits)
-    };
-    let meta = Meta {
-        key: key.text.clone(),
-        stored_at: response_time,
-        initial_age: st.initial_age,
-        lifetime: st.lifetime,
-        status: head.status,
-        reason: head.reason.clone(),
-        fields: st.fields,
-        vary: st.vary,
-        url: url.to_string(),
-    };
-    (key, meta)
-}
-
 /// Pumps an upstream body into the cache file at the origin's speed, publishing its progress to
 /// the clients reading behind it, then commits the entry, returns the connection to the pool and
 /// lets the followers go. `abandon`: a fill begun for clients stops once none has been reading for
@@ -1188,66 +1149,29 @@ async fn pump(
     drop(guard);
 }
 
-/// Reads and discards a (304's) body, returning the connection to the pool when it can be.
-async fn drain(up: &mut UpstreamConn, framing: BodyFraming, group: &Group) -> bool {
+/// Whether the upstream said this connection ends after the response (HTTP/1.0, or
+/// `Connection: close`): it must not go back to the pool.
+fn upstream_closes(head: &ResponseHead) -> bool {
+    head.http10
+        || head
+            .field("connection")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
+}
+
+/// Reads and discards a (304's) body, then returns the connection to the pool when its framing
+/// and its `Connection` allow. The client fetch and the background refresh both end a 304 here,
+/// so they cannot drift apart on when a connection is reused.
+async fn drain(mut up: UpstreamConn, head: &ResponseHead, framing: BodyFraming, group: &Group) {
     let mut reader = BodyReader::new(framing, group.read_timeout);
     let mut sink = Vec::new();
     while !reader.is_done() {
-        if reader.next(up, &mut sink).await.is_err() {
-            return false;
+        if reader.next(&mut up, &mut sink).await.is_err() {
+            return;
         }
     }
-    reader.reusable()
-}
-
-/// The stored response's metadata after a 304 (RFC 9111 §3.2, §4.3.4): fields merged, freshness
-/// recomputed from them, age restarted from the 304.
-///
-/// The merged fields pass the same filter as a stored response's (RFC 9111 §3.1): fields that
-/// `private="…"`/`no-cache="…"` name, and `Set-Cookie` on a route that doesn't store cookies, are
-/// dropped, so a 304 to one user's request cannot put that user's cookie into the shared entry.
-/// The second value is false when the merged directives forbid storing at all (`no-store`,
-/// `private`): the caller serves this client and then removes the entry.
-fn revalidated_meta(
-    stale: &Entry,
-    head: &ResponseHead,
-    request_time: SystemTime,
-    response_time: SystemTime,
-    h: Heuristics,
-    store_set_cookie: bool,
-    targeted: &Targeted,
-) -> (Meta, bool) {
-    let merged_block = validation::merge_304(&stale.meta.fields, head);
-    let merged = ResponseHead {
-        status: stale.meta.status,
-        reason: stale.meta.reason.clone(),
-        http10: false,
-        fields: Vec::new(),
+    if reader.reusable() && !upstream_closes(head) {
+        group.release(up);
     }
-    .with_stored_fields(&merged_block);
-    let (d, governed) = targeted.governing(|n| merged.joined(n));
-    let mut drop = d.private_fields.clone();
-    drop.extend(d.no_cache_fields.iter().cloned());
-    if !store_set_cookie {
-        drop.push("set-cookie".into());
-    }
-    let fields = policy::stored_fields(&merged, &drop);
-    let storable = !policy::forbids_storing(&d, stale.meta.status);
-    let lifetime = freshness::lifetime(&merged, &d, governed, response_time, h)
-        .map(|(l, _)| l)
-        .unwrap_or_default();
-    let meta = Meta {
-        key: stale.meta.key.clone(),
-        stored_at: response_time,
-        initial_age: freshness::initial_age(head, request_time, response_time),
-        lifetime,
-        status: stale.meta.status,
-        reason: stale.meta.reason.clone(),
-        fields,
-        vary: stale.meta.vary.clone(),
-        url: stale.meta.url.clone(),
-    };
-    (meta, storable)
 }
 
 impl Background {
@@ -1272,7 +1196,7 @@ impl Background {
         .revalidating(self.stale.clone());
         let request = f.upstream_request(peer, &ctx);
         let request_time = SystemTime::now();
-        let (mut up, head) = match self
+        let (up, head) = match self
             .upstream
             .exchange(&request, true, &self.primary.text, &mut Vec::new())
             .await
@@ -1298,9 +1222,7 @@ impl Background {
         };
         let h = heuristics(&ctx, self.default_ttl);
         if head.status == 304 {
-            if drain(&mut up, framing, &self.upstream).await {
-                self.upstream.release(up);
-            }
+            drain(up, &head, framing, &self.upstream).await;
             if let Some(stale) = &self.stale {
                 let (meta, storable) = revalidated_meta(
                     stale,
@@ -1363,10 +1285,7 @@ impl Background {
                 return;
             }
         };
-        let upstream_close = head.http10
-            || head
-                .field("connection")
-                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        let upstream_close = upstream_closes(&head);
         let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
         self.guard.publish(g);
         pump(
