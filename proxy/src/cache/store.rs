@@ -686,8 +686,16 @@ impl Store {
         let gone: Vec<Arc<Entry>> = {
             let mut inner = self.inner.lock();
             let hashes = inner.by_url.get(url).cloned().unwrap_or_default();
+            let gone: Vec<Arc<Entry>> = hashes.into_iter().filter_map(|h| inner.take(h)).collect();
+            // The Vary map is keyed by primary key text, which is the URL's only on routes without
+            // `cache_key.headers`: forget the fields each purged entry's primary key varied on.
             inner.vary.remove(url);
-            hashes.into_iter().filter_map(|h| inner.take(h)).collect()
+            for e in &gone {
+                inner
+                    .vary
+                    .remove(crate::cache::variance::primary_text(&e.meta.key));
+            }
+            gone
         };
         for e in &gone {
             let _ = fs::remove_file(&e.path);
@@ -797,6 +805,49 @@ mod tests {
         store
             .lookup_varying(&key, |_| key.clone())
             .is_some_and(|found| Arc::ptr_eq(&found, e))
+    }
+
+    #[test]
+    fn purging_a_url_forgets_what_its_keyed_primary_varied_on() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(tmp.path(), 10);
+        // A route with `cache_key.headers`: the primary key is the URL's plus a key field.
+        let url = CacheKey::new("GET", "http", "h", "/v", 128);
+        let primary =
+            url.clone()
+                .with_headers(&["x-tenant".to_string()], |_| Some("a".into()), 128);
+        assert_ne!(primary.text, url.text);
+        for lang in ["en", "fr"] {
+            let key = CacheKey::from_text(
+                format!(
+                    "{}{}accept-language={lang}",
+                    primary.text,
+                    crate::cache::variance::SEPARATOR
+                ),
+                128,
+            );
+            let meta = Meta {
+                key: key.text.clone(),
+                stored_at: SystemTime::now(),
+                initial_age: Duration::ZERO,
+                lifetime: Duration::from_secs(600),
+                status: 200,
+                reason: "OK".into(),
+                fields: b"Vary: Accept-Language\r\n".to_vec(),
+                vary: vec!["accept-language".into()],
+                url: url.text.clone(),
+            };
+            let mut fill = Fill::create(s.clone(), key.hash, meta).expect("fill");
+            fill.write(lang.as_bytes()).expect("write");
+            fill.commit().expect("commit");
+        }
+        assert!(s.inner.lock().vary.contains_key(&primary.text));
+        assert_eq!(s.purge_url(&url.text), 2);
+        assert_eq!(s.usage(), (0, 0));
+        assert!(
+            !s.inner.lock().vary.contains_key(&primary.text),
+            "the primary's Vary names outlived its entries"
+        );
     }
 
     #[test]
