@@ -14,6 +14,8 @@
 //! runs as root, as CI does) a missing requirement panics with the same message instead: a run
 //! that is meant to cover everything cannot pass by skipping.
 //!
+//! The panic points at the test's line (`#[track_caller]`), not at this file.
+//!
 //! The message goes straight to the process's stderr, not through `eprintln!`, which libtest
 //! captures and shows only for failing tests: a skipped test passes, and its line must still be
 //! seen. `cargo xtask test` collects these lines and lists them at the end.
@@ -31,12 +33,14 @@ pub fn is_root() -> bool {
 }
 
 /// Goes on only as root; `why` says what in the test needs it ("loads the eBPF probe").
+#[track_caller]
 pub fn root(why: &str) -> bool {
     is_root() || skip(&format!("needs root ({why})"))
 }
 
 /// Goes on only with at least `n` CPUs available to this process (its affinity mask and CPU
 /// quota, as `std::thread::available_parallelism` counts them).
+#[track_caller]
 pub fn cpus(n: usize, why: &str) -> bool {
     let have = std::thread::available_parallelism().map_or(1, |n| n.get());
     have >= n || skip(&format!("needs {n} CPUs, has {have} ({why})"))
@@ -44,18 +48,21 @@ pub fn cpus(n: usize, why: &str) -> bool {
 
 /// Goes on only with Chromium at /usr/bin/chromium (where the browser test points chromedriver)
 /// and `chromedriver` on PATH: Debian's chromium and chromium-driver.
+#[track_caller]
 pub fn chromium(why: &str) -> bool {
     let found = Path::new("/usr/bin/chromium").is_file() && on_path("chromedriver");
     found || skip(&format!("needs Chromium and chromedriver ({why})"))
 }
 
 /// Goes on only if `name` is an executable on PATH.
+#[track_caller]
 pub fn command(name: &str) -> bool {
     on_path(name) || skip(&format!("needs the `{name}` command on PATH"))
 }
 
 /// Goes on only if `ok`; `what` names the requirement ("cargo-deb", "no zerocache package
 /// installed"), for what the other checks do not cover.
+#[track_caller]
 pub fn that(ok: bool, what: &str) -> bool {
     ok || skip(&format!("needs {what}"))
 }
@@ -86,6 +93,7 @@ fn test_name() -> String {
 }
 
 /// Prints the skip line and returns false, or panics with it when skipping is not allowed.
+#[track_caller]
 fn skip(need: &str) -> bool {
     let line = format!("skipped {}: {need}", test_name());
     if required() {
