@@ -289,8 +289,9 @@ fn tracefs(changed: &mut Vec<String>) -> anyhow::Result<()> {
         return Ok(());
     }
     if !crate::is_root() {
+        // Mounted or not, tracefs is root's alone (mode 700): only root can load the probe.
         println!(
-            "xtask: setup: skipped mounting tracefs at /sys/kernel/tracing (needs root); the probe will report itself unavailable"
+            "xtask: setup: skipped the tracefs check and mount at /sys/kernel/tracing (needs root); the probe will report itself unavailable"
         );
         return Ok(());
     }
