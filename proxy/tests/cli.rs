@@ -1,6 +1,8 @@
 //! The `zerocache` command line: `check` validates without connecting, `run` fails fast.
 
+mod support;
 use std::process::Command;
+use support::require;
 
 fn zerocache(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_zerocache"))
@@ -125,12 +127,7 @@ fn check_quiet_prints_nothing_on_success_and_the_error_on_failure() {
 
 #[test]
 fn max_connections_above_the_fd_limit_is_clamped_with_a_warning() {
-    if std::process::Command::new("prlimit")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: prlimit (util-linux) is not installed");
+    if !require::command("prlimit") {
         return;
     }
     // The port is taken so `run` stops right after start-up, with its log on stderr.

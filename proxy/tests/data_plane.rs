@@ -408,6 +408,12 @@ fn connections_are_spread_evenly_over_the_workers() {
 /// once), without the slack (one CPU takes every connection) and without the pinning.
 #[test]
 fn pinned_workers_keep_connections_on_their_cpu_within_a_bounded_imbalance() {
+    if !require::cpus(
+        2,
+        "keeps connections on the CPU their packets arrive on, apart from the others",
+    ) {
+        return;
+    }
     use zerocache::server::affinity::{allowed_cpus, pin_current_thread};
     use zerocache::server::workers::SLACK;
     let (origin, _rt) = origin();

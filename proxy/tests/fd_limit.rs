@@ -76,6 +76,9 @@ fn every_entry_survives_256_fds(cache_yaml: &str) -> String {
 
 #[test]
 fn an_explicit_open_files_above_the_fd_limit_is_clamped_and_no_entry_is_lost() {
+    if !require::command("prlimit") {
+        return;
+    }
     let m = every_entry_survives_256_fds("  open_files: 10000\n");
     // Clamped to RLIMIT_NOFILE / 2.
     let open = metric(&m, "zerocache_cache_open_files");
@@ -84,6 +87,9 @@ fn an_explicit_open_files_above_the_fd_limit_is_clamped_and_no_entry_is_lost() {
 
 #[test]
 fn auto_open_files_keeps_three_quarters_of_the_fds_free_and_no_entry_is_lost() {
+    if !require::command("prlimit") {
+        return;
+    }
     let m = every_entry_survives_256_fds("");
     // auto: RLIMIT_NOFILE / 4.
     let open = metric(&m, "zerocache_cache_open_files");
@@ -176,6 +182,9 @@ const PATIENT_LIMITS: &str = "limits:\n  header_timeout: 120s\n  idle_timeout: 1
 
 #[test]
 fn out_of_fds_a_new_connection_gets_a_canned_503_and_service_resumes() {
+    if !require::command("prlimit") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(
         origin.addr(),
@@ -210,6 +219,9 @@ fn out_of_fds_a_new_connection_gets_a_canned_503_and_service_resumes() {
 
 #[test]
 fn out_of_fds_a_hit_gets_503_with_retry_after_and_the_entry_stays() {
+    if !require::command("prlimit") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(
         origin.addr(),

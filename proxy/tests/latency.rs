@@ -7,6 +7,9 @@ use support::*;
 
 #[test]
 fn fifty_sequential_keep_alive_hits_per_size_never_take_10ms() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(
         origin.addr(),

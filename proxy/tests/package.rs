@@ -1,13 +1,15 @@
 //! The Debian package, for real: `cargo xtask package` builds it, dpkg installs it, the installed
 //! binary checks the installed config, and `dpkg -r` / `dpkg -P` remove it as dpkg promises
 //! (conffiles kept on remove, gone on purge). Needs root, dpkg and cargo-deb (which
-//! `cargo xtask setup` installs); skips with the reason otherwise. The release build makes it the
-//! slowest test (minutes on a fresh target directory), so it builds once and checks everything
-//! on that one package.
+//! `cargo xtask setup` installs); skips with the reason otherwise (fails under
+//! `ZEROCACHE_REQUIRE_PRIVILEGED=1`). The release build makes it the slowest test (minutes on a
+//! fresh target directory), so it builds once and checks everything on that one package.
 
+mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use support::require;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -51,33 +53,35 @@ fn status(package: &str) -> Option<String> {
     (code == 0).then_some(out)
 }
 
-/// Why this machine cannot run the test, if it cannot.
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("installing a package with dpkg needs root".into());
+/// True if this machine can run the test; otherwise the skip (or, under
+/// `ZEROCACHE_REQUIRE_PRIVILEGED=1`, the failure) says why.
+fn can_run() -> bool {
+    if !require::root("installs a package with dpkg") {
+        return false;
     }
-    for (tool, args) in [
-        ("dpkg", &["--version"][..]),
-        ("dpkg-deb", &["--version"][..]),
-        ("readelf", &["--version"][..]),
-    ] {
-        if !works(tool, args) {
-            return Some(format!("`{tool}` is missing"));
-        }
+    if !["dpkg", "dpkg-deb", "dpkg-query", "readelf"]
+        .iter()
+        .all(|tool| require::command(tool))
+    {
+        return false;
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    if !works(&cargo, &["deb", "--version"]) {
-        return Some("cargo-deb is missing (`cargo xtask setup` installs it)".into());
+    if !require::that(
+        works(&cargo, &["deb", "--version"]),
+        "cargo-deb (`cargo xtask setup` installs it)",
+    ) {
+        return false;
     }
-    for package in ["zerocache", "zerocache-dbgsym"] {
-        if let Some(s) = status(package).filter(|s| !s.ends_with("not-installed")) {
-            return Some(format!(
-                "a `{package}` package is on this machine ({s}); the test would replace it"
-            ));
-        }
-    }
-    None
+    ["zerocache", "zerocache-dbgsym"].iter().all(|package| {
+        let installed = status(package).filter(|s| !s.ends_with("not-installed"));
+        require::that(
+            installed.is_none(),
+            &format!(
+                "no `{package}` package on this machine (it is {}; the test would replace it)",
+                installed.as_deref().unwrap_or("")
+            ),
+        )
+    })
 }
 
 /// Purges what the test installed and the cache directory `check` created, even when an
@@ -127,8 +131,7 @@ fn read(path: &str) -> String {
 
 #[test]
 fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
+    if !can_run() {
         return;
     }
     let root = workspace();
@@ -283,24 +286,20 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
     );
 
     // The unit and the logrotate snippet parse as what they claim to be.
-    if works("systemd-analyze", &["--version"]) {
+    if require::command("systemd-analyze") {
         let (code, out, err) = run(
             "systemd-analyze",
             &["verify", "/lib/systemd/system/zerocache.service"],
         );
         assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""));
-    } else {
-        eprintln!("skipped: systemd-analyze verify (systemd-analyze is missing)");
     }
-    if works("logrotate", &["--version"]) {
+    if require::command("logrotate") {
         let (code, _, err) = run("logrotate", &["-d", "/etc/logrotate.d/zerocache"]);
         assert_eq!(code, 0, "{err}");
         assert!(
             err.contains("rotating pattern: /var/log/zerocache/*.log  after 1 days (14 rotations)"),
             "{err}"
         );
-    } else {
-        eprintln!("skipped: logrotate -d (logrotate is missing)");
     }
 
     // Remove: the program and the unit go, the conffiles stay.

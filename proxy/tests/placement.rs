@@ -68,6 +68,12 @@ fn realtime_hog(cpu: usize, stop: &'static AtomicBool) -> std::thread::JoinHandl
 /// 600 hits in 10 s.
 #[test]
 fn auto_pins_workers_and_lets_one_off_a_cpu_a_realtime_task_holds() {
+    if !require::cpus(2, "moves a worker off one CPU onto another") {
+        return;
+    }
+    if !require::root("runs a SCHED_FIFO task, which needs CAP_SYS_NICE") {
+        return;
+    }
     static STOP: AtomicBool = AtomicBool::new(false);
     let cpus = allowed_cpus().expect("affinity mask");
     assert!(cpus.len() >= 2, "needs two CPUs, has {cpus:?}");

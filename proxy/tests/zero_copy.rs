@@ -39,6 +39,9 @@ fn u(v: &Value) -> u64 {
 
 #[test]
 fn hits_go_through_sendfile_and_only_heads_are_copied() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), probe_opts(""));
     let stats = proxy.api("/api/stats");
@@ -87,6 +90,9 @@ fn hits_go_through_sendfile_and_only_heads_are_copied() {
 
 #[test]
 fn a_stored_miss_is_read_behind_its_fill_and_an_uncacheable_one_is_copied() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), probe_opts(""));
     // Stored: the body goes from the cache file to the socket with sendfile as it is filled.
@@ -120,6 +126,9 @@ fn a_stored_miss_is_read_behind_its_fill_and_an_uncacheable_one_is_copied() {
 
 #[test]
 fn reused_fd_numbers_keep_separate_records() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), probe_opts(""));
     // The fill's connection is closed by the proxy before the first hit connects, so its fd number
@@ -163,6 +172,9 @@ fn reused_fd_numbers_keep_separate_records() {
 
 #[test]
 fn the_planted_copy_bug_is_reported_as_violations() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), probe_opts("debug:\n  copy_hits: true\n"));
     let mut c = proxy.client();
@@ -188,6 +200,9 @@ fn the_planted_copy_bug_is_reported_as_violations() {
 
 #[test]
 fn without_privileges_the_proxy_serves_and_says_why_the_probe_is_off() {
+    if !require::root("drops to nobody with setpriv") {
+        return;
+    }
     let (origin, _rt) = origin();
     let tmp = tempfile::tempdir().expect("tmp");
     // nobody must be able to create the cache there.
