@@ -5,9 +5,10 @@
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
 use crate::cache::store::{Store, open_files_budget};
+use crate::cpu::affinity;
+use crate::cpu::placement::Placement;
 use crate::http::request::Limits;
 use crate::routing::Routes;
-use crate::server::placement::Placement;
 use crate::server::{self, Ctx, Shared};
 use anyhow::Context;
 use parking_lot::Mutex;
@@ -108,14 +109,14 @@ struct Kept {
     nofile: u64,
 }
 
-/// How many data-plane workers to run and where (see `server::placement`). By default one worker
+/// How many data-plane workers to run and where (see `cpu::placement`). By default one worker
 /// per CPU the process may use: the data plane is syscall-bound, and more threads than CPUs only
 /// add context switches. That is the affinity mask, further limited by a cgroup CPU quota
 /// (`available_parallelism` reads `cpu.max`), so a container limited to 2 CPUs on a 64-core host
 /// runs 2. Pinned workers go round robin over the allowed CPUs, as nginx's
 /// `worker_cpu_affinity auto` does.
 fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placement {
-    let allowed = server::affinity::allowed_cpus().unwrap_or_else(|e| {
+    let allowed = affinity::allowed_cpus().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read the CPU affinity mask; workers not pinned");
         Vec::new()
     });

@@ -5,7 +5,7 @@
 //! packets are received. On loopback that is the client's CPU; on a NIC it is the CPU of the
 //! receive queue the flow hashes to. There the ACKs that clock the sender are processed, the
 //! socket lock is taken, and the segments are queued. Everything stays in one CPU's caches and one
-//! backlog queue, so the flow is never reordered. See `workers` for what that measured.
+//! backlog queue, so the flow is never reordered. See `server::workers` for what that measured.
 
 use std::io;
 use std::os::fd::AsRawFd;
