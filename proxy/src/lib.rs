@@ -16,3 +16,4 @@ pub mod run;
 pub mod sendfile;
 pub mod server;
 pub mod upstream;
+pub mod worker_id;

@@ -29,6 +29,7 @@
 use super::{Shared, conn};
 use crate::cpu::affinity;
 use crate::cpu::placement::Placement;
+use crate::worker_id;
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -38,18 +39,6 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use zerocache_dashboard::RejectReason;
-
-thread_local! {
-    /// This thread's worker number; `usize::MAX` on threads that are not data-plane workers.
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
-}
-
-/// The data-plane worker running on this thread (`usize::MAX` elsewhere): sockets are polled by
-/// the runtime that registered them, so per-worker state such as idle upstream connections is
-/// tagged with it.
-pub fn current() -> usize {
-    WORKER.with(|w| w.get())
-}
 
 /// A connection handed from the worker that accepted it to the one that will serve it.
 type Handoff = (std::net::TcpStream, SocketAddr);
@@ -323,7 +312,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("zerocache-w{me}"))
                 .spawn(move || {
-                    WORKER.with(|w| w.set(me));
+                    worker_id::set(me);
                     pool.placement.enter(me);
                     let _leave = Leave(pool.placement.clone(), me);
                     rt.block_on(async move {

@@ -5,7 +5,7 @@ use super::balance::Balancer;
 use super::health;
 use super::peer::{InFlight, Outcome, Peer};
 use crate::http::response::{self, ResponseHead};
-use crate::server::workers;
+use crate::worker_id;
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,7 +87,7 @@ pub struct UpstreamConn {
     /// Bytes read past the current response head.
     pub buf: BytesMut,
     server: usize,
-    /// The worker whose runtime polls `stream` ([`workers::current`]).
+    /// The worker whose runtime polls `stream` ([`worker_id::current`]).
     worker: usize,
     /// Came from the pool (may have been closed by the server meanwhile).
     pub reused: bool,
@@ -145,7 +145,7 @@ impl Group {
     /// runtime if another polled it. Prefers one this worker polls already, so its readiness
     /// never waits on a thread busy with other clients.
     fn pooled(&self, i: usize) -> Option<UpstreamConn> {
-        let me = workers::current();
+        let me = worker_id::current();
         let peer = &self.peers[i];
         loop {
             let (worker, stream) = {
@@ -193,7 +193,7 @@ impl Group {
                     stream,
                     buf: BytesMut::with_capacity(16 * 1024),
                     server: i,
-                    worker: workers::current(),
+                    worker: worker_id::current(),
                     reused: false,
                     _in_flight: in_flight,
                 });
