@@ -27,18 +27,16 @@ const CLOSED_KEPT: usize = 10_000;
 /// Raises RLIMIT_NOFILE's soft limit to the hard limit: every connection and every cached open
 /// file is an fd.
 pub fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
     };
-    // SAFETY: plain syscalls on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    if soft < hard {
+        // Refused or not, the hard limit is what was asked for; the caller reads the limit back.
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        return hard;
     }
-    lim.rlim_cur
+    soft
 }
 
 /// The open-file cache's size for `cache.open_files` under a soft RLIMIT_NOFILE of `nofile`
