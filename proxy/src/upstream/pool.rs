@@ -438,18 +438,15 @@ impl Group {
 /// `MSG_PEEK | MSG_DONTWAIT`, which reads the socket itself (a readiness cache could be stale for
 /// a connection that just moved between runtimes).
 fn quiet(stream: &TcpStream) -> bool {
+    use nix::sys::socket::{MsgFlags, recv};
     use std::os::fd::AsRawFd;
-    let mut byte = 0u8;
-    // SAFETY: the fd is open (borrowed from `stream`) and `byte` is a valid 1-byte buffer.
-    let r = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+    let mut byte = [0u8; 1];
+    let r = recv(
+        stream.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    );
+    r.is_err_and(|e| std::io::Error::from(e).kind() == std::io::ErrorKind::WouldBlock)
 }
 
 /// Most interim (1xx) responses accepted before the final one.
