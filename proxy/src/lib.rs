@@ -4,6 +4,7 @@
 
 pub mod accesslog;
 pub mod cache;
+pub mod cpu;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod http;
@@ -15,3 +16,4 @@ pub mod run;
 pub mod sendfile;
 pub mod server;
 pub mod upstream;
+pub mod worker_id;

@@ -9,7 +9,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-/// cachestat(2)'s syscall number on x86_64 (and every architecture using the generic table).
+/// cachestat(2)'s syscall number (nix has no wrapper for cachestat, nor libc a number for it) on x86_64 (and every architecture using the generic table).
 const SYS_CACHESTAT: libc::c_long = 451;
 
 #[repr(C)]
@@ -39,6 +39,7 @@ pub fn resident(file: &File, off: u64, len: u64) -> bool {
     }
     let range = CachestatRange { off, len };
     let mut st = Cachestat::default();
+    // nix has no wrapper for cachestat.
     // SAFETY: valid fd and pointers to local structs of the kernel's layout.
     let r = unsafe {
         libc::syscall(
@@ -59,6 +60,7 @@ pub fn resident(file: &File, off: u64, len: u64) -> bool {
 /// Reads `off..off+len` into the page cache on the blocking pool; returns when it is there.
 pub async fn warm(file: std::sync::Arc<File>, off: u64, len: u64) {
     let _ = tokio::task::spawn_blocking(move || {
+        // nix has no wrapper for readahead.
         // SAFETY: valid fd; readahead only populates the page cache.
         unsafe { libc::readahead(file.as_raw_fd(), off as libc::off64_t, len as usize) };
     })
@@ -67,8 +69,8 @@ pub async fn warm(file: std::sync::Arc<File>, off: u64, len: u64) {
 
 /// Drops a file's pages from the page cache (for tests and the cold-cache benchmark).
 pub fn evict(file: &File) {
-    // SAFETY: valid fd; advice only.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+    let _ = posix_fadvise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
 }
 
 #[cfg(test)]

@@ -5,9 +5,10 @@
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
 use crate::cache::store::{Store, open_files_budget};
+use crate::cpu::affinity;
+use crate::cpu::placement::Placement;
 use crate::http::request::Limits;
 use crate::routing::Routes;
-use crate::server::placement::Placement;
 use crate::server::{self, Ctx, Shared};
 use anyhow::Context;
 use parking_lot::Mutex;
@@ -26,18 +27,16 @@ const CLOSED_KEPT: usize = 10_000;
 /// Raises RLIMIT_NOFILE's soft limit to the hard limit: every connection and every cached open
 /// file is an fd.
 pub fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
     };
-    // SAFETY: plain syscalls on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    if soft < hard {
+        // Refused or not, the hard limit is what was asked for; the caller reads the limit back.
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        return hard;
     }
-    lim.rlim_cur
+    soft
 }
 
 /// The open-file cache's size for `cache.open_files` under a soft RLIMIT_NOFILE of `nofile`
@@ -108,14 +107,14 @@ struct Kept {
     nofile: u64,
 }
 
-/// How many data-plane workers to run and where (see `server::placement`). By default one worker
+/// How many data-plane workers to run and where (see `cpu::placement`). By default one worker
 /// per CPU the process may use: the data plane is syscall-bound, and more threads than CPUs only
 /// add context switches. That is the affinity mask, further limited by a cgroup CPU quota
 /// (`available_parallelism` reads `cpu.max`), so a container limited to 2 CPUs on a 64-core host
 /// runs 2. Pinned workers go round robin over the allowed CPUs, as nginx's
 /// `worker_cpu_affinity auto` does.
 fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placement {
-    let allowed = server::affinity::allowed_cpus().unwrap_or_else(|e| {
+    let allowed = affinity::allowed_cpus().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read the CPU affinity mask; workers not pinned");
         Vec::new()
     });

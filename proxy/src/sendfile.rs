@@ -6,6 +6,7 @@
 //! project exists to catch. Each call is capped at `max_chunk` and the task yields between chunks,
 //! so one 1 GiB transfer cannot starve the other connections on the same worker thread.
 
+use nix::sys::socket::MsgFlags;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -39,34 +40,29 @@ async fn when_writable<R>(
 /// Writes all of `buf` to `sock` (send(2) with `MSG_NOSIGNAL`), within `timeout` per write that
 /// makes progress.
 pub async fn send_all(sock: &TcpStream, buf: &[u8], timeout: Duration) -> io::Result<()> {
-    send_flags(sock, buf, 0, timeout).await
+    send_flags(sock, buf, MsgFlags::empty(), timeout).await
 }
+
+/// `MSG_MORE`, which nix's `MsgFlags` does not name: the raw bit, passed through unchanged.
+const MSG_MORE: MsgFlags = MsgFlags::from_bits_retain(libc::MSG_MORE);
 
 async fn send_flags(
     sock: &TcpStream,
     buf: &[u8],
-    flags: libc::c_int,
+    flags: MsgFlags,
     timeout: Duration,
 ) -> io::Result<()> {
+    // nix's send takes a raw fd; sock keeps it open for the whole call.
     let fd = sock.as_raw_fd();
     let mut done = 0;
     while done < buf.len() {
         let rest = &buf[done..];
         done += when_writable(sock, timeout, || {
-            // SAFETY: fd is open (borrowed from sock) and rest is a live buffer of its length.
-            let r = unsafe {
-                libc::send(
-                    fd,
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    flags | libc::MSG_NOSIGNAL,
-                )
-            };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(r as usize)
-            }
+            Ok(nix::sys::socket::send(
+                fd,
+                rest,
+                flags | MsgFlags::MSG_NOSIGNAL,
+            )?)
         })
         .await?;
     }
@@ -100,7 +96,7 @@ pub enum SendfileError {
 /// Safe from the corked-tail stall that `tcp_nopush` gives nginx: the socket has `TCP_NODELAY`,
 /// and sendfile's last call carries no `MSG_MORE`, so the tail is pushed the moment it is queued.
 pub async fn send_head(sock: &TcpStream, head: &[u8], timeout: Duration) -> io::Result<()> {
-    send_flags(sock, head, libc::MSG_MORE, timeout).await
+    send_flags(sock, head, MSG_MORE, timeout).await
 }
 
 /// Sends `len` bytes of `file` from `offset` to `sock`. Returns the bytes sent (always `len` on
@@ -113,22 +109,15 @@ pub async fn send(
     max_chunk: u64,
     timeout: Duration,
 ) -> Result<u64, SendfileError> {
-    let out_fd = sock.as_raw_fd();
-    let in_fd = file.as_raw_fd();
-    let mut off = offset as libc::off_t;
+    let mut off = offset as libc::off64_t;
     let end = offset + len;
     let mut sent = 0u64;
     while sent < len {
         let want = (end - off as u64).min(max_chunk) as usize;
         let n = when_writable(sock, timeout, || {
-            // SAFETY: both fds are open for the duration of the call (borrowed above); `off`
-            // is a valid pointer the kernel advances.
-            let r = unsafe { libc::sendfile(out_fd, in_fd, &mut off, want) };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(r as u64)
-            }
+            // nix's sendfile64 is the same one syscall (sendfile64 on x86_64, as libc::sendfile
+            // was): no allocation, the kernel advances `off`, and an error is the same errno.
+            Ok(nix::sys::sendfile::sendfile64(sock, file, Some(&mut off), want)? as u64)
         })
         .await
         .map_err(|error| SendfileError::Io { sent, error })?;
@@ -172,25 +161,32 @@ pub async fn send_by_copy(
         }
         let mut done = 0;
         while done < n {
-            let fd = sock.as_raw_fd();
             let chunk = &buf[done..n];
-            let w = when_writable(sock, timeout, || {
-                // SAFETY: valid fd and buffer.
-                let r = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
-                if r < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(r as usize)
-                }
-            })
-            .await
-            .map_err(|error| SendfileError::Io {
-                sent: sent + done as u64,
-                error,
-            })?;
+            // write(2), not send(2): the copying syscall the probe is meant to catch.
+            let w = when_writable(sock, timeout, || Ok(nix::unistd::write(sock, chunk)?))
+                .await
+                .map_err(|error| SendfileError::Io {
+                    sent: sent + done as u64,
+                    error,
+                })?;
             done += w;
         }
         sent += n as u64;
     }
     Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nix's `MsgFlags` does not name `MSG_MORE`: the raw bit must reach send(2) as it was.
+    #[test]
+    fn msg_more_survives_nix_flags() {
+        assert_eq!(MSG_MORE.bits(), libc::MSG_MORE);
+        assert_eq!(
+            (MSG_MORE | MsgFlags::MSG_NOSIGNAL).bits(),
+            libc::MSG_MORE | libc::MSG_NOSIGNAL
+        );
+    }
 }

@@ -6,15 +6,12 @@
 //! SIGHUP and each request picks up the one current when it starts, so a reload changes routes for
 //! new requests while responses in flight finish on the old ones.
 
-pub mod affinity;
 pub mod behind;
 pub mod conn;
 pub mod fetch;
 pub mod hit;
 pub mod listen;
-pub mod placement;
 pub mod upload;
-pub mod valve;
 pub mod workers;
 
 use crate::accesslog::AccessLog;

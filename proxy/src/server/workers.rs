@@ -18,16 +18,18 @@
 //! costs the proxy ~1.6× the CPU per GB of a balanced run. Control-plane work (signals, the
 //! dashboard, the probe) stays on the main runtime.
 //!
-//! While workers are pinned (`workers.cpu_affinity`, see `placement`), a connection goes to the
-//! least loaded worker pinned on the CPU its packets arrive on (`SO_INCOMING_CPU`, see
-//! `affinity`) unless that worker has more than [`SLACK`] connections above the least loaded of
-//! all. Its sends, the ACKs that clock them and the socket lock then stay on one CPU and one
+//! While workers are pinned (`workers.cpu_affinity`, see `crate::cpu::placement`), a connection
+//! goes to the least loaded worker pinned on the CPU its packets arrive on (`SO_INCOMING_CPU`, see
+//! `crate::cpu::affinity`) unless that worker has more than [`SLACK`] connections above the least
+//! loaded of all. Its sends, the ACKs that clock them and the socket lock then stay on one CPU and one
 //! backlog queue, so the flow is never reordered: 0 out-of-order events per GB at 16 and 64 MiB
 //! hits, against 4–120 unpinned. A worker's blocking-pool threads (cold-hit read-ahead) are not
 //! pinned: they would compete with their own worker for its CPU.
 
-use super::placement::Placement;
-use super::{Shared, affinity, conn};
+use super::{Shared, conn};
+use crate::cpu::affinity;
+use crate::cpu::placement::Placement;
+use crate::worker_id;
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -37,18 +39,6 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use zerocache_dashboard::RejectReason;
-
-thread_local! {
-    /// This thread's worker number; `usize::MAX` on threads that are not data-plane workers.
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
-}
-
-/// The data-plane worker running on this thread (`usize::MAX` elsewhere): sockets are polled by
-/// the runtime that registered them, so per-worker state such as idle upstream connections is
-/// tagged with it.
-pub fn current() -> usize {
-    WORKER.with(|w| w.get())
-}
 
 /// A connection handed from the worker that accepted it to the one that will serve it.
 type Handoff = (std::net::TcpStream, SocketAddr);
@@ -322,7 +312,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("zerocache-w{me}"))
                 .spawn(move || {
-                    WORKER.with(|w| w.set(me));
+                    worker_id::set(me);
                     pool.placement.enter(me);
                     let _leave = Leave(pool.placement.clone(), me);
                     rt.block_on(async move {

@@ -5,7 +5,7 @@ use super::balance::Balancer;
 use super::health;
 use super::peer::{InFlight, Outcome, Peer};
 use crate::http::response::{self, ResponseHead};
-use crate::server::workers;
+use crate::worker_id;
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,7 +87,7 @@ pub struct UpstreamConn {
     /// Bytes read past the current response head.
     pub buf: BytesMut,
     server: usize,
-    /// The worker whose runtime polls `stream` ([`workers::current`]).
+    /// The worker whose runtime polls `stream` ([`worker_id::current`]).
     worker: usize,
     /// Came from the pool (may have been closed by the server meanwhile).
     pub reused: bool,
@@ -145,7 +145,7 @@ impl Group {
     /// runtime if another polled it. Prefers one this worker polls already, so its readiness
     /// never waits on a thread busy with other clients.
     fn pooled(&self, i: usize) -> Option<UpstreamConn> {
-        let me = workers::current();
+        let me = worker_id::current();
         let peer = &self.peers[i];
         loop {
             let (worker, stream) = {
@@ -193,7 +193,7 @@ impl Group {
                     stream,
                     buf: BytesMut::with_capacity(16 * 1024),
                     server: i,
-                    worker: workers::current(),
+                    worker: worker_id::current(),
                     reused: false,
                     _in_flight: in_flight,
                 });
@@ -438,18 +438,15 @@ impl Group {
 /// `MSG_PEEK | MSG_DONTWAIT`, which reads the socket itself (a readiness cache could be stale for
 /// a connection that just moved between runtimes).
 fn quiet(stream: &TcpStream) -> bool {
+    use nix::sys::socket::{MsgFlags, recv};
     use std::os::fd::AsRawFd;
-    let mut byte = 0u8;
-    // SAFETY: the fd is open (borrowed from `stream`) and `byte` is a valid 1-byte buffer.
-    let r = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+    let mut byte = [0u8; 1];
+    let r = recv(
+        stream.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    );
+    r.is_err_and(|e| std::io::Error::from(e).kind() == std::io::ErrorKind::WouldBlock)
 }
 
 /// Most interim (1xx) responses accepted before the final one.

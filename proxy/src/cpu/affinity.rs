@@ -5,25 +5,21 @@
 //! packets are received. On loopback that is the client's CPU; on a NIC it is the CPU of the
 //! receive queue the flow hashes to. There the ACKs that clock the sender are processed, the
 //! socket lock is taken, and the segments are queued. Everything stays in one CPU's caches and one
-//! backlog queue, so the flow is never reordered. See `workers` for what that measured.
+//! backlog queue, so the flow is never reordered. See `server::workers` for what that measured.
 
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
 use std::io;
 use std::os::fd::AsRawFd;
 
 /// The CPUs this process may run on (its affinity mask, which honours `taskset` and cpusets), in
 /// ascending order.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for the calling thread.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        set
-    };
-    // SAFETY: CPU_ISSET reads the set filled above, for indexes below its capacity.
-    Ok((0..libc::CPU_SETSIZE as usize)
-        .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
+    // Pid 0: the calling thread.
+    let set = sched_getaffinity(Pid::from_raw(0))?;
+    // Every index below the set's capacity (CPU_SETSIZE) is valid, so is_set cannot fail.
+    Ok((0..CpuSet::count())
+        .filter(|c| set.is_set(*c).unwrap_or(false))
         .collect())
 }
 
@@ -39,23 +35,18 @@ pub fn allow_current_thread(cpus: &[usize]) -> io::Result<()> {
 
 /// The calling thread's kernel thread id, for [`allow_thread`] and [`wait_stats`].
 pub fn current_tid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
+    nix::unistd::gettid().as_raw()
 }
 
 /// Lets thread `tid` (0: the calling thread) run on exactly `cpus`. CPUs beyond `CPU_SETSIZE`
 /// are ignored.
 pub fn allow_thread(tid: i32, cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t with bits set below its capacity, passed with its size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &cpu in cpus.iter().filter(|c| **c < libc::CPU_SETSIZE as usize) {
-            libc::CPU_SET(cpu, &mut set);
-        }
-        if libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        // Fails (EINVAL) only for CPUs beyond the set's capacity, which are ignored.
+        let _ = set.set(cpu);
     }
+    sched_setaffinity(Pid::from_raw(tid), &set)?;
     Ok(())
 }
 
@@ -98,18 +89,13 @@ pub fn thread_cpu_time(tid: i32) -> io::Result<std::time::Duration> {
     // The kernel's encoding of a thread's CPU clock (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)):
     // !tid << 3, | 4 for "thread", | 2 for the scheduler clock. Any thread of the calling process
     // may be read.
-    let clock = ((!tid) << 3) | 6;
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // nix's ClockId has no constructor for another thread's CPU clock (only the process's),
+    // so the raw id goes through from_raw.
+    let clock = nix::time::ClockId::from_raw(((!tid) << 3) | 6);
+    let ts = nix::time::clock_gettime(clock)?;
     Ok(std::time::Duration::new(
-        ts.tv_sec as u64,
-        ts.tv_nsec as u32,
+        ts.tv_sec() as u64,
+        ts.tv_nsec() as u32,
     ))
 }
 
@@ -134,6 +120,7 @@ pub fn runnable(tid: i32) -> io::Result<bool> {
 
 /// The CPU that processed the last packet received on `sock`, if the kernel recorded one.
 pub fn incoming_cpu(sock: &impl AsRawFd) -> Option<usize> {
+    // nix has no wrapper for SO_INCOMING_CPU (no sockopt::IncomingCpu).
     let mut cpu: libc::c_int = -1;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cpu`, an int as SO_INCOMING_CPU expects.
