@@ -22,6 +22,19 @@ fn check_big(all: &[u8]) {
     assert_complete_64mib_hit(all);
 }
 
+/// The access log's lines once it has at least `n` (the writer thread flushes within 200 ms).
+fn log_lines(log: &std::path::Path, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().count() >= n {
+            return text.lines().map(str::to_string).collect();
+        }
+        assert!(Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `/healthz`, asked as a load balancer does: by address, with another `Host` and no token.
 fn healthz(proxy: &Proxy) -> (u16, String) {
     let r = Client::connect(proxy.dashboard).get("/healthz", &[]);
@@ -166,15 +179,7 @@ fn the_access_log_has_one_exact_line_per_response() {
     gone.sock.read_exact(&mut first).expect("first byte");
     // Closing with unread bytes makes the kernel reset the connection.
     drop(gone);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let lines = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.lines().count() >= 4 {
-            break text.lines().map(str::to_string).collect::<Vec<_>>();
-        }
-        assert!(Instant::now() < deadline, "access log: {text:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let lines = log_lines(&log, 4);
     assert_eq!(lines.len(), 4);
     // The time, the two durations and the request id vary: masked, then every other byte is
     // pinned.
@@ -269,16 +274,8 @@ fn the_combined_format_reads_like_nginx_and_ids_from_trusted_peers_are_kept() {
     );
     // An invalid id is replaced, even from a trusted peer.
     c.get("/obj/11", &[("X-Trace", "a b")]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.lines().count() >= 2 {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "access log: {text:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let first = text.lines().next().expect("line");
+    let lines = log_lines(&log, 2);
+    let first = lines[0].as_str();
     let (ip, rest) = first.split_once(" - - [").expect("combined");
     assert_eq!(ip, "127.0.0.1");
     let (time, rest) = rest.split_once("] ").expect("time");

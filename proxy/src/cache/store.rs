@@ -784,6 +784,26 @@ mod tests {
     /// Stores `body` for `target` through a real fill, as the proxy does.
     fn put(store: &Arc<Store>, target: &str, body: &[u8]) -> Arc<Entry> {
         let key = CacheKey::new("GET", "http", "h", target, 128);
+        let url = key.text.clone();
+        fill(
+            store,
+            &key,
+            &url,
+            b"Cache-Control: max-age=600\r\n",
+            Vec::new(),
+            body,
+        )
+    }
+
+    /// Stores `body` under `key` (for `url`) through a real fill, fresh for 10 minutes.
+    fn fill(
+        store: &Arc<Store>,
+        key: &CacheKey,
+        url: &str,
+        fields: &[u8],
+        vary: Vec<String>,
+        body: &[u8],
+    ) -> Arc<Entry> {
         let meta = Meta {
             key: key.text.clone(),
             stored_at: SystemTime::now(),
@@ -791,9 +811,9 @@ mod tests {
             lifetime: Duration::from_secs(600),
             status: 200,
             reason: "OK".into(),
-            fields: b"Cache-Control: max-age=600\r\n".to_vec(),
-            vary: Vec::new(),
-            url: key.text.clone(),
+            fields: fields.to_vec(),
+            vary,
+            url: url.to_string(),
         };
         let mut fill = Fill::create(store.clone(), key.hash, meta).expect("fill");
         fill.write(body).expect("write");
@@ -826,20 +846,14 @@ mod tests {
                 ),
                 128,
             );
-            let meta = Meta {
-                key: key.text.clone(),
-                stored_at: SystemTime::now(),
-                initial_age: Duration::ZERO,
-                lifetime: Duration::from_secs(600),
-                status: 200,
-                reason: "OK".into(),
-                fields: b"Vary: Accept-Language\r\n".to_vec(),
-                vary: vec!["accept-language".into()],
-                url: url.text.clone(),
-            };
-            let mut fill = Fill::create(s.clone(), key.hash, meta).expect("fill");
-            fill.write(lang.as_bytes()).expect("write");
-            fill.commit().expect("commit");
+            fill(
+                &s,
+                &key,
+                &url.text,
+                b"Vary: Accept-Language\r\n",
+                vec!["accept-language".into()],
+                lang.as_bytes(),
+            );
         }
         assert!(s.inner.lock().vary.contains_key(&primary.text));
         assert_eq!(s.purge_url(&url.text), 2);
