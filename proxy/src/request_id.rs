@@ -6,8 +6,26 @@
 //! a per-process random prefix mixed with a counter, unique for the process's life, with no
 //! syscall and no lock per request.
 
+use crate::http::request::RequestHead;
+use crate::server::Ctx;
+use std::net::IpAddr;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The id of `req` from `peer`: a trusted proxy's, when it sent a valid one in
+/// `logging.request_id_header`, else a new one.
+pub fn of(req: &RequestHead, peer: IpAddr, ctx: &Ctx) -> String {
+    if ctx.trusted_proxies.iter().any(|c| c.contains(peer))
+        && let Some(v) = req
+            .fields
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(&ctx.request_id_header))
+            .and_then(|(_, v)| accept(v))
+    {
+        return v.to_string();
+    }
+    generate()
+}
 
 /// Longest id kept from a trusted peer.
 const MAX_LEN: usize = 128;

@@ -577,3 +577,23 @@ fn logrotate_with_sigusr1_under_traffic_loses_no_line() {
     assert!(lines(&rotated) >= N / 4, "{}", lines(&rotated));
     assert!(lines(&log) > 0, "lines after the signal go to the new file");
 }
+
+#[test]
+fn without_an_access_log_a_forwarded_request_still_carries_a_request_id() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    // A client's own id is replaced: it is no trusted proxy.
+    assert_eq!(c.get("/obj/10", &[("X-Request-Id", "forged")]).status, 200);
+    assert_eq!(c.get("/obj/10", &[]).x_cache(), "HIT");
+    let ids: Vec<String> = origin
+        .received()
+        .iter()
+        .map(|r| r.header("x-request-id").unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(ids.len(), 1, "the hit never went upstream");
+    assert!(
+        ids[0].len() == 16 && ids[0].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{ids:?}"
+    );
+}

@@ -332,28 +332,12 @@ impl Conn {
         }
     }
 
-    /// The request's id: a trusted proxy's, when it sent a valid one, else a new one.
-    fn request_id(&self, req: &RequestHead) -> String {
-        let ctx = &self.ctx;
-        if ctx
-            .trusted_proxies
-            .iter()
-            .any(|c| c.contains(self.peer.ip()))
-            && let Some(v) = req
-                .fields
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(&ctx.request_id_header))
-                .and_then(|(_, v)| crate::request_id::accept(v))
-        {
-            return v.to_string();
-        }
-        crate::request_id::generate()
-    }
-
     /// One request: route → cache lookup → hit or fetch. Returns whether to keep the connection.
     async fn handle(&mut self, mut req: RequestHead, started: Instant) -> Result<bool, ConnError> {
-        req.id = self.request_id(&req);
+        // The id costs a hash and an allocation: a hit with no access log has no use for it (a
+        // fetch makes one for the upstream request when none was made here).
         if self.ctx.access_log.is_some() {
+            req.id = crate::request_id::of(&req, self.peer.ip(), &self.ctx);
             self.log_info = crate::accesslog::RequestInfo::of(&req);
         }
         let Some(body) = self.read_body(&req).await? else {

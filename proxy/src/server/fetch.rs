@@ -459,9 +459,14 @@ impl<'a> Fetch<'a> {
             "1.1 zerocache"
         };
         put(&mut out, "Via", append(via, via_me.to_string()).as_bytes());
-        if !req.id.is_empty() {
-            put(&mut out, &ctx.request_id_header, req.id.as_bytes());
-        }
+        // Made when the request was read if an access log line needs it; otherwise here, where it
+        // is first needed.
+        let id = if req.id.is_empty() {
+            std::borrow::Cow::Owned(crate::request_id::of(req, peer, ctx))
+        } else {
+            std::borrow::Cow::Borrowed(req.id.as_str())
+        };
+        put(&mut out, &ctx.request_id_header, id.as_bytes());
         match &self.body {
             RequestBody::Whole(b) => {
                 if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
@@ -1153,9 +1158,9 @@ async fn pump(
 /// `Connection: close`): it must not go back to the pool.
 fn upstream_closes(head: &ResponseHead) -> bool {
     head.http10
-        || head
-            .field("connection")
-            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
+        || headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+            .iter()
+            .any(|t| t == "close")
 }
 
 /// Reads and discards a (304's) body, then returns the connection to the pool when its framing
