@@ -112,22 +112,19 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
     }
     // The id is sent upstream under this name: a name the proxy generates or that frames or
     // routes the message would let a trusted peer's id desync the upstream connection.
-    const RESERVED: &[&str] = &[
+    const SET_BY_THE_PROXY: &[&str] = &[
         "host",
         "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "upgrade",
         "expect",
         "via",
         "forwarded",
         "x-forwarded-for",
-        "proxy-connection",
     ];
-    if RESERVED.iter().any(|r| id.eq_ignore_ascii_case(r)) {
+    if HOP_BY_HOP
+        .iter()
+        .chain(SET_BY_THE_PROXY)
+        .any(|r| id.eq_ignore_ascii_case(r))
+    {
         errs.push(invalid(
             "logging.request_id_header",
             format!("`{id}` is a field the proxy sets or that frames the message; use a name of its own such as X-Request-Id"),

@@ -62,10 +62,13 @@ pub fn normalise(name: &str, value: Option<&str>) -> String {
 /// `a;q=0.5,c,b` as `c,b,a;q=0.500` (`b,c,...` with `by_name`); `None` when a member has anything
 /// but a valid `q` (then the value is compared as written rather than guessed at).
 fn by_quality(list: &str, by_name: bool) -> Option<String> {
-    let mut members: Vec<(String, u16)> = Vec::new();
+    // Only SP and HTAB are whitespace here, as in `normalise`. Members borrow from `list`: this
+    // runs on every lookup of a URL that varies, hits included.
+    fn ws(s: &str) -> &str {
+        s.trim_matches([' ', '\t'])
+    }
+    let mut members: Vec<(&str, u16)> = Vec::new();
     for item in list.split(',') {
-        // Only SP and HTAB are whitespace here, as in `normalise`.
-        let ws = |s: &'_ str| s.trim_matches([' ', '\t']).to_owned();
         let (value, q) = match item.split_once(';') {
             None => (ws(item), 1000),
             Some((value, param)) => {
@@ -73,7 +76,7 @@ fn by_quality(list: &str, by_name: bool) -> Option<String> {
                 if ws(k) != "q" {
                     return None;
                 }
-                (ws(value), qvalue(&ws(v))?)
+                (ws(value), qvalue(ws(v))?)
             }
         };
         if value.is_empty() {
@@ -82,18 +85,21 @@ fn by_quality(list: &str, by_name: bool) -> Option<String> {
         members.push((value, q));
     }
     if by_name {
-        members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     } else {
         members.sort_by_key(|m| std::cmp::Reverse(m.1));
     }
-    let out: Vec<String> = members
-        .iter()
-        .map(|(v, q)| match q {
-            1000 => v.clone(),
-            q => format!("{v};q=0.{q:03}"),
-        })
-        .collect();
-    Some(out.join(","))
+    let mut out = String::with_capacity(list.len() + 8);
+    for (i, (v, q)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(v);
+        if *q != 1000 {
+            out.push_str(&format!(";q=0.{q:03}"));
+        }
+    }
+    Some(out)
 }
 
 /// A qvalue (RFC 9110 §12.4.2: `0[.ddd]` or `1[.000]`) in thousandths.
@@ -102,7 +108,12 @@ fn qvalue(s: &str) -> Option<u16> {
     if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let thousandths = format!("{frac:0<3}").parse::<u16>().ok()?;
+    // `0.5` is 500 thousandths: the digits, scaled by the ones not written.
+    let thousandths = frac
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(3)
+        .fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
     match int {
         "0" => Some(thousandths),
         "1" if thousandths == 0 => Some(1000),
