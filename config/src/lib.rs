@@ -8,6 +8,7 @@ pub mod cidr;
 pub mod error;
 pub mod schema;
 mod sections;
+pub mod tls;
 pub mod units;
 pub mod validate;
 
@@ -47,6 +48,15 @@ pub fn load_and_check_dirs(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     validate::check_cache_dir(&config)
         .map_err(|v| error::from_validation(&path.display().to_string(), &text, v))?;
+    let unreadable = tls::check_files(&config);
+    if !unreadable.is_empty() {
+        return Err(ConfigError::from_list(
+            unreadable
+                .into_iter()
+                .map(|v| error::from_validation(&path.display().to_string(), &text, v))
+                .collect(),
+        ));
+    }
     Ok(config)
 }
 

@@ -45,6 +45,9 @@ pub struct Config {
     /// Switches for demonstrations and tests; never on in production.
     #[serde(default)]
     pub debug: DebugConfig,
+    /// A listener for HTTPS clients (see [`crate::tls`]); unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsListener>,
 }
 
 impl Config {
@@ -473,6 +476,9 @@ pub struct Upstream {
     /// normalised host. The cache key keeps the client's host either way.
     #[serde(default)]
     pub host: Option<String>,
+    /// How `https://` servers are reached (SNI, CA, client certificate, verification).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::UpstreamTls>,
 }
 
 impl Upstream {

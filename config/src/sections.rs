@@ -23,6 +23,7 @@ pub const TOP_LEVEL: &[&str] = &[
     "logging",
     "proxy",
     "debug",
+    "tls",
 ];
 
 /// The first error of each top-level section of `text`, beside `whole` (the whole file's first
@@ -38,6 +39,7 @@ pub(crate) fn errors(text: &str, file: &str, whole: ConfigError) -> ConfigError 
             "routes" => first_error::<Vec<Route>>(&block),
             "dashboard" => first_error::<DashboardConfig>(&block),
             "probe" => first_error::<ProbeConfig>(&block),
+            "tls" => first_error::<crate::tls::TlsListener>(&block),
             "limits" => first_error::<Limits>(&block),
             "workers" => first_error::<WorkersConfig>(&block),
             "logging" => first_error::<LoggingConfig>(&block),

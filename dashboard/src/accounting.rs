@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use zerocache_probe::{ClosedFd, FdCounts};
 
+use crate::copy_reason::CopiedBytes;
+use crate::tls_stats::{TLS_USERSPACE_VERDICT, TlsStats};
+
 /// `X-Cache` values (nginx's `$upstream_cache_status`), plus `Error` for answers the proxy made up
 /// itself (4xx for bad requests, 502/504).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -166,6 +169,8 @@ pub struct ConnRecord {
     pub violations: u64,
     /// Still open.
     pub active: bool,
+    /// A TLS connection without kTLS: every body byte is copied by design.
+    pub tls_userspace: bool,
     #[serde(skip)]
     started: Option<Instant>,
     /// (request line, body length) of recent zero-copy responses, for naming violations.
@@ -216,12 +221,15 @@ pub struct BodyTotals {
     pub copy_bytes: u64,
     /// Connections joined with a kernel record.
     pub connections: u64,
+    /// Of `copy_bytes`, those the proxy meant to copy (relayed misses, generated bodies, TLS in
+    /// user space): left out of the ratio, which counts only bytes meant for sendfile.
+    pub intended_copy_bytes: u64,
 }
 
 impl BodyTotals {
     /// The body zero-copy ratio, or `None` before any body byte.
     pub fn ratio(&self) -> Option<f64> {
-        let all = self.zerocopy_bytes + self.copy_bytes;
+        let all = self.zerocopy_bytes + self.copy_bytes.saturating_sub(self.intended_copy_bytes);
         (all > 0).then(|| self.zerocopy_bytes as f64 / all as f64)
     }
 }
@@ -258,6 +266,10 @@ pub struct Accounting {
     state: Mutex<ConnState>,
     closed_capacity: usize,
     probe_attached: bool,
+    /// Copied body bytes by reason.
+    pub copied: CopiedBytes,
+    /// TLS handshakes and kTLS availability.
+    pub tls: TlsStats,
 }
 
 struct ConnState {
@@ -335,6 +347,8 @@ impl Accounting {
             }),
             closed_capacity,
             probe_attached,
+            copied: CopiedBytes::default(),
+            tls: TlsStats::default(),
         }
     }
 
@@ -356,11 +370,19 @@ impl Accounting {
             verdict: "no-body",
             violations: 0,
             active: true,
+            tls_userspace: false,
             started: Some(Instant::now()),
             zc_responses: VecDeque::new(),
         };
         self.state.lock().active.insert(id, rec);
         id
+    }
+
+    /// Connection `id` is TLS encrypted in user space (no kTLS): its bodies are copied by design.
+    pub fn conn_tls_userspace(&self, id: ConnId) {
+        if let Some(c) = self.state.lock().active.get_mut(&id) {
+            c.tls_userspace = true;
+        }
     }
 
     /// A response was sent completely (or as far as it went) on connection `id`.
@@ -497,6 +519,7 @@ impl Accounting {
         });
         st.body.zerocopy_bytes += zc;
         st.body.copy_bytes += copied.saturating_sub(c.head_bytes);
+        st.body.intended_copy_bytes += intended_copy(&c, copied);
         st.body.connections += 1;
         // Body bytes meant for sendfile that sendfile did not carry, and that the copy path did.
         let missing = c.zerocopy_body_bytes.saturating_sub(zc);
@@ -537,7 +560,7 @@ impl Accounting {
             }
             st.recent_violations.push_back(v);
         }
-        c.verdict = verdict(zc, copied.saturating_sub(c.head_bytes));
+        c.verdict = conn_verdict(&c, zc, copied.saturating_sub(c.head_bytes));
         self.push_closed(&mut st, c);
     }
 
@@ -663,7 +686,7 @@ impl Accounting {
                 if let Some((generation, counts)) = live.get(&c.fd) {
                     let zc = counts.zero_copy_bytes();
                     let copied = counts.copy_bytes();
-                    c.verdict = verdict(zc, copied.saturating_sub(c.head_bytes));
+                    c.verdict = conn_verdict(&c, zc, copied.saturating_sub(c.head_bytes));
                     c.kernel = Some(KernelView {
                         zerocopy_bytes: zc,
                         copy_bytes: copied,
@@ -732,6 +755,7 @@ impl Accounting {
             if let Some((_, counts)) = live.get(&c.fd) {
                 t.zerocopy_bytes += counts.zero_copy_bytes();
                 t.copy_bytes += counts.copy_bytes().saturating_sub(c.head_bytes);
+                t.intended_copy_bytes += intended_copy(c, counts.copy_bytes());
             }
         }
         t
@@ -763,7 +787,27 @@ fn verdict(zc: u64, copied_body: u64) -> &'static str {
 }
 
 fn proxy_verdict(c: &ConnRecord) -> &'static str {
-    verdict(c.zerocopy_body_bytes, c.copy_body_bytes)
+    conn_verdict(c, c.zerocopy_body_bytes, c.copy_body_bytes)
+}
+
+/// A TLS connection in user space is a copy by design, whatever the figures.
+fn conn_verdict(c: &ConnRecord, zc: u64, copied_body: u64) -> &'static str {
+    if c.tls_userspace && copied_body > 0 {
+        TLS_USERSPACE_VERDICT
+    } else {
+        verdict(zc, copied_body)
+    }
+}
+
+/// Of the kernel's `copied` bytes on `c`'s socket, the body bytes the proxy meant to copy: all of
+/// them on a TLS connection in user space (records, handshake and all), else its declared ones.
+fn intended_copy(c: &ConnRecord, copied: u64) -> u64 {
+    let body = copied.saturating_sub(c.head_bytes);
+    if c.tls_userspace {
+        body
+    } else {
+        body.min(c.copy_body_bytes)
+    }
 }
 
 #[cfg(test)]

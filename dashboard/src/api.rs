@@ -40,6 +40,10 @@ pub struct Stats {
     pub recent_violations: Vec<Violation>,
     /// Hits ÷ (hits + misses + expired).
     pub hit_ratio: Option<f64>,
+    /// Body bytes the proxy copied through user space, by reason (`miss`, `tls-userspace`, ...).
+    pub copied_body_bytes: BTreeMap<&'static str, u64>,
+    /// The TLS listener, its handshakes, and whether the kernel offers kTLS.
+    pub tls: crate::tls_stats::TlsSnapshot,
     /// Cache usage and health.
     pub cache: CacheStats,
     /// zerocache's own socket syscalls by kind.
@@ -114,6 +118,11 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
         violations_recent,
         recent_violations: acc.recent_violations(),
         hit_ratio: (lookups > 0).then(|| hits as f64 / lookups as f64),
+        copied_body_bytes: crate::copy_reason::CopyReason::ALL
+            .iter()
+            .map(|r| (r.as_str(), acc.copied.get(*r)))
+            .collect(),
+        tls: acc.tls.snapshot(),
         cache: (state.cache)(),
         syscalls,
         history: if with_history { history } else { Vec::new() },

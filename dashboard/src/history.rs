@@ -18,7 +18,8 @@ pub struct Sample {
     pub bytes_by_kind: Vec<u64>,
     /// Kernel-verified body bytes via sendfile/splice.
     pub body_zerocopy: u64,
-    /// Kernel-verified body bytes via copying syscalls.
+    /// Kernel-verified body bytes via copying syscalls that were meant for sendfile (the copies
+    /// by design, relayed misses and TLS in user space, are left out).
     pub body_copy: u64,
     /// Violations so far.
     pub violations: u64,

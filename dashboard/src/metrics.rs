@@ -139,6 +139,8 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .with_label_values(&["copy"])
         .inc_by(bt.copy_bytes);
 
+    crate::tls_metrics::register(&r, acc, &bt)?;
+
     let upstream = counter_vec(
         &r,
         "zerocache_upstream_errors_total",

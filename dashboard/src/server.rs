@@ -273,7 +273,8 @@ fn sample(state: &DashboardState) -> Sample {
         requests: CacheStatus::ALL.iter().map(|c| acc.requests(*c)).collect(),
         bytes_by_kind,
         body_zerocopy: body.zerocopy_bytes,
-        body_copy: body.copy_bytes,
+        // Only bytes meant for sendfile count against the ratio (see `BodyTotals::ratio`).
+        body_copy: body.copy_bytes.saturating_sub(body.intended_copy_bytes),
         violations: acc.violations(),
     }
 }

@@ -15,5 +15,6 @@ pub mod routing;
 pub mod run;
 pub mod sendfile;
 pub mod server;
+pub mod tls;
 pub mod upstream;
 pub mod worker_id;

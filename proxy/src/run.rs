@@ -136,7 +136,7 @@ fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placeme
     placement
 }
 
-fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
+fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::TlsServer>>) -> Ctx {
     let routes = Routes::new(config);
     for (name, group) in &routes.groups {
         if let Some(cfg) = config.upstreams.get(name) {
@@ -188,6 +188,7 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
         store_5xx: config.cache.store_5xx,
         abandoned_fill_max: config.cache.abandoned_fill_max.as_u64(),
         abandoned_fill_timeout: config.cache.abandoned_fill_timeout,
+        tls,
     }
 }
 
@@ -243,11 +244,13 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)
         .context("listen")?
     {
-        listeners.push(
+        listeners.push((
             server::listen::bind_listener(addr, config.backlog)
                 .with_context(|| format!("cannot listen on {addr} (listen)"))?,
-        );
+            false,
+        ));
     }
+    let tls = crate::tls::listener::start(&config, &mut listeners)?;
     let dashboard_listener = if config.dashboard.enabled {
         Some(
             TcpListener::bind(&config.dashboard.listen)
@@ -276,6 +279,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         closed_capacity: CLOSED_KEPT,
     });
     let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
+    accounting
+        .tls
+        .set_detected(tls.server.is_some(), tls.ktls.available());
     crate::cache::scrub::start(
         store.clone(),
         accounting.clone(),
@@ -355,7 +361,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         connection_cap,
         nofile,
     };
-    let shared = Shared::new(build_ctx(&config, &kept));
+    let shared = Shared::new(build_ctx(&config, &kept, tls.server));
     if config.debug.copy_hits {
         tracing::warn!(
             "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
@@ -363,7 +369,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     }
     let addrs: Vec<String> = listeners
         .iter()
-        .filter_map(|l| l.local_addr().ok())
+        .filter_map(|(l, _)| l.local_addr().ok())
         .map(|a| a.to_string())
         .collect();
     tracing::info!(addrs = %addrs.join(", "), backlog = config.backlog, nofile, probe = ?probe.status(), "zerocache listening");
@@ -436,6 +442,9 @@ fn purge(store: &Store, p: &zerocache_dashboard::Purge) -> Result<usize, String>
         texts.push(without_query);
     }
     Ok(texts
+        .into_iter()
+        .flat_map(crate::tls::with_https_twin)
+        .collect::<Vec<_>>()
         .iter()
         .map(|t| {
             if prefix {
@@ -470,6 +479,10 @@ fn reload(
             new.listen != old.listen || new.backlog != old.backlog,
         ),
         ("cache", new.cache != old.cache),
+        (
+            "tls.listen",
+            new.tls.as_ref().map(|t| &t.listen) != old.tls.as_ref().map(|t| &t.listen),
+        ),
         ("dashboard", new.dashboard != old.dashboard),
         ("logging", new.logging != old.logging),
         ("probe.enabled", new.probe.enabled != old.probe.enabled),
@@ -483,7 +496,16 @@ fn reload(
         }
     }
     warn_if_clamped(&new, kept.connection_cap, kept.nofile);
-    let old_ctx = shared.ctx.swap(Arc::new(build_ctx(&new, kept)));
+    // Certificates are read again; a bad file rejects the reload and the running ones stay.
+    let tls = match crate::tls::listener::reload(&new, old) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "reload rejected (TLS certificates); keeping the running config");
+            shared.ctx.load().accounting.config_reload(false);
+            return None;
+        }
+    };
+    let old_ctx = shared.ctx.swap(Arc::new(build_ctx(&new, kept, tls)));
     // Responses in flight keep the old groups until they end; their health checks stop now.
     for group in old_ctx.routes.groups.values() {
         group.retire();

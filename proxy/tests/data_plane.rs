@@ -257,7 +257,8 @@ fn requests_are_forwarded_with_proxy_hygiene() {
     assert_eq!(got.header("x-kept"), Some("yes"));
     // The client is no trusted proxy: its claim about where it came from is replaced.
     assert_eq!(got.header("x-forwarded-for"), Some("127.0.0.1"));
-    assert_eq!(got.header("forwarded"), Some("for=127.0.0.1"));
+    assert_eq!(got.header("forwarded"), Some("for=127.0.0.1;proto=http"));
+    assert_eq!(got.header("x-forwarded-proto"), Some("http"));
     assert_eq!(got.header("via"), Some("1.1 zerocache"));
     assert_eq!(got.header("host"), Some("test.example"));
 }
@@ -291,10 +292,11 @@ fn a_trusted_proxy_s_forwarding_fields_are_appended_to() {
         .find(|r| r.path == "/fwd")
         .expect("received");
     assert_eq!(got.header("x-forwarded-for"), Some("10.0.0.1, 127.0.0.1"));
-    // Only the `for=` pairs survive: `host=` and `proto=` are in no cache key.
+    // Only the `for=` pairs survive (`host=` is in no cache key); `proto=` is the proxy's own,
+    // the scheme of the listener the request came in on.
     assert_eq!(
         got.header("forwarded"),
-        Some("for=10.0.0.1, for=10.0.0.2, for=127.0.0.1")
+        Some("for=10.0.0.1, for=10.0.0.2, for=127.0.0.1;proto=http")
     );
     assert_eq!(got.header("x-real-ip"), Some("10.0.0.1"));
 }

@@ -27,6 +27,9 @@ pub struct RequestHead {
     /// The request id (`logging.request_id_header`), assigned by the connection before routing;
     /// empty until then. See [`crate::request_id`].
     pub id: String,
+    /// It came in on the TLS listener: `https` in its cache key and in the `X-Forwarded-Proto`
+    /// and `Forwarded: proto=` sent upstream.
+    pub tls: bool,
 }
 
 /// How a request body is delimited.
@@ -299,6 +302,7 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             close,
             expect_continue,
             id: String::new(),
+            tls: false,
         },
         consumed,
     )))

@@ -6,7 +6,7 @@ use super::conn::{Conn, ConnError};
 use crate::cache::growing::{Growing, Progress, Reader};
 use crate::http::headers::{put, put_num};
 use crate::http::request::RequestHead;
-use crate::sendfile::{self, SendfileError};
+use crate::sendfile::SendfileError;
 use std::time::{Duration, Instant, SystemTime};
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
 
@@ -34,28 +34,24 @@ impl Conn {
                 let n = avail - sent;
                 if chunked {
                     let line = format!("{}{n:x}\r\n", if pending_crlf { "\r\n" } else { "" });
-                    if let Err(e) =
-                        sendfile::send_head(&self.sock, line.as_bytes(), ctx.send_timeout).await
-                    {
+                    if let Err(e) = self.sock.send_head(line.as_bytes(), ctx.send_timeout).await {
                         return (sent, framing, Err(e.into()));
                     }
                     framing += line.len() as u64;
                     pending_crlf = true;
                 }
                 let offset = g.entry.body_offset + sent;
-                let result = if ctx.copy_hits {
-                    sendfile::send_by_copy(&self.sock, &g.file, offset, n, ctx.send_timeout).await
-                } else {
-                    sendfile::send(
-                        &self.sock,
+                let result = self
+                    .sock
+                    .send_file(
                         &g.file,
                         offset,
                         n,
                         ctx.sendfile_max_chunk,
                         ctx.send_timeout,
+                        ctx.copy_hits,
                     )
-                    .await
-                };
+                    .await;
                 match result {
                     Ok(k) => sent += k,
                     Err(SendfileError::Truncated { sent: k, .. }) => {

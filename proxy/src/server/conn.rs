@@ -2,6 +2,7 @@
 //! dispatching each request through route → cache lookup → hit or fetch, and answering malformed
 //! input with its 4xx before closing.
 
+use super::client_sock::ClientSock;
 use super::fetch::{Fetch, Outcome, RangeFill};
 use super::hit::{HitKind, HitOutcome};
 use super::upload::RequestBody;
@@ -16,24 +17,22 @@ use crate::cache::variance;
 use crate::http::headers::put_num;
 use crate::http::request::{self, BodyFraming, RequestHead};
 use crate::http::response::reason;
-use crate::sendfile;
 use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use zerocache_dashboard::accounting::ConnId;
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use zerocache_dashboard::{CacheStatus, CopyReason, DataPath, ResponseRecord};
 
 /// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
 
 /// A client connection's state.
 pub struct Conn {
-    /// The socket.
-    pub sock: TcpStream,
+    /// The socket, plain or TLS.
+    pub sock: ClientSock,
     /// Client address.
     pub peer: SocketAddr,
     /// Accounting id.
@@ -65,13 +64,16 @@ pub enum ConnError {
 }
 
 /// Runs the connection to its end.
-pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
     let ctx = shared.ctx.load_full();
     // Small heads followed by sendfile bodies: without NODELAY, Nagle can hold a body's last
     // partial segment behind a delayed ACK (the ~40 ms stall nginx shows with tcp_nopush).
-    let _ = sock.set_nodelay(true);
-    let fd = sock.as_raw_fd() as u32;
+    let _ = sock.tcp().set_nodelay(true);
+    let fd = sock.tcp().as_raw_fd() as u32;
     let id = ctx.accounting.conn_opened(fd, peer);
+    if sock.is_tls() {
+        ctx.accounting.conn_tls_userspace(id);
+    }
     let mut conn = Conn {
         sock,
         peer,
@@ -101,7 +103,11 @@ pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
             l_onoff: 1,
             l_linger: 0,
         };
-        let _ = nix::sys::socket::setsockopt(&conn.sock, nix::sys::socket::sockopt::Linger, &reset);
+        let _ = nix::sys::socket::setsockopt(
+            conn.sock.tcp(),
+            nix::sys::socket::sockopt::Linger,
+            &reset,
+        );
     }
 }
 
@@ -153,7 +159,9 @@ impl Conn {
                 match request::parse(&self.buf, self.ctx.limits) {
                     Ok(Some((head, n))) => {
                         let _ = self.buf.split_to(n);
-                        return Ok(Head::Request(Box::new(head)));
+                        let mut head = Box::new(head);
+                        head.tls = self.sock.is_tls();
+                        return Ok(Head::Request(head));
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -238,17 +246,20 @@ impl Conn {
         }
         let sent = self.send_head().await;
         let body = if req.method == "HEAD" { 0 } else { body_len };
-        self.record(&ResponseRecord {
-            method: &req.method,
-            target: &req.target,
-            status,
-            cache_status,
-            head_bytes: self.head.len() as u64 - body,
-            body_bytes: if sent.is_ok() { body } else { 0 },
-            path: DataPath::Copy,
-            duration: started.elapsed(),
-            complete: sent.is_ok(),
-        });
+        self.record_as(
+            &ResponseRecord {
+                method: &req.method,
+                target: &req.target,
+                status,
+                cache_status,
+                head_bytes: self.head.len() as u64 - body,
+                body_bytes: if sent.is_ok() { body } else { 0 },
+                path: DataPath::Copy,
+                duration: started.elapsed(),
+                complete: sent.is_ok(),
+            },
+            CopyReason::Generated,
+        );
         sent?;
         Ok(!req.close)
     }
@@ -262,32 +273,52 @@ impl Conn {
         complete: bool,
         d: Duration,
     ) {
-        self.record(&ResponseRecord {
-            method,
-            target,
-            status,
-            cache_status: CacheStatus::Error,
-            head_bytes: self.head.len() as u64 - body,
-            body_bytes: if complete { body } else { 0 },
-            path: DataPath::Copy,
-            duration: d,
-            complete,
-        });
+        self.record_as(
+            &ResponseRecord {
+                method,
+                target,
+                status,
+                cache_status: CacheStatus::Error,
+                head_bytes: self.head.len() as u64 - body,
+                body_bytes: if complete { body } else { 0 },
+                path: DataPath::Copy,
+                duration: d,
+                complete,
+            },
+            CopyReason::Generated,
+        );
     }
 
     /// Sends the response head built in `self.head`, within `limits.send_timeout` per write.
-    pub async fn send_head(&self) -> Result<(), ConnError> {
-        self.send(&self.head).await
+    pub async fn send_head(&mut self) -> Result<(), ConnError> {
+        Ok(self
+            .sock
+            .send_all(&self.head, self.ctx.send_timeout)
+            .await?)
     }
 
     /// Sends `bytes` to the client, within `limits.send_timeout` per write that makes progress.
-    pub async fn send(&self, bytes: &[u8]) -> Result<(), ConnError> {
-        Ok(sendfile::send_all(&self.sock, bytes, self.ctx.send_timeout).await?)
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
+        Ok(self.sock.send_all(bytes, self.ctx.send_timeout).await?)
     }
 
-    /// Records a response in the accounting (the proxy's "intent" side of the ledger).
+    /// Records a response in the accounting (the proxy's "intent" side of the ledger); a copied
+    /// body declared `Copy` here was relayed from the upstream.
     pub fn record(&self, r: &ResponseRecord<'_>) {
-        self.ctx.accounting.response(self.id, r);
+        self.record_as(r, CopyReason::Miss)
+    }
+
+    /// [`Conn::record`], with `relay` the reason a body declared `Copy` was copied. The declared
+    /// path becomes what the transport made of it (see `copy_account`).
+    fn record_as(&self, r: &ResponseRecord<'_>, relay: CopyReason) {
+        let acc = &self.ctx.accounting;
+        let (path, reason) =
+            super::copy_account::classify(r.path, relay, self.sock.is_tls(), self.ctx.copy_hits);
+        if let Some(reason) = reason {
+            acc.copied.add(reason, r.body_bytes);
+        }
+        let r = &ResponseRecord { path, ..r.clone() };
+        acc.response(self.id, r);
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);
         }
@@ -414,7 +445,13 @@ impl Conn {
         } else {
             req.path()
         };
-        let url = CacheKey::new(&req.method, "http", &req.host, target, ctx.hash_bits);
+        let url = CacheKey::new(
+            &req.method,
+            crate::tls::scheme(req.tls),
+            &req.host,
+            target,
+            ctx.hash_bits,
+        );
         let primary = url.clone().with_headers(
             &route.key_headers,
             |h| crate::http::headers::exact(&req.fields, h),

@@ -398,6 +398,7 @@ impl<'a> Fetch<'a> {
                 || n.eq_ignore_ascii_case("host")
                 || n.eq_ignore_ascii_case("content-length")
                 || n.eq_ignore_ascii_case("expect")
+                || n.eq_ignore_ascii_case("x-forwarded-proto")
                 || n.eq_ignore_ascii_case(&ctx.request_id_header)
                 || (whole && headers::is_range_or_condition(n))
             {
@@ -447,10 +448,13 @@ impl<'a> Fetch<'a> {
             "X-Forwarded-For",
             append(xff, ip.clone()).as_bytes(),
         );
+        // The scheme of the listener the request came in on, never the client's claim.
+        let proto = crate::tls::scheme(req.tls);
+        put(&mut out, "X-Forwarded-Proto", proto.as_bytes());
         let node = if peer.is_ipv6() {
-            format!("for=\"[{ip}]\"")
+            format!("for=\"[{ip}]\";proto={proto}")
         } else {
-            format!("for={ip}")
+            format!("for={ip};proto={proto}")
         };
         put(&mut out, "Forwarded", append(forwarded, node).as_bytes());
         let via_me = if req.http10 {
@@ -628,7 +632,10 @@ impl<'a> Fetch<'a> {
         if let Some(keep_query) = self.invalidate
             && (200..400).contains(&head.status)
         {
-            for url in invalidation::invalidated(&req.host, &req.target, &head, keep_query) {
+            for url in invalidation::invalidated(&req.host, &req.target, &head, keep_query)
+                .into_iter()
+                .flat_map(crate::tls::with_https_twin)
+            {
                 let n = ctx.store.purge_url(&url);
                 if n > 0 {
                     tracing::debug!(%url, entries = n, method = %req.method, "invalidated");

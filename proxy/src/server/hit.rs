@@ -9,7 +9,7 @@ use crate::cache::entry::Entry;
 use crate::http::headers::{put, put_digits, put_num};
 use crate::http::range::{self, RangeAnswer};
 use crate::http::request::RequestHead;
-use crate::sendfile::{self, SendfileError};
+use crate::sendfile::SendfileError;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
@@ -189,7 +189,8 @@ impl Conn {
         self.dynamic_fields(kind, age, ttl, req.close);
         let body_file = file.as_ref().filter(|_| len > 0);
         let head_sent = if body_file.is_some() && !ctx.copy_hits {
-            sendfile::send_head(&self.sock, &self.head, ctx.send_timeout)
+            self.sock
+                .send_head(&self.head, ctx.send_timeout)
                 .await
                 .map_err(ConnError::from)
         } else {
@@ -216,19 +217,17 @@ impl Conn {
                 ctx.accounting.cold_offload();
                 crate::residency::warm(file.clone(), offset, len).await;
             }
-            let result = if ctx.copy_hits {
-                sendfile::send_by_copy(&self.sock, file, offset, len, ctx.send_timeout).await
-            } else {
-                sendfile::send(
-                    &self.sock,
+            let result = self
+                .sock
+                .send_file(
                     file,
                     offset,
                     len,
                     ctx.sendfile_max_chunk,
                     ctx.send_timeout,
+                    ctx.copy_hits,
                 )
-                .await
-            };
+                .await;
             match result {
                 Ok(n) => sent = n,
                 Err(SendfileError::Truncated { sent: s, expected }) => {

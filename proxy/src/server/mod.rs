@@ -7,7 +7,9 @@
 //! new requests while responses in flight finish on the old ones.
 
 pub mod behind;
+pub mod client_sock;
 pub mod conn;
+mod copy_account;
 pub mod fetch;
 pub mod hit;
 pub mod listen;
@@ -76,6 +78,8 @@ pub struct Ctx {
     pub abandoned_fill_max: u64,
     /// How long a fill may go on once no client is reading behind it.
     pub abandoned_fill_timeout: Duration,
+    /// The `tls:` listener's certificates and settings, reloaded with the config.
+    pub tls: Option<Arc<crate::tls::server::TlsServer>>,
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock for "recently hit" checks.

@@ -40,8 +40,9 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use zerocache_dashboard::RejectReason;
 
-/// A connection handed from the worker that accepted it to the one that will serve it.
-type Handoff = (std::net::TcpStream, SocketAddr);
+/// A connection handed from the worker that accepted it to the one that will serve it, and
+/// whether it came in on the TLS listener (its handshake runs on the worker that serves it).
+type Handoff = (std::net::TcpStream, SocketAddr, bool);
 
 /// What a connection accepted only to be refused, out of file descriptors, is sent before it is
 /// closed.
@@ -257,13 +258,14 @@ pub struct Workers {
 impl Workers {
     /// Starts one worker thread per entry of `loads`, accepting from every one of `listeners` until
     /// `shared.shutdown`, each placed as `placement` says (which must have one slot per worker).
+    /// Each listener comes with whether it is the TLS listener.
     pub fn start(
-        listeners: Vec<std::net::TcpListener>,
+        listeners: Vec<(std::net::TcpListener, bool)>,
         shared: Arc<Shared>,
         loads: Arc<Loads>,
         placement: Arc<Placement>,
     ) -> io::Result<Workers> {
-        for l in &listeners {
+        for (l, _) in &listeners {
             l.set_nonblocking(true)?;
         }
         let count = loads.0.len();
@@ -291,7 +293,7 @@ impl Workers {
         for (me, inbox) in inboxes.into_iter().enumerate() {
             let mine = listeners
                 .iter()
-                .map(std::net::TcpListener::try_clone)
+                .map(|(l, tls)| Ok((l.try_clone()?, *tls)))
                 .collect::<io::Result<Vec<_>>>()?;
             let shared = shared.clone();
             let pool = pool.clone();
@@ -320,11 +322,12 @@ impl Workers {
                         // One accept loop per listening socket; the worker has stopped accepting
                         // once every one has returned.
                         let mut loops = Vec::with_capacity(mine.len());
-                        for listener in mine {
+                        for (listener, tls) in mine {
                             match TcpListener::from_std(listener) {
                                 Ok(l) => loops.push(tokio::spawn(accept_loop(
                                     me,
                                     l,
+                                    tls,
                                     shared.clone(),
                                     pool.clone(),
                                 ))),
@@ -358,7 +361,13 @@ impl Workers {
 
 /// Accepts connections until shutdown and hands each to the worker `Pool::pick` chooses; the listener
 /// copy is closed when this returns, so once every worker has returned new connections are refused.
-async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool: Arc<Pool>) {
+async fn accept_loop(
+    me: usize,
+    listener: TcpListener,
+    tls: bool,
+    shared: Arc<Shared>,
+    pool: Arc<Pool>,
+) {
     let mut stop = shared.shutdown.subscribe();
     let mut last_full_warning: Option<Instant> = None;
     loop {
@@ -406,14 +415,14 @@ async fn accept_loop(me: usize, listener: TcpListener, shared: Arc<Shared>, pool
                     let to = pool.pick(me, &sock);
                     pool.loads.0[to].fetch_add(1, Ordering::Relaxed);
                     if to == me {
-                        spawn_serve(me, sock, peer, &shared, &pool);
+                        spawn_serve(me, sock, peer, tls, &shared, &pool);
                         continue;
                     }
                     // Deregister from this worker's epoll; the receiver registers it with its own.
                     let handed = sock
                         .into_std()
                         .map_err(|e| e.to_string())
-                        .and_then(|s| pool.queues[to].send((s, peer)).map_err(|e| e.to_string()));
+                        .and_then(|s| pool.queues[to].send((s, peer, tls)).map_err(|e| e.to_string()));
                     if let Err(e) = handed {
                         tracing::warn!(worker = to, error = %e, "cannot hand a connection over");
                         finished(to, &shared, &pool);
@@ -448,9 +457,9 @@ async fn receive(
     shared: Arc<Shared>,
     pool: Arc<Pool>,
 ) {
-    while let Some((sock, peer)) = inbox.recv().await {
+    while let Some((sock, peer, tls)) = inbox.recv().await {
         match tokio::net::TcpStream::from_std(sock) {
-            Ok(sock) => spawn_serve(me, sock, peer, &shared, &pool),
+            Ok(sock) => spawn_serve(me, sock, peer, tls, &shared, &pool),
             Err(e) => {
                 tracing::warn!(worker = me, error = %e, "cannot poll a handed-over connection");
                 finished(me, &shared, &pool);
@@ -459,11 +468,13 @@ async fn receive(
     }
 }
 
-/// Runs one connection on worker `me` (the current thread), counted until it ends.
+/// Runs one connection on worker `me` (the current thread), counted until it ends; a TLS one
+/// after its handshake.
 fn spawn_serve(
     me: usize,
     sock: tokio::net::TcpStream,
     peer: SocketAddr,
+    tls: bool,
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
 ) {
@@ -477,6 +488,14 @@ fn spawn_serve(
     }
     let done = Finished(me, shared.clone(), pool.clone());
     tokio::spawn(async move {
+        let sock = if tls {
+            match crate::tls::server::accept(sock, peer, &done.1).await {
+                Some(s) => s,
+                None => return,
+            }
+        } else {
+            super::client_sock::ClientSock::Plain(sock)
+        };
         conn::serve(sock, peer, done.1.clone()).await;
         drop(done);
     });

@@ -1,0 +1,153 @@
+//! The TLS parts of the config: the `tls:` listener (HTTPS clients) and an upstream group's
+//! `tls:` (HTTPS origins). Only the schema and the checks that need no crypto live here: that
+//! the files named exist and can be read. Parsing the PEM is the proxy's (`zerocache check` and
+//! start-up both do it), so this crate does not depend on rustls.
+
+use crate::schema::Listen;
+use crate::validate::Invalid;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `tls:`: a listener for HTTPS clients beside the plain one, with the same routes and cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsListener {
+    /// Where to listen for TLS clients: one `host:port` or a list.
+    pub listen: Listen,
+    /// Certificates with their keys (PEM). The names each one serves are its SANs, chosen by the
+    /// client's SNI; the first is for clients without SNI or with an unknown name.
+    pub certificates: Vec<CertificatePair>,
+    /// Time allowed for a client's handshake to complete (nginx's `ssl_handshake_timeout`).
+    #[serde(default = "default_handshake_timeout", with = "crate::units::duration")]
+    pub handshake_timeout: Duration,
+}
+
+fn default_handshake_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// One certificate chain and its private key, both PEM files.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificatePair {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// `upstreams.NAME.tls`: how the group's `https://` servers are reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// The SNI name sent and verified; unset: the server's host name (none for an IP literal,
+    /// RFC 6066 §3, where verification uses the IP SAN).
+    #[serde(default)]
+    pub sni: Option<String>,
+    /// CA certificates (PEM) the origin's chain must lead to, in place of the system roots. A
+    /// self-signed origin certificate given here is accepted when the origin presents exactly it.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// A client certificate chain (PEM) to present; needs `key`.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Verify the origin's certificate (default true). `false` accepts any certificate, which
+    /// anyone on the path can then impersonate: warned about at start-up and by `check`.
+    #[serde(default = "yes")]
+    pub verify: bool,
+}
+
+impl Default for UpstreamTls {
+    fn default() -> UpstreamTls {
+        UpstreamTls {
+            sni: None,
+            ca: None,
+            cert: None,
+            key: None,
+            verify: true,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The checks on the TLS sections that need no file system: at least one certificate, a listen
+/// address that parses, `cert` and `key` together.
+pub(crate) fn checks(config: &crate::Config, errs: &mut Vec<Invalid>) {
+    if let Some(t) = &config.tls {
+        if let Err(e) = t.listen.addrs() {
+            errs.push(invalid("tls.listen", e));
+        }
+        if t.certificates.is_empty() {
+            errs.push(invalid(
+                "tls.certificates",
+                "needs at least one {cert, key}".into(),
+            ));
+        }
+        if t.handshake_timeout.is_zero() {
+            errs.push(invalid(
+                "tls.handshake_timeout",
+                "must be more than 0".into(),
+            ));
+        }
+    }
+    for (name, up) in &config.upstreams {
+        if let Some(t) = &up.tls
+            && t.cert.is_some() != t.key.is_some()
+        {
+            errs.push(invalid(
+                format!("upstreams.{name}.tls"),
+                "`cert` and `key` go together: give both or neither".into(),
+            ));
+        }
+    }
+}
+
+/// Every file the TLS sections name that cannot be read, each with its key path and the file.
+pub fn check_files(config: &crate::Config) -> Vec<Invalid> {
+    let mut errs = Vec::new();
+    let mut file = |at: String, p: &Path| {
+        if let Err(e) = std::fs::File::open(p) {
+            errs.push(invalid(at, format!("cannot read `{}`: {e}", p.display())));
+        }
+    };
+    if let Some(t) = &config.tls {
+        for (i, c) in t.certificates.iter().enumerate() {
+            file(format!("tls.certificates[{i}].cert"), &c.cert);
+            file(format!("tls.certificates[{i}].key"), &c.key);
+        }
+    }
+    for (name, up) in &config.upstreams {
+        if let Some(t) = &up.tls {
+            for (key, p) in [("ca", &t.ca), ("cert", &t.cert), ("key", &t.key)] {
+                if let Some(p) = p {
+                    file(format!("upstreams.{name}.tls.{key}"), p);
+                }
+            }
+        }
+    }
+    errs
+}
+
+/// The upstream groups that turn certificate verification off, for the loud warning.
+pub fn unverified_upstreams(config: &crate::Config) -> Vec<&str> {
+    config
+        .upstreams
+        .iter()
+        .filter(|(_, u)| u.tls.as_ref().is_some_and(|t| !t.verify))
+        .map(|(n, _)| n.as_str())
+        .collect()
+}
+
+fn invalid(path: impl Into<String>, message: String) -> Invalid {
+    Invalid {
+        path: path.into(),
+        message,
+    }
+}

@@ -1,0 +1,56 @@
+//! The `/metrics` families for copies by reason and TLS: `zerocache_copied_body_bytes_total`,
+//! `zerocache_kernel_body_intended_copy_bytes_total` (what the hero ratio leaves out),
+//! `zerocache_tls_handshakes_total` and `zerocache_ktls_available`, every label value present
+//! from start-up.
+
+use crate::accounting::Accounting;
+use crate::copy_reason::CopyReason;
+use crate::tls_stats::HandshakeResult;
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+
+/// Adds the three families to `r`.
+pub(crate) fn register(
+    r: &Registry,
+    acc: &Accounting,
+    kernel: &crate::accounting::BodyTotals,
+) -> prometheus::Result<()> {
+    let intended = prometheus::IntCounter::new(
+        "zerocache_kernel_body_intended_copy_bytes_total",
+        "Of zerocache_kernel_body_bytes_total{path=\"copy\"}, the bytes the proxy meant to copy (relayed misses, generated bodies, TLS in user space): the body zero-copy ratio leaves them out.",
+    )?;
+    intended.inc_by(kernel.intended_copy_bytes.min(kernel.copy_bytes));
+    r.register(Box::new(intended))?;
+    let copied = IntCounterVec::new(
+        Opts::new(
+            "zerocache_copied_body_bytes_total",
+            "Response body bytes the proxy sent through user space, by reason (miss, tls-userspace, debug-copy, generated).",
+        ),
+        &["reason"],
+    )?;
+    for reason in CopyReason::ALL {
+        copied
+            .with_label_values(&[reason.as_str()])
+            .inc_by(acc.copied.get(reason));
+    }
+    r.register(Box::new(copied))?;
+    let handshakes = IntCounterVec::new(
+        Opts::new(
+            "zerocache_tls_handshakes_total",
+            "TLS handshakes on the tls: listener, by result (ok, failed, timeout, no_cert).",
+        ),
+        &["result"],
+    )?;
+    for result in HandshakeResult::ALL {
+        handshakes
+            .with_label_values(&[result.as_str()])
+            .inc_by(acc.tls.handshakes(result));
+    }
+    r.register(Box::new(handshakes))?;
+    let ktls = IntGauge::new(
+        "zerocache_ktls_available",
+        "1 when the kernel offers kTLS (the tls upper-layer protocol), so TLS hits could be sent with sendfile; 0 when TLS is encrypted in user space.",
+    )?;
+    ktls.set(i64::from(acc.tls.ktls_available()));
+    r.register(Box::new(ktls))?;
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! The client's socket, plain or TLS, and the three ways a response leaves through it: a small
+//! buffer, a head that a file body follows, and a body from a cache file.
+//!
+//! The plain socket keeps its exact syscalls: the head in one send(2) with `MSG_MORE` and the
+//! body with sendfile(2) ([`crate::sendfile`]); this type only chooses. A TLS socket without kTLS
+//! cannot use sendfile: the file is read in large chunks and written through rustls, which
+//! encrypts in user space, and the accounting calls that a copy by design (`tls-userspace`).
+//! The head is queued in rustls and leaves with the body's first write, as `MSG_MORE` does for
+//! the plain socket.
+
+use crate::sendfile::{self, SendfileError};
+use std::fs::File;
+use std::io::{self, Write};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Plaintext read from a cache file per write into rustls: large, so a 16 MiB hit is 64 reads
+/// and rustls cuts records of 16 KiB from each chunk without a partial record per chunk.
+const TLS_FILE_CHUNK: usize = 256 * 1024;
+
+/// A client connection's transport.
+pub enum ClientSock {
+    /// Plain TCP: sendfile for bodies.
+    Plain(TcpStream),
+    /// TLS in user space (rustls).
+    Tls(Box<TlsClient>),
+}
+
+/// A TLS client connection and its reused file buffer.
+pub struct TlsClient {
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    /// Allocated on the first body sent, then kept for the connection's life.
+    buf: Vec<u8>,
+}
+
+impl ClientSock {
+    /// Wraps a completed TLS handshake.
+    pub fn tls(stream: tokio_rustls::server::TlsStream<TcpStream>) -> ClientSock {
+        ClientSock::Tls(Box::new(TlsClient {
+            stream,
+            buf: Vec::new(),
+        }))
+    }
+
+    /// The TCP socket underneath.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            ClientSock::Plain(s) => s,
+            ClientSock::Tls(t) => t.stream.get_ref().0,
+        }
+    }
+
+    /// Whether the connection is TLS (encrypted in user space).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientSock::Tls(_))
+    }
+
+    /// Writes all of `buf`, within `timeout` per write that makes progress.
+    pub async fn send_all(&mut self, buf: &[u8], timeout: Duration) -> io::Result<()> {
+        match self {
+            ClientSock::Plain(s) => sendfile::send_all(s, buf, timeout).await,
+            ClientSock::Tls(t) => {
+                t.write_all(buf, timeout).await?;
+                t.flush(timeout).await
+            }
+        }
+    }
+
+    /// Sends a head that a file body follows: plain, one send(2) with `MSG_MORE`; TLS, queued in
+    /// rustls to leave with the body's first write.
+    pub async fn send_head(&mut self, head: &[u8], timeout: Duration) -> io::Result<()> {
+        match self {
+            ClientSock::Plain(s) => sendfile::send_head(s, head, timeout).await,
+            ClientSock::Tls(t) => {
+                let queued = t.stream.get_mut().1.writer().write(head)?;
+                t.write_all(&head[queued..], timeout).await
+            }
+        }
+    }
+
+    /// Sends `len` bytes of `file` from `offset`: plain, with sendfile (or read+write when
+    /// `copy`, the planted bug); TLS, read in large chunks and written through rustls. Returns
+    /// the bytes sent (always `len` on success).
+    pub async fn send_file(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: u64,
+        max_chunk: u64,
+        timeout: Duration,
+        copy: bool,
+    ) -> Result<u64, SendfileError> {
+        match self {
+            ClientSock::Plain(s) if copy => {
+                sendfile::send_by_copy(s, file, offset, len, timeout).await
+            }
+            ClientSock::Plain(s) => sendfile::send(s, file, offset, len, max_chunk, timeout).await,
+            ClientSock::Tls(t) => t.send_file(file, offset, len, timeout).await,
+        }
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "client took no bytes within send_timeout",
+    )
+}
+
+impl TlsClient {
+    async fn write_all(&mut self, buf: &[u8], timeout: Duration) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = tokio::time::timeout(timeout, self.stream.write(&buf[done..]))
+                .await
+                .map_err(|_| timed_out())??;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self, timeout: Duration) -> io::Result<()> {
+        tokio::time::timeout(timeout, self.stream.flush())
+            .await
+            .map_err(|_| timed_out())?
+    }
+
+    async fn send_file(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<u64, SendfileError> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(TLS_FILE_CHUNK, 0);
+        let mut sent = 0u64;
+        let result = async {
+            while sent < len {
+                let want = ((len - sent) as usize).min(buf.len());
+                // The pages are resident (cold hits are read in on the blocking pool first), so
+                // this read copies from the page cache without waiting for the disk.
+                let n = file
+                    .read_at(&mut buf[..want], offset + sent)
+                    .map_err(|error| SendfileError::Io { sent, error })?;
+                if n == 0 {
+                    return Err(SendfileError::Truncated {
+                        sent,
+                        expected: len,
+                    });
+                }
+                self.write_all(&buf[..n], timeout)
+                    .await
+                    .map_err(|error| SendfileError::Io { sent, error })?;
+                sent += n as u64;
+                if sent < len {
+                    // A chunk encrypted: let other connections on this worker run.
+                    tokio::task::yield_now().await;
+                }
+            }
+            self.flush(timeout)
+                .await
+                .map_err(|error| SendfileError::Io { sent, error })?;
+            Ok(sent)
+        }
+        .await;
+        self.buf = buf;
+        result
+    }
+}
+
+impl AsyncRead for ClientSock {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientSock::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientSock {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientSock::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientSock::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientSock::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
+        }
+    }
+}

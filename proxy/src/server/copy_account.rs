@@ -1,0 +1,54 @@
+//! Which data path a response really took, and why its body was copied if it was: the one place
+//! that turns what a response path declares (`Zerocopy`: served from a cache file; `Copy`:
+//! relayed or generated) into what the transport made of it. A cache-file body on a TLS
+//! connection without kTLS is a copy by design (`tls-userspace`), never a violation; the planted
+//! bug (`debug.copy_hits`) still declares zero-copy, so the probe flags it, and is counted as
+//! `debug-copy`.
+
+use zerocache_dashboard::{CopyReason, DataPath};
+
+/// The path to record and the copy reason to count the body under (none for sendfile).
+/// `relay`: the reason a declared `Copy` body was copied (`Miss` for upstream bodies,
+/// `Generated` for the proxy's own).
+pub(crate) fn classify(
+    declared: DataPath,
+    relay: CopyReason,
+    tls_userspace: bool,
+    copy_hits: bool,
+) -> (DataPath, Option<CopyReason>) {
+    match declared {
+        DataPath::Copy => (DataPath::Copy, Some(relay)),
+        DataPath::Zerocopy if tls_userspace => (DataPath::Copy, Some(CopyReason::TlsUserspace)),
+        DataPath::Zerocopy if copy_hits => (DataPath::Zerocopy, Some(CopyReason::DebugCopy)),
+        DataPath::Zerocopy => (DataPath::Zerocopy, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_declared_path_gets_its_reason() {
+        use CopyReason::*;
+        use DataPath::*;
+        assert_eq!(classify(Zerocopy, Miss, false, false), (Zerocopy, None));
+        assert_eq!(
+            classify(Zerocopy, Miss, true, false),
+            (Copy, Some(TlsUserspace))
+        );
+        assert_eq!(
+            classify(Zerocopy, Miss, true, true),
+            (Copy, Some(TlsUserspace))
+        );
+        assert_eq!(
+            classify(Zerocopy, Miss, false, true),
+            (Zerocopy, Some(DebugCopy))
+        );
+        assert_eq!(classify(Copy, Miss, true, false), (Copy, Some(Miss)));
+        assert_eq!(
+            classify(Copy, Generated, false, false),
+            (Copy, Some(Generated))
+        );
+    }
+}

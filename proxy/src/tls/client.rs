@@ -1,0 +1,1 @@
+//! Connecting to `https://` upstream servers (not yet).

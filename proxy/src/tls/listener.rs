@@ -1,0 +1,77 @@
+//! Start-up and reload of the TLS side: binding the `tls:` listener beside the plain one,
+//! loading its certificates, detecting kTLS, and the loud warning for upstreams that do not
+//! verify their origin's certificate.
+
+use super::ktls::{self, Ktls};
+use super::server::TlsServer;
+use anyhow::Context;
+use std::sync::Arc;
+use zerocache_config::Config;
+
+/// What start-up found.
+pub struct Started {
+    /// The loaded listener, if `tls:` is configured.
+    pub server: Option<Arc<TlsServer>>,
+    /// Whether the kernel offers kTLS.
+    pub ktls: Ktls,
+}
+
+/// Loads the certificates and binds `tls.listen`, adding the sockets to `listeners` marked as
+/// TLS. A certificate that does not load, or a port that is taken, fails start-up with the file
+/// or key that names it.
+pub fn start(
+    config: &Config,
+    listeners: &mut Vec<(std::net::TcpListener, bool)>,
+) -> anyhow::Result<Started> {
+    warn_unverified(config);
+    let ktls = ktls::detect();
+    let Some(cfg) = &config.tls else {
+        return Ok(Started { server: None, ktls });
+    };
+    let server = TlsServer::load(cfg).context("tls.certificates")?;
+    for addr in cfg
+        .listen
+        .addrs()
+        .map_err(anyhow::Error::msg)
+        .context("tls.listen")?
+    {
+        listeners.push((
+            crate::server::listen::bind_listener(addr, config.backlog)
+                .with_context(|| format!("cannot listen on {addr} (tls.listen)"))?,
+            true,
+        ));
+    }
+    tracing::info!(
+        listen = %cfg.listen,
+        certificates = cfg.certificates.len(),
+        ktls = %ktls.describe(),
+        "TLS listener ready; hits on it are encrypted in user space (tls-userspace)"
+    );
+    Ok(Started {
+        server: Some(Arc::new(server)),
+        ktls,
+    })
+}
+
+/// The listener for a reloaded config: its certificates read again. An error keeps the running
+/// config whole (the caller rejects the reload).
+pub fn reload(
+    new: &Config,
+    _old: &Config,
+) -> Result<Option<Arc<TlsServer>>, super::certs::CertError> {
+    warn_unverified(new);
+    new.tls
+        .as_ref()
+        .map(|cfg| TlsServer::load(cfg).map(Arc::new))
+        .transpose()
+}
+
+/// `verify: false` is allowed, never quietly.
+pub fn warn_unverified(config: &Config) {
+    for name in zerocache_config::tls::unverified_upstreams(config) {
+        tracing::warn!(
+            upstream = name,
+            "upstreams.{name}.tls.verify is false: the origin's certificate is NOT verified, and anyone on the path can impersonate it"
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! The `tls:` listener: its rustls config (TLS 1.2 and 1.3, ALPN `http/1.1`, no 0-RTT, session
+//! tickets and a session cache shared by every worker and kept across reloads), the choice of
+//! certificate by SNI from each certificate's SANs, and the handshake with its timeout.
+//!
+//! A client that speaks plain HTTP to this port gets a plain-HTTP `400` saying so (as nginx
+//! does), not a TLS alert it could not read; anything else that is not a TLS handshake gets
+//! rustls's alert. Failed handshakes are counted by result and logged at debug: a scanner must
+//! not be able to fill the log.
+
+use super::certs::{self, CertError};
+use crate::server::Shared;
+use crate::server::client_sock::ClientSock;
+use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache};
+use rustls::sign::CertifiedKey;
+use rustls::{ProtocolVersion, ServerConfig};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use zerocache_config::tls::TlsListener;
+use zerocache_dashboard::HandshakeResult;
+
+/// Sessions remembered for resumption by id (TLS 1.2), shared by all workers.
+const SESSION_CACHE: usize = 4096;
+
+/// The first byte of every TLS record that starts a handshake.
+const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// What a plain-HTTP request on the TLS port is answered with.
+const PLAIN_HTTP_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 47\r\n\r\nA plain HTTP request was sent to the TLS port.\n";
+
+/// The loaded listener: its acceptor and handshake timeout. Replaced whole on a reload whose
+/// certificates all load; a bad file keeps the running one.
+pub struct TlsServer {
+    acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
+}
+
+impl TlsServer {
+    /// Loads every certificate of `cfg` and builds the server config.
+    pub fn load(cfg: &TlsListener) -> Result<TlsServer, CertError> {
+        let mut certs = Vec::with_capacity(cfg.certificates.len());
+        for pair in &cfg.certificates {
+            certs.push(certs::certified(&pair.cert, &pair.key)?);
+        }
+        let mut config = ServerConfig::builder_with_provider(super::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| CertError {
+                path: cfg.certificates[0].cert.clone(),
+                what: e.to_string(),
+            })?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(SniResolver { certs }));
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // 0-RTT data can be replayed: a cache must never act on a replayed request.
+        config.max_early_data_size = 0;
+        config.session_storage = session_cache();
+        if let Some(t) = ticketer() {
+            config.ticketer = t;
+        }
+        Ok(TlsServer {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            handshake_timeout: cfg.handshake_timeout,
+        })
+    }
+}
+
+/// The TLS 1.2 session cache, one for the process: every worker and every reload shares it.
+fn session_cache() -> Arc<dyn rustls::server::StoresServerSessions> {
+    static CACHE: OnceLock<Arc<ServerSessionMemoryCache>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| ServerSessionMemoryCache::new(SESSION_CACHE))
+        .clone()
+}
+
+/// The session-ticket key (rotating), one for the process, so a ticket issued by one worker, or
+/// before a reload, resumes on any other.
+fn ticketer() -> Option<Arc<dyn rustls::server::ProducesTickets>> {
+    static TICKETER: OnceLock<Option<Arc<dyn rustls::server::ProducesTickets>>> = OnceLock::new();
+    TICKETER
+        .get_or_init(|| match rustls::crypto::ring::Ticketer::new() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "no TLS session tickets (cannot make a ticket key)");
+                None
+            }
+        })
+        .clone()
+}
+
+/// Picks the certificate whose SANs cover the client's SNI name and whose key can sign with a
+/// scheme the client offers; the first usable one for no SNI or an unknown name.
+#[derive(Debug)]
+struct SniResolver {
+    certs: Vec<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let schemes = hello.signature_schemes();
+        let usable = |c: &&Arc<CertifiedKey>| c.key.choose_scheme(schemes).is_some();
+        let by_name = hello.server_name().and_then(|name| {
+            let name = rustls::pki_types::ServerName::try_from(name).ok()?;
+            self.certs.iter().filter(usable).find(|c| {
+                c.end_entity_cert()
+                    .ok()
+                    .and_then(|der| webpki::EndEntityCert::try_from(der).ok())
+                    .is_some_and(|ee| ee.verify_is_valid_for_subject_name(&name).is_ok())
+            })
+        });
+        by_name.or_else(|| self.certs.iter().find(usable)).cloned()
+    }
+}
+
+/// Runs the handshake of a connection accepted on the TLS listener, within the handshake
+/// timeout, counting its result; `None` when it failed (the socket is then closed).
+pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> Option<ClientSock> {
+    let ctx = shared.ctx.load_full();
+    let stats = &ctx.accounting.tls;
+    let Some(server) = ctx.tls.as_ref() else {
+        // A TLS listener is only bound with a loaded server; a reload cannot remove it.
+        stats.handshake(HandshakeResult::NoCert);
+        return None;
+    };
+    let deadline = tokio::time::Instant::now() + server.handshake_timeout;
+    let mut first = [0u8; 1];
+    match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
+        Err(_) => {
+            stats.handshake(HandshakeResult::Timeout);
+            tracing::debug!(%peer, "TLS handshake timed out before the first byte");
+            return None;
+        }
+        Ok(Ok(0)) | Ok(Err(_)) => {
+            stats.handshake(HandshakeResult::Failed);
+            return None;
+        }
+        Ok(Ok(_)) if first[0] != HANDSHAKE_RECORD && first[0].is_ascii_uppercase() => {
+            stats.handshake(HandshakeResult::Failed);
+            tracing::debug!(%peer, "plain HTTP on the TLS port; answered 400");
+            let mut tcp = tcp;
+            let _ = tokio::time::timeout_at(deadline, tcp.write_all(PLAIN_HTTP_ON_TLS)).await;
+            let _ = tcp.shutdown().await;
+            return None;
+        }
+        Ok(Ok(_)) => {}
+    }
+    match tokio::time::timeout_at(deadline, server.acceptor.accept(tcp)).await {
+        Err(_) => {
+            stats.handshake(HandshakeResult::Timeout);
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+        Ok(Err(e)) => {
+            let no_cert = e
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+                .is_some_and(|r| matches!(r, rustls::Error::General(m) if m.contains("no server certificate")));
+            stats.handshake(if no_cert {
+                HandshakeResult::NoCert
+            } else {
+                HandshakeResult::Failed
+            });
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Ok(Ok(s)) => {
+            stats.handshake(HandshakeResult::Ok);
+            let (_, conn) = s.get_ref();
+            tracing::trace!(%peer, version = ?conn.protocol_version().unwrap_or(ProtocolVersion::Unknown(0)), sni = ?conn.server_name(), "TLS handshake done");
+            Some(ClientSock::tls(s))
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! TLS for the `tls_*` tests: certificates made with rcgen in the test, written as PEM files, a
+//! blocking rustls client that keeps what it received, and a real rustls origin. Declared with
+//! `mod tls_support;` beside `mod support;`.
+#![allow(dead_code)]
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A certificate and its key, as PEM and DER.
+pub struct Cert {
+    pub pem: String,
+    pub key_pem: String,
+    pub der: Vec<u8>,
+}
+
+/// A self-signed certificate for `names` (DNS names or IP literals).
+pub fn cert(names: &[&str]) -> Cert {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let c = rcgen::generate_simple_self_signed(names).expect("rcgen");
+    Cert {
+        pem: c.cert.pem(),
+        key_pem: c.signing_key.serialize_pem(),
+        der: c.cert.der().to_vec(),
+    }
+}
+
+/// Writes `c` as `dir/NAME.crt` and `dir/NAME.key`.
+pub fn write(dir: &Path, name: &str, c: &Cert) -> (PathBuf, PathBuf) {
+    let (crt, key) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&crt, &c.pem).expect("write cert");
+    std::fs::write(&key, &c.key_pem).expect("write key");
+    (crt, key)
+}
+
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Accepts any certificate (the test looks at which one it got).
+#[derive(Debug)]
+struct AnyCert;
+
+impl ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            m,
+            c,
+            d,
+            &provider().signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            m,
+            c,
+            d,
+            &provider().signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A client config trusting exactly `trust`, or any certificate when `None`.
+pub fn client_config(trust: Option<&Cert>) -> Arc<ClientConfig> {
+    let b = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions");
+    let mut c = match trust {
+        Some(t) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from(t.der.clone()))
+                .expect("root");
+            b.with_root_certificates(roots).with_no_client_auth()
+        }
+        None => b
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCert))
+            .with_no_client_auth(),
+    };
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(c)
+}
+
+/// A response as received over TLS.
+#[derive(Debug)]
+pub struct TlsResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub head_len: usize,
+}
+
+impl TlsResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A blocking keep-alive HTTPS client (rustls).
+pub struct TlsClient {
+    pub tls: StreamOwned<ClientConnection, TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl TlsClient {
+    /// Connects to `addr`, sending `sni` (none when it is an IP literal), verifying with `config`.
+    pub fn connect(addr: SocketAddr, sni: &str, config: Arc<ClientConfig>) -> TlsClient {
+        let sock = TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let name = ServerName::try_from(sni.to_string()).expect("name");
+        let conn = ClientConnection::new(config, name).expect("client");
+        let mut tls = StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() {
+            tls.conn
+                .complete_io(&mut tls.sock)
+                .expect("TLS handshake with the proxy");
+        }
+        TlsClient {
+            tls,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The certificate the server presented.
+    pub fn peer_cert(&self) -> Vec<u8> {
+        self.tls.conn.peer_certificates().expect("certs")[0].to_vec()
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.tls.sock.local_addr().expect("local")
+    }
+
+    /// GET `path` with `Host: test.example`.
+    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> TlsResponse {
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: test.example\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        self.tls.write_all(req.as_bytes()).expect("send");
+        self.tls.flush().expect("flush");
+        self.read_response()
+    }
+
+    fn fill(&mut self) -> usize {
+        let mut chunk = [0u8; 64 * 1024];
+        let n = self.tls.read(&mut chunk).expect("read");
+        self.buf.extend_from_slice(&chunk[..n]);
+        n
+    }
+
+    fn read_response(&mut self) -> TlsResponse {
+        let end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(self.fill() > 0, "closed before a response head");
+        };
+        let head = String::from_utf8(self.buf[..end].to_vec()).expect("utf8 head");
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("status");
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .map(|(_, v)| v.parse().expect("length"))
+            .unwrap_or(0);
+        while self.buf.len() < end + len {
+            assert!(self.fill() > 0, "closed mid-body");
+        }
+        let body = self.buf[end..end + len].to_vec();
+        self.buf.drain(..end + len);
+        TlsResponse {
+            status,
+            headers,
+            body,
+            head_len: end,
+        }
+    }
+}
+
+/// The `tls:` section for a proxy listening on `port` with `certs` (cert, key paths).
+pub fn listener_yaml(port: u16, certs: &[(PathBuf, PathBuf)]) -> String {
+    let mut y = format!("tls:\n  listen: 127.0.0.1:{port}\n  certificates:\n");
+    for (c, k) in certs {
+        y.push_str(&format!(
+            "    - {{ cert: {}, key: {} }}\n",
+            c.display(),
+            k.display()
+        ));
+    }
+    y
+}
