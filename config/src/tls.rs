@@ -151,3 +151,48 @@ fn invalid(path: impl Into<String>, message: String) -> Invalid {
         message,
     }
 }
+
+/// An upstream server address without its scheme, and whether the scheme was `https://`
+/// (`http://` and no scheme are plain).
+pub fn split_scheme(addr: &str) -> (bool, &str) {
+    if let Some(rest) = addr.strip_prefix("https://") {
+        (true, rest)
+    } else {
+        (false, addr.strip_prefix("http://").unwrap_or(addr))
+    }
+}
+
+/// The host part of `host:port` (brackets of an IPv6 literal removed).
+pub fn host_of(host_port: &str) -> &str {
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_and_hosts() {
+        assert_eq!(
+            split_scheme("https://o.example:443"),
+            (true, "o.example:443")
+        );
+        assert_eq!(split_scheme("http://o.example:80"), (false, "o.example:80"));
+        assert_eq!(split_scheme("10.0.0.1:8080"), (false, "10.0.0.1:8080"));
+        assert_eq!(host_of("o.example:443"), "o.example");
+        assert_eq!(host_of("[::1]:8443"), "::1");
+    }
+
+    #[test]
+    fn verify_defaults_to_on_and_cert_needs_key() {
+        let yaml = "listen: 127.0.0.1:8080\ncache:\n  path: /tmp/x\n  max_size: 1GiB\nupstreams:\n  o:\n    servers: [\"https://o.example:443\"]\n    tls: { cert: /a.pem }\nroutes:\n  - match: { host: \"*\", path_prefix: / }\n    upstream: o\n";
+        let err = crate::parse(yaml, "zc.yaml").expect_err("cert without key");
+        assert!(err.to_string().contains("upstreams.o.tls"), "{err}");
+        let ok = crate::parse(&yaml.replace("tls: { cert: /a.pem }", "tls: {}"), "zc.yaml")
+            .expect("valid");
+        assert!(ok.upstreams["o"].tls.as_ref().is_some_and(|t| t.verify));
+    }
+}

@@ -148,7 +148,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         &["upstream", "kind"],
     )?;
     for name in &state.upstreams {
-        for k in ["connect", "timeout", "closed", "protocol", "io"] {
+        for k in ["connect", "timeout", "closed", "protocol", "io", "tls"] {
             upstream.with_label_values(&[name.as_str(), k]).inc_by(0);
         }
     }

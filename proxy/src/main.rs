@@ -109,7 +109,21 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
 }
 
 fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
-    match zerocache_config::load_and_check_dirs(config) {
+    // The certificate and key files are parsed too, as start-up will: a bad one fails here.
+    let loaded = zerocache_config::load_and_check_dirs(config).and_then(|c| {
+        for name in zerocache_config::tls::unverified_upstreams(&c) {
+            eprintln!(
+                "warning: upstreams.{name}.tls.verify is false: the origin's certificate is NOT verified, and anyone on the path can impersonate it"
+            );
+        }
+        zerocache::tls::check(&c)
+            .map(|()| c)
+            .map_err(|e| zerocache_config::ConfigError::Read {
+                file: e.path.display().to_string(),
+                error: e.what,
+            })
+    });
+    match loaded {
         Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(c) if json => match serde_json::to_string_pretty(&c) {
             // Sizes are numbers of bytes here (the schema serialises them so).

@@ -350,9 +350,17 @@ impl Conn {
                     }
                 }
             }
-            Outcome::Reply { status, x_cache } => {
-                let extra: Vec<(&str, &str)> =
+            Outcome::Reply {
+                status,
+                x_cache,
+                detail,
+            } => {
+                let cache_status = detail.map(|d| format!("zerocache; fwd=miss; detail={d}"));
+                let mut extra: Vec<(&str, &str)> =
                     x_cache.iter().map(|c| ("X-Cache", c.as_str())).collect();
+                if let Some(cs) = &cache_status {
+                    extra.push(("Cache-Status", cs));
+                }
                 self.respond_simple(req, status, CacheStatus::Error, &extra, started)
                     .await
             }

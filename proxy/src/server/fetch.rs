@@ -31,7 +31,6 @@ use crate::upstream::{Group, UpstreamConn, UpstreamError};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::io::AsyncWriteExt;
 use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
 
 /// One upstream fetch for one client request.
@@ -171,6 +170,9 @@ pub enum Outcome {
         status: u16,
         /// The `X-Cache` the client sees (what the cache did); the accounting records `ERROR`.
         x_cache: Option<CacheStatus>,
+        /// `Cache-Status: zerocache; fwd=miss; detail=...` when the failure has a name the
+        /// client may see (`tls-verify`).
+        detail: Option<&'static str>,
     },
     /// The client's body could not be read to its end: refuse it.
     RefuseBody(BodyError),
@@ -537,6 +539,7 @@ impl<'a> Fetch<'a> {
                 return Ok(Outcome::Reply {
                     status: e.status(),
                     x_cache: Some(self.status),
+                    detail: e.detail(),
                 });
             }
         };
@@ -590,6 +593,7 @@ impl<'a> Fetch<'a> {
                 return Ok(Outcome::Reply {
                     status: 502,
                     x_cache: Some(self.status),
+                    detail: None,
                 });
             }
         };
@@ -938,7 +942,7 @@ impl<'a> Fetch<'a> {
         let mut up = self.upstream.connect_fresh(&key).await?;
         let chunked = matches!(rest, Remaining::Chunked { .. });
         up.stream
-            .write_all(head)
+            .send_all(head)
             .await
             .map_err(UpstreamError::from)?;
         let mut piece = first;
@@ -958,7 +962,7 @@ impl<'a> Fetch<'a> {
             }
             // An origin that has answered already is not reading: stop sending, read its answer.
             let answered = matches!(up.stream.try_read_buf(&mut up.buf), Ok(n) if n > 0);
-            if answered || up.stream.write_all(&framed).await.is_err() {
+            if answered || up.stream.send_all(&framed).await.is_err() {
                 self.body_unfinished = !done;
                 self.no_pool = true;
                 break;

@@ -24,6 +24,7 @@ pub fn start(
     listeners: &mut Vec<(std::net::TcpListener, bool)>,
 ) -> anyhow::Result<Started> {
     warn_unverified(config);
+    super::client::check_all(config).context("upstreams: TLS files")?;
     let ktls = ktls::detect();
     let Some(cfg) = &config.tls else {
         return Ok(Started { server: None, ktls });
@@ -60,6 +61,7 @@ pub fn reload(
     _old: &Config,
 ) -> Result<Option<Arc<TlsServer>>, super::certs::CertError> {
     warn_unverified(new);
+    super::client::check_all(new)?;
     new.tls
         .as_ref()
         .map(|cfg| TlsServer::load(cfg).map(Arc::new))

@@ -14,9 +14,19 @@ pub mod certs;
 pub mod client;
 pub mod ktls;
 pub mod listener;
+pub mod movable;
 pub mod server;
 
 use std::sync::Arc;
+
+/// Loads every certificate, key and CA file the config names (the `tls:` listener's and the
+/// upstreams'), as start-up would: what `zerocache check` adds to the schema checks.
+pub fn check(config: &zerocache_config::Config) -> Result<(), certs::CertError> {
+    if let Some(t) = &config.tls {
+        server::TlsServer::load(t)?;
+    }
+    client::check_all(config)
+}
 
 /// The URL scheme of a request, by the listener it came in on: part of the cache key, so an
 /// origin's `http`→`https` redirect cached for plain clients is never served to TLS clients.

@@ -8,10 +8,11 @@
 //! old config's checks running beside the new ones.
 
 use super::peer::Peer;
+use super::stream::UpstreamStream;
 use crate::http::response;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use zerocache_config::HealthCheck;
@@ -26,6 +27,7 @@ pub(crate) fn spawn(
     peers: &[Arc<Peer>],
     check: &HealthCheck,
     host: Option<&str>,
+    tls: Option<Arc<crate::tls::client::OriginTls>>,
     stop: &watch::Sender<bool>,
 ) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -41,6 +43,7 @@ pub(crate) fn spawn(
         rt.spawn(run(
             group.to_string(),
             peer.clone(),
+            tls.clone().filter(|_| peer.tls),
             request.into_bytes(),
             check.interval,
             check.timeout,
@@ -52,6 +55,7 @@ pub(crate) fn spawn(
 async fn run(
     group: String,
     peer: Arc<Peer>,
+    tls: Option<Arc<crate::tls::client::OriginTls>>,
     request: Vec<u8>,
     interval: Duration,
     timeout: Duration,
@@ -59,7 +63,7 @@ async fn run(
 ) {
     loop {
         let verdict = tokio::select! {
-            v = tokio::time::timeout(timeout, probe(&peer.addr, &request)) => {
+            v = tokio::time::timeout(timeout, probe(&peer.addr, tls.as_deref(), &request)) => {
                 v.unwrap_or_else(|_| Err(format!("no response within {timeout:?}")))
             }
             _ = stop.changed() => return,
@@ -87,11 +91,24 @@ async fn run(
 }
 
 /// One check: the status of a 2xx or 3xx answer, or why the server is not healthy.
-async fn probe(addr: &str, request: &[u8]) -> Result<u16, String> {
-    let mut sock = TcpStream::connect(addr)
+/// An `https://` server (`tls`) is checked over TLS, with the group's verification.
+async fn probe(
+    addr: &str,
+    tls: Option<&crate::tls::client::OriginTls>,
+    request: &[u8],
+) -> Result<u16, String> {
+    let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    sock.write_all(request)
+    let mut sock = match tls {
+        Some(t) => UpstreamStream::Tls(Box::new(
+            t.connect(tcp, zerocache_config::tls::host_of(addr))
+                .await
+                .map_err(|e| e.to_string())?,
+        )),
+        None => UpstreamStream::Plain(tcp),
+    };
+    sock.send_all(request)
         .await
         .map_err(|e| format!("send: {e}"))?;
     let mut buf = Vec::with_capacity(1024);

@@ -7,5 +7,6 @@ pub mod body;
 mod health;
 mod peer;
 pub mod pool;
+pub mod stream;
 
 pub use pool::{Group, UpstreamConn, UpstreamError};

@@ -7,11 +7,11 @@
 //! [`Peer::record`] is the one place every request's result on a server is known, so per-server
 //! accounting (metrics) belongs there.
 
+use super::stream::UpstreamStream;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 use zerocache_config::ServerSpec;
 
 /// How one attempt on a server ended, as far as its health is concerned.
@@ -39,14 +39,16 @@ struct Passive {
 
 /// One server of a group.
 pub(crate) struct Peer {
-    /// `host:port`.
+    /// `host:port` (without the `https://` of a TLS server).
     pub(crate) addr: String,
+    /// An `https://` server: connections to it are TLS.
+    pub(crate) tls: bool,
     /// Relative share of requests, at least 1.
     pub(crate) weight: u32,
     max_fails: u32,
     fail_timeout: Duration,
     /// Idle connections and the data-plane worker whose runtime polls each.
-    pub(crate) idle: Mutex<Vec<(usize, TcpStream)>>,
+    pub(crate) idle: Mutex<Vec<(usize, UpstreamStream)>>,
     /// Connections handed out and not yet returned or dropped: requests in flight.
     active: AtomicUsize,
     passive: Mutex<Passive>,
@@ -66,8 +68,10 @@ impl Drop for InFlight {
 impl Peer {
     /// A peer from its resolved config.
     pub(crate) fn new(spec: &ServerSpec) -> Peer {
+        let (tls, addr) = zerocache_config::tls::split_scheme(&spec.addr);
         Peer {
-            addr: spec.addr.clone(),
+            addr: addr.to_string(),
+            tls,
             weight: spec.weight.max(1),
             max_fails: spec.max_fails,
             fail_timeout: spec.fail_timeout,

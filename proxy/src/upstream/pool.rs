@@ -4,12 +4,13 @@
 use super::balance::Balancer;
 use super::health;
 use super::peer::{InFlight, Outcome, Peer};
+use super::stream::UpstreamStream;
 use crate::http::response::{self, ResponseHead};
 use crate::worker_id;
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use zerocache_config::Upstream;
@@ -40,6 +41,16 @@ pub enum UpstreamError {
     /// A socket error.
     #[error("upstream I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The TLS handshake with an `https://` server failed.
+    #[error("TLS to {server}: {error}")]
+    Tls {
+        /// The server.
+        server: String,
+        /// What failed.
+        error: String,
+        /// The failure was the certificate's verification.
+        verify: bool,
+    },
 }
 
 impl UpstreamError {
@@ -51,6 +62,14 @@ impl UpstreamError {
         }
     }
 
+    /// The `Cache-Status` `detail=` of the proxy's answer, when the error has one.
+    pub fn detail(&self) -> Option<&'static str> {
+        match self {
+            UpstreamError::Tls { verify: true, .. } => Some("tls-verify"),
+            _ => None,
+        }
+    }
+
     /// Metric label.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -59,6 +78,7 @@ impl UpstreamError {
             UpstreamError::Closed | UpstreamError::Truncated => "closed",
             UpstreamError::Protocol(_) => "protocol",
             UpstreamError::Io(_) => "io",
+            UpstreamError::Tls { .. } => "tls",
         }
     }
 }
@@ -76,14 +96,17 @@ pub struct Group {
     keepalive: usize,
     /// The `Host` sent upstream in place of the client's (`upstreams.NAME.host`).
     pub host: Option<String>,
+    /// How `https://` servers are reached; the error if the group's TLS files did not load
+    /// (checked before any config is used, so only a file changed in between gets here).
+    tls: Option<Result<Arc<crate::tls::client::OriginTls>, String>>,
     /// Stops the group's health-check tasks: on [`Group::retire`], or when dropped.
     stop: watch::Sender<bool>,
 }
 
 /// A connection to one server of a group.
 pub struct UpstreamConn {
-    /// The socket.
-    pub stream: TcpStream,
+    /// The socket, plain or TLS.
+    pub stream: UpstreamStream,
     /// Bytes read past the current response head.
     pub buf: BytesMut,
     server: usize,
@@ -104,6 +127,11 @@ impl Group {
             .iter()
             .map(|s| Arc::new(Peer::new(s)))
             .collect();
+        let tls = peers.iter().any(|p| p.tls).then(|| {
+            crate::tls::client::OriginTls::build(cfg.tls.as_ref())
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
         Group {
             name: name.to_string(),
             balancer: Balancer::new(cfg.balance, peers.len()),
@@ -112,6 +140,7 @@ impl Group {
             read_timeout: cfg.read_timeout,
             keepalive: cfg.keepalive,
             host: cfg.host.clone(),
+            tls,
             stop: watch::channel(false).0,
         }
     }
@@ -125,6 +154,7 @@ impl Group {
                 &self.peers,
                 check,
                 self.host.as_deref(),
+                self.tls.as_ref().and_then(|t| t.as_ref().ok()).cloned(),
                 &self.stop,
             );
         }
@@ -155,7 +185,7 @@ impl Group {
                     None => idle.pop()?,
                 }
             };
-            if !quiet(&stream) {
+            if !stream.tcp().is_some_and(quiet) {
                 // Bytes (a late body, a stray response) or a close arrived while it was idle:
                 // reusing it would read them as the next response. Drop it; try the next.
                 continue;
@@ -163,7 +193,7 @@ impl Group {
             let stream = if worker == me {
                 stream
             } else {
-                match stream.into_std().and_then(TcpStream::from_std) {
+                match stream.rehome() {
                     Ok(s) => s,
                     // Could not move it: drop it and try the next.
                     Err(_) => continue,
@@ -187,8 +217,13 @@ impl Group {
         let error = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&peer.addr))
             .await
         {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
+            Ok(Ok(tcp)) => {
+                let _ = tcp.set_nodelay(true);
+                let stream = if peer.tls {
+                    self.handshake(i, tcp).await?
+                } else {
+                    UpstreamStream::Plain(tcp)
+                };
                 return Ok(UpstreamConn {
                     stream,
                     buf: BytesMut::with_capacity(16 * 1024),
@@ -206,6 +241,37 @@ impl Group {
             server: peer.addr.clone(),
             error,
         })
+    }
+
+    /// The TLS handshake on a new connection to `https://` server `i`, within the connect
+    /// timeout; a failure is recorded against the server (kind `tls`).
+    async fn handshake(&self, i: usize, tcp: TcpStream) -> Result<UpstreamStream, UpstreamError> {
+        let peer = &self.peers[i];
+        let fail = |error: String, verify: bool| {
+            self.failed(i, "tls", &error);
+            UpstreamError::Tls {
+                server: peer.addr.clone(),
+                error,
+                verify,
+            }
+        };
+        let tls = match &self.tls {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => return Err(fail(e.clone(), false)),
+            None => return Err(fail("no TLS settings for an https server".into(), false)),
+        };
+        let host = zerocache_config::tls::host_of(&peer.addr);
+        match tokio::time::timeout(self.connect_timeout, tls.connect(tcp, host)).await {
+            Ok(Ok(s)) => Ok(UpstreamStream::Tls(Box::new(s))),
+            Ok(Err(e)) => {
+                let verify = matches!(e, crate::tls::client::OriginTlsError::Verify(_));
+                Err(fail(e.to_string(), verify))
+            }
+            Err(_) => Err(fail(
+                format!("TLS handshake timed out after {:?}", self.connect_timeout),
+                false,
+            )),
+        }
     }
 
     /// Records a failure of server `i` (see [`Peer::record`]).
@@ -341,7 +407,7 @@ impl Group {
         on_interim: &mut Vec<ResponseHead>,
     ) -> Result<ResponseHead, ExchangeError> {
         conn.stream
-            .write_all(request)
+            .send_all(request)
             .await
             .map_err(|e| ExchangeError::BeforeResponse(e.into()))?;
         self.read_response_head(conn, on_interim).await

@@ -236,3 +236,84 @@ pub fn listener_yaml(port: u16, certs: &[(PathBuf, PathBuf)]) -> String {
     }
     y
 }
+
+/// A real rustls origin: TLS terminated with the certificate given, each connection then piped
+/// to a plain backend (the scripted test origin). Counts connections and remembers each one's
+/// SNI name.
+pub struct TlsFront {
+    pub addr: SocketAddr,
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    pub snis: Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl TlsFront {
+    pub fn start(backend: SocketAddr, c: &Cert) -> TlsFront {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let key = PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).expect("key");
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![CertificateDer::from(c.der.clone())], key)
+            .expect("server config");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let snis = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (n, s) = (connections.clone(), snis.clone());
+        rt.spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, n, s) = (acceptor.clone(), n.clone(), s.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    s.lock()
+                        .expect("lock")
+                        .push(tls.get_ref().1.server_name().map(str::to_string));
+                    let Ok(mut back) = tokio::net::TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
+                });
+            }
+        });
+        TlsFront {
+            addr,
+            connections,
+            snis,
+            _rt: rt,
+        }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A certificate for `names` valid only from 2000 to 2001.
+pub fn expired_cert(names: &[&str]) -> Cert {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
+    params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("sign");
+    Cert {
+        pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        der: cert.der().to_vec(),
+    }
+}

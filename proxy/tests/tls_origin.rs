@@ -1,0 +1,237 @@
+//! HTTPS origins end to end: the real binary fetching from a real rustls origin (certificates
+//! made here by rcgen, the origin's pinned with `tls.ca`). Upstream TLS costs hits nothing: a
+//! plain client's hit is still sendfile, and (as root) the probe says so.
+
+mod support;
+mod tls_support;
+
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use support::*;
+use tls_support::*;
+
+/// A proxy in `dir` whose one upstream is `server` with `tls` (a YAML flow map).
+fn proxy_for(dir: &std::path::Path, server: &str, tls: &str, probe: bool) -> Proxy {
+    Proxy::from_yaml(
+        &format!(
+            "listen: 127.0.0.1:{{port}}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{server}\"]\n    tls: {tls}\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{{dport}}\nprobe:\n  enabled: {probe}\n",
+            cache = dir.join("cache").display(),
+        ),
+        dir,
+    )
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The origin's certificate for `names`, written to `dir/origin.crt` (the pinned `tls.ca`).
+fn pinned(dir: &std::path::Path, names: &[&str]) -> (Cert, String) {
+    let c = cert(names);
+    let (crt, _) = write(dir, "origin", &c);
+    let tls = format!("{{ ca: {} }}", crt.display());
+    (c, tls)
+}
+
+#[test]
+fn an_https_origin_fills_and_a_plain_client_hits_with_sendfile() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    let (c, tls) = pinned(dir.path(), &["localhost"]);
+    let front = TlsFront::start(origin.addr(), &c);
+    let proxy = proxy_for(
+        dir.path(),
+        &format!("https://localhost:{}", front.addr.port()),
+        &tls,
+        true,
+    );
+    assert_eq!(proxy.api("/api/stats")["probe"]["state"], "attached");
+    let mut client = proxy.client();
+    let miss = client.get("/obj/300000", &[]);
+    assert_eq!((miss.status, miss.x_cache()), (200, "MISS"));
+    assert!(miss.body == body(300_000));
+    let hit = client.get("/obj/300000", &[]);
+    assert_eq!((hit.status, hit.x_cache()), (200, "HIT"));
+    assert!(hit.body == body(300_000));
+    let heads = (miss.head_len + hit.head_len) as u64;
+    let local = client.sock.local_addr().expect("local").to_string();
+    drop(client);
+    // The origin was reached over TLS, with the host name as SNI.
+    assert_eq!(front.connections(), 1);
+    assert_eq!(
+        front.snis.lock().expect("lock").as_slice(),
+        [Some("localhost".to_string())]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let conn = loop {
+        let conns = proxy.api("/api/connections?limit=1000");
+        if let Some(c) = conns["closed"].as_array().and_then(|a| {
+            a.iter()
+                .find(|c| !c["kernel"].is_null() && c["peer"] == local.as_str())
+        }) {
+            break c.clone();
+        }
+        assert!(Instant::now() < deadline, "not joined: {conns}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Both bodies by sendfile (the miss read behind its fill), only the heads copied.
+    assert_eq!(u(&conn["kernel"]["zerocopy_bytes"]), 600_000, "{conn}");
+    assert_eq!(u(&conn["kernel"]["copy_bytes"]), heads, "{conn}");
+    assert_eq!(conn["verdict"], "zero-copy");
+    let m = proxy.metrics();
+    assert_eq!(
+        metric(
+            &m,
+            "zerocache_copied_body_bytes_total{reason=\"tls-userspace\"}"
+        ),
+        0
+    );
+    assert_eq!(
+        metric(&m, "zerocache_copied_body_bytes_total{reason=\"miss\"}"),
+        0
+    );
+}
+
+#[test]
+fn pooled_tls_connections_are_reused_and_an_ip_literal_sends_no_sni() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    // An IP literal: no SNI (RFC 6066 §3), verified against the certificate's IP SAN.
+    let (c, tls) = pinned(dir.path(), &["127.0.0.1"]);
+    let front = TlsFront::start(origin.addr(), &c);
+    let proxy = proxy_for(dir.path(), &format!("https://{}", front.addr), &tls, false);
+    let mut client = proxy.client();
+    for i in 0..5 {
+        let r = client.get(&format!("/obj/{}", 1000 + i), &[]);
+        assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+        assert!(r.body == body(1000 + i));
+        // Not stored: relayed through user space as it arrives, over the same TLS connection.
+        let r = client.get(
+            &format!("/obj/{}", 2000 + i),
+            &[("Cache-Control", "no-store")],
+        );
+        assert_eq!(r.status, 200);
+        assert!(r.body == body(2000 + i));
+    }
+    assert_eq!(
+        front.connections(),
+        1,
+        "one pooled TLS connection for ten fetches"
+    );
+    assert_eq!(front.snis.lock().expect("lock").as_slice(), [None]);
+    let m = proxy.metrics();
+    let relayed: u64 = (0..5).map(|i| 2000 + i).sum();
+    assert_eq!(
+        metric(&m, "zerocache_copied_body_bytes_total{reason=\"miss\"}"),
+        relayed
+    );
+}
+
+#[test]
+fn a_certificate_that_does_not_verify_is_a_502_with_detail_tls_verify() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    for (why, presented, ca) in [
+        // The pinned certificate is for another name.
+        ("wrong name", cert(&["other.example"]), None),
+        // Expired.
+        ("expired", expired_cert(&["localhost"]), None),
+        // Signed by nobody the proxy trusts: the system roots do not know it.
+        ("unknown issuer", cert(&["localhost"]), Some("")),
+    ] {
+        let front = TlsFront::start(origin.addr(), &presented);
+        let tls = match ca {
+            Some(_) => "{}".to_string(),
+            None => {
+                let (crt, _) = write(dir.path(), "origin", &presented);
+                format!("{{ ca: {} }}", crt.display())
+            }
+        };
+        let sub = dir.path().join(why.replace(' ', "-"));
+        std::fs::create_dir_all(&sub).expect("dir");
+        let proxy = proxy_for(
+            &sub,
+            &format!("https://localhost:{}", front.addr.port()),
+            &tls,
+            false,
+        );
+        let r = proxy.get("/obj/100");
+        assert_eq!(r.status, 502, "{why}");
+        assert_eq!(r.x_cache(), "MISS", "{why}");
+        assert_eq!(
+            r.header("cache-status"),
+            Some("zerocache; fwd=miss; detail=tls-verify"),
+            "{why}"
+        );
+        assert_eq!(
+            front.connections(),
+            0,
+            "{why}: no request reached the origin"
+        );
+        assert_eq!(
+            metric(
+                &proxy.metrics(),
+                "zerocache_upstream_errors_total{kind=\"tls\",upstream=\"origin\"}"
+            ),
+            1,
+            "{why}"
+        );
+    }
+    assert_eq!(origin.request_count(), 0);
+}
+
+#[test]
+fn verify_false_accepts_any_certificate_and_check_warns() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    let front = TlsFront::start(origin.addr(), &cert(&["whatever.example"]));
+    let proxy = proxy_for(
+        dir.path(),
+        &format!("https://localhost:{}", front.addr.port()),
+        "{ verify: false }",
+        false,
+    );
+    let r = proxy.get("/obj/100");
+    assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+    assert!(r.body == body(100));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zerocache"))
+        .args(["check", "-q", "-c"])
+        .arg(&proxy.config)
+        .output()
+        .expect("check");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("upstreams.origin.tls.verify is false"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_names_a_bad_ca_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "not a certificate\n").expect("write");
+    let config = dir.path().join("zc.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:1\ncache:\n  path: {}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"https://o.example:443\"]\n    tls: {{ ca: {} }}\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n",
+            dir.path().join("cache").display(),
+            ca.display()
+        ),
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zerocache"))
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .expect("check");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&ca.display().to_string()), "{err}");
+    assert!(err.contains("no PEM certificate"), "{err}");
+}
