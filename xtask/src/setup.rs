@@ -26,8 +26,10 @@ use std::time::Instant;
 /// tests; iproute2's ss for the listen backlog test; strace and curl for the README's examples;
 /// for `cargo xtask package` and its test, dpkg-dev (cargo-deb's dependency detection runs
 /// dpkg-shlibdeps), binutils (strip, objcopy, readelf), logrotate (the test has it parse the
-/// packaged snippet) and systemd (`systemd-analyze verify` of the installed unit). As root the
-/// tests fail rather than skip when one of these is missing.
+/// packaged snippet) and systemd (`systemd-analyze verify` of the installed unit);
+/// ca-certificates for the system roots `https://` upstreams verify against, and openssl for
+/// `bench --tls` (its certificate). As root the tests fail rather than skip when one of these is
+/// missing.
 const APT_PACKAGES: &[&str] = &[
     "nginx",
     "wrk",
@@ -42,6 +44,8 @@ const APT_PACKAGES: &[&str] = &[
     "dpkg-dev",
     "binutils",
     "logrotate",
+    "ca-certificates",
+    "openssl",
 ];
 
 /// The bpf-linker release this recipe was verified with.
