@@ -129,11 +129,11 @@ impl Sample {
     }
 }
 
-struct Running {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Running {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
     /// zerocache's dashboard (for its /metrics); None for nginx.
-    dashboard: Option<SocketAddr>,
+    pub(crate) dashboard: Option<SocketAddr>,
 }
 
 impl Drop for Running {
@@ -152,7 +152,11 @@ impl Drop for Running {
     }
 }
 
-fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> anyhow::Result<()> {
+pub(crate) fn wait_listening(
+    addr: SocketAddr,
+    child: &mut Child,
+    what: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(addr).is_err() {
         if let Some(status) = child.try_wait()? {
@@ -165,7 +169,7 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> anyhow::Re
 }
 
 /// The demo origin as its own process, on a free port.
-fn start_origin() -> anyhow::Result<Running> {
+pub(crate) fn start_origin() -> anyhow::Result<Running> {
     let port = free_port()?;
     let mut child = Command::new(root().join("target/release/zerocache-origin"))
         .arg(format!("127.0.0.1:{port}"))
@@ -434,7 +438,7 @@ fn warm(addr: SocketAddr, server: Server, sizes: &[usize]) -> anyhow::Result<()>
 }
 
 /// PIDs of a server: the process and (for nginx) its workers.
-fn pids(root_pid: u32) -> Vec<u32> {
+pub(crate) fn pids(root_pid: u32) -> Vec<u32> {
     let mut out = vec![root_pid];
     if let Ok(children) =
         std::fs::read_to_string(format!("/proc/{root_pid}/task/{root_pid}/children"))
@@ -449,7 +453,7 @@ fn pids(root_pid: u32) -> Vec<u32> {
 }
 
 /// Nanoseconds on CPU of all threads of these processes.
-fn cpu_ns(pids: &[u32]) -> u64 {
+pub(crate) fn cpu_ns(pids: &[u32]) -> u64 {
     let mut total = 0;
     for pid in pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -477,7 +481,7 @@ fn pin(pids: &[u32], cpu: &str) {
     }
 }
 
-fn parse_duration_ms(s: &str) -> Option<f64> {
+pub(crate) fn parse_duration_ms(s: &str) -> Option<f64> {
     let s = s.trim();
     let (num, mult) = if let Some(v) = s.strip_suffix("us") {
         (v, 0.001)
@@ -592,7 +596,7 @@ fn wrk(
     Ok(s)
 }
 
-fn parse_bytes(s: &str) -> f64 {
+pub(crate) fn parse_bytes(s: &str) -> f64 {
     let s = s.trim();
     for (suffix, mult) in [
         ("GB", 1024f64.powi(3)),
@@ -607,7 +611,7 @@ fn parse_bytes(s: &str) -> f64 {
     0.0
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -615,7 +619,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn size_name(s: usize) -> String {
+pub(crate) fn size_name(s: usize) -> String {
     match s {
         1024 => "1 KiB".into(),
         65_536 => "64 KiB".into(),

@@ -2,6 +2,7 @@
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
+mod bench_tls;
 mod demo;
 mod fuzz;
 mod package;
@@ -81,6 +82,10 @@ enum Task {
         /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
         #[arg(long)]
         cold: bool,
+        /// zerocache against nginx proxy_cache, both serving clients over TLS (1 KiB to 16 MiB,
+        /// and a handshake per request); writes xtask/bench/results/tls.md.
+        #[arg(long)]
+        tls: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -156,6 +161,23 @@ fn main() -> ExitCode {
             affinity,
             unpinned,
             cold,
+            tls: true,
+        } => setup::setup().and_then(|_| {
+            anyhow::ensure!(
+                !(pin || affinity || unpinned || cold) && sizes.is_empty(),
+                "--tls runs its own sizes with default placement: no --pin, --affinity, --unpinned, --cold or --sizes"
+            );
+            bench_tls::bench_tls(duration, reps)
+        }),
+        Task::Bench {
+            duration,
+            reps,
+            pin,
+            sizes,
+            affinity,
+            unpinned,
+            cold,
+            tls: false,
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
                 duration,
