@@ -307,6 +307,19 @@ fn plain_http_on_the_tls_port_gets_a_plain_400_and_bad_handshakes_are_counted() 
     assert_eq!(r.status, 400);
     assert_eq!(r.body, b"A plain HTTP request was sent to the TLS port.\n");
     assert!(plain.is_closed());
+    // Recorded as a connection that served nothing (so the probe's close event for its fd
+    // joins it, and not the next connection that reuses the fd number).
+    let local = plain.sock.local_addr().expect("local").to_string();
+    let conns = proxy.api("/api/connections?limit=1000");
+    let rec = conns["closed"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["peer"] == local.as_str()))
+        .unwrap_or_else(|| panic!("no record of {local}: {conns}"))
+        .clone();
+    assert_eq!(
+        (u(&rec["requests"]), &rec["tls_userspace"]),
+        (0, &Value::Bool(true))
+    );
     // Garbage that is not HTTP either: rustls's alert, and the connection closed.
     use std::io::{Read, Write};
     let mut junk = std::net::TcpStream::connect(taddr).expect("connect");

@@ -116,57 +116,75 @@ impl ResolvesServerCert for SniResolver {
 
 /// Runs the handshake of a connection accepted on the TLS listener, within the handshake
 /// timeout, counting its result; `None` when it failed (the socket is then closed).
+///
+/// A failed handshake's socket is still recorded in the accounting, as a connection that served
+/// nothing, before it is closed: the probe's close event for its fd then joins that record, and
+/// never the next connection that gets the same fd number.
 pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> Option<ClientSock> {
     let ctx = shared.ctx.load_full();
-    let stats = &ctx.accounting.tls;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp) as u32;
+    let failed = |result: HandshakeResult| {
+        let acc = &ctx.accounting;
+        acc.tls.handshake(result);
+        let id = acc.conn_opened(fd, peer);
+        acc.conn_tls_userspace(id);
+        acc.conn_closed(id);
+    };
     let Some(server) = ctx.tls.as_ref() else {
         // A TLS listener is only bound with a loaded server; a reload cannot remove it.
-        stats.handshake(HandshakeResult::NoCert);
+        failed(HandshakeResult::NoCert);
         return None;
     };
     let deadline = tokio::time::Instant::now() + server.handshake_timeout;
     let mut first = [0u8; 1];
     match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
         Err(_) => {
-            stats.handshake(HandshakeResult::Timeout);
             tracing::debug!(%peer, "TLS handshake timed out before the first byte");
+            failed(HandshakeResult::Timeout);
             return None;
         }
         Ok(Ok(0)) | Ok(Err(_)) => {
-            stats.handshake(HandshakeResult::Failed);
+            failed(HandshakeResult::Failed);
             return None;
         }
         Ok(Ok(_)) if first[0] != HANDSHAKE_RECORD && first[0].is_ascii_uppercase() => {
-            stats.handshake(HandshakeResult::Failed);
             tracing::debug!(%peer, "plain HTTP on the TLS port; answered 400");
             let mut tcp = tcp;
             let _ = tokio::time::timeout_at(deadline, tcp.write_all(PLAIN_HTTP_ON_TLS)).await;
-            let _ = tcp.shutdown().await;
+            let _ = tokio::time::timeout_at(deadline, tcp.shutdown()).await;
+            failed(HandshakeResult::Failed);
             return None;
         }
         Ok(Ok(_)) => {}
     }
-    match tokio::time::timeout_at(deadline, server.acceptor.accept(tcp)).await {
-        Err(_) => {
-            stats.handshake(HandshakeResult::Timeout);
+    // Fallible, and polled beside the deadline rather than under a timeout, so the socket is
+    // still here (and still open) when the failure is recorded.
+    let mut handshake = std::pin::pin!(server.acceptor.accept(tcp).into_fallible());
+    let done = tokio::select! {
+        r = &mut handshake => r,
+        _ = tokio::time::sleep_until(deadline) => {
             tracing::debug!(%peer, "TLS handshake timed out");
-            None
+            failed(HandshakeResult::Timeout);
+            return None;
         }
-        Ok(Err(e)) => {
+    };
+    match done {
+        Err((e, tcp)) => {
             let no_cert = e
                 .get_ref()
                 .and_then(|i| i.downcast_ref::<rustls::Error>())
                 .is_some_and(|r| matches!(r, rustls::Error::General(m) if m.contains("no server certificate")));
-            stats.handshake(if no_cert {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            failed(if no_cert {
                 HandshakeResult::NoCert
             } else {
                 HandshakeResult::Failed
             });
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            drop(tcp);
             None
         }
-        Ok(Ok(s)) => {
-            stats.handshake(HandshakeResult::Ok);
+        Ok(s) => {
+            ctx.accounting.tls.handshake(HandshakeResult::Ok);
             let (_, conn) = s.get_ref();
             tracing::trace!(%peer, version = ?conn.protocol_version().unwrap_or(ProtocolVersion::Unknown(0)), sni = ?conn.server_name(), "TLS handshake done");
             Some(ClientSock::tls(s))
