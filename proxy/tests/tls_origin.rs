@@ -12,6 +12,7 @@ use tls_support::*;
 
 /// A proxy in `dir` whose one upstream is `server` with `tls` (a YAML flow map).
 fn proxy_for(dir: &std::path::Path, server: &str, tls: &str, probe: bool) -> Proxy {
+    std::fs::create_dir_all(dir).expect("dir");
     Proxy::from_yaml(
         &format!(
             "listen: 127.0.0.1:{{port}}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{server}\"]\n    tls: {tls}\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{{dport}}\nprobe:\n  enabled: {probe}\n",
@@ -151,7 +152,6 @@ fn a_certificate_that_does_not_verify_is_a_502_with_detail_tls_verify() {
             }
         };
         let sub = dir.path().join(why.replace(' ', "-"));
-        std::fs::create_dir_all(&sub).expect("dir");
         let proxy = proxy_for(
             &sub,
             &format!("https://localhost:{}", front.addr.port()),
@@ -234,4 +234,81 @@ fn check_names_a_bad_ca_file() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&ca.display().to_string()), "{err}");
     assert!(err.contains("no PEM certificate"), "{err}");
+}
+
+#[test]
+fn the_health_check_of_an_https_server_speaks_tls() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    origin.script("/health", Reply::ok(b"ok".to_vec()));
+    let (c, tls) = pinned(dir.path(), &["localhost"]);
+    let front = TlsFront::start(origin.addr(), &c);
+    let _proxy = proxy_for(
+        dir.path(),
+        &format!("https://localhost:{}", front.addr.port()),
+        &format!("{tls}\n    health_check: {{ path: /health, interval: 100ms, timeout: 2s }}"),
+        false,
+    );
+    assert_eventually_eq(
+        "health checks over TLS",
+        Duration::from_secs(10),
+        || {
+            origin
+                .received()
+                .iter()
+                .filter(|r| {
+                    r.path == "/health" && r.header("user-agent") == Some("zerocache-health-check")
+                })
+                .count()
+                >= 2
+        },
+        true,
+    );
+    // Each check is its own TLS connection (Connection: close), each with the host as SNI.
+    assert!(front.connections() >= 2);
+    assert!(
+        front
+            .snis
+            .lock()
+            .expect("lock")
+            .iter()
+            .all(|s| s.as_deref() == Some("localhost"))
+    );
+}
+
+#[test]
+fn a_client_certificate_is_presented_when_the_origin_asks_for_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    let (c, _) = pinned(dir.path(), &["localhost"]);
+    let client = cert(&["zerocache.client"]);
+    let (ccrt, ckey) = write(dir.path(), "client", &client);
+    let front = TlsFront::start_with(origin.addr(), &c, Some(&client));
+    let server = format!("https://localhost:{}", front.addr.port());
+    let ca = dir.path().join("origin.crt");
+    let with = proxy_for(
+        &dir.path().join("with"),
+        &server,
+        &format!(
+            "{{ ca: {}, cert: {}, key: {} }}",
+            ca.display(),
+            ccrt.display(),
+            ckey.display()
+        ),
+        false,
+    );
+    let r = with.get("/obj/100");
+    assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+    assert!(r.body == body(100));
+    // Without it the origin refuses the handshake: a 502, but not a verification failure.
+    let without = proxy_for(
+        &dir.path().join("without"),
+        &server,
+        &format!("{{ ca: {} }}", ca.display()),
+        false,
+    );
+    let r = without.get("/obj/101");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("cache-status"), None);
+    assert_eq!(origin.hits("/obj/101"), 0);
 }

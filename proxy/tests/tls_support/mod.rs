@@ -249,6 +249,12 @@ pub struct TlsFront {
 
 impl TlsFront {
     pub fn start(backend: SocketAddr, c: &Cert) -> TlsFront {
+        TlsFront::start_with(backend, c, None)
+    }
+
+    /// Like [`TlsFront::start`], requiring a client certificate issued by (or equal to)
+    /// `client_ca` when given.
+    pub fn start_with(backend: SocketAddr, c: &Cert, client_ca: Option<&Cert>) -> TlsFront {
         use rustls::pki_types::PrivateKeyDer;
         use rustls::pki_types::pem::PemObject;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -257,10 +263,26 @@ impl TlsFront {
             .build()
             .expect("runtime");
         let key = PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).expect("key");
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_no_client_auth()
+            .expect("versions");
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots
+                    .add(CertificateDer::from(ca.der.clone()))
+                    .expect("client root");
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider(),
+                )
+                .build()
+                .expect("client verifier");
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder
             .with_single_cert(vec![CertificateDer::from(c.der.clone())], key)
             .expect("server config");
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
