@@ -106,7 +106,7 @@ pub struct Store {
     /// Where corrupt entries are also counted for `/metrics`, once the dashboard's accounting
     /// exists (it is created after the rebuild); a mutex so no count is lost or doubled while it
     /// is attached.
-    corrupt_sink: Mutex<Option<Arc<zerocache_dashboard::Accounting>>>,
+    corrupt_sink: Mutex<Option<Arc<zerocache_ledger::Accounting>>>,
     /// The target list (RFC 9213) under which entries are read: which stored field governs
     /// reuse, and whether targeted fields reach clients. Fixed for the process's life, like the
     /// rest of `cache:` (a change takes effect on restart).
@@ -378,7 +378,7 @@ impl Store {
 
     /// Counts corrupt entries in `acc` (`zerocache_cache_corrupt_entries_total`) from now on,
     /// starting with those the rebuild already found.
-    pub fn attach_accounting(&self, acc: Arc<zerocache_dashboard::Accounting>) {
+    pub fn attach_accounting(&self, acc: Arc<zerocache_ledger::Accounting>) {
         let mut sink = self.corrupt_sink.lock();
         acc.corrupt_entries_found(self.corrupt_entries.load(Ordering::Relaxed));
         *sink = Some(acc);
@@ -1032,7 +1032,7 @@ mod tests {
         assert_eq!(s.usage().1, 1);
         assert!(s.peek(good.hash).is_some() && s.peek(bad.hash).is_none());
         // Counted for /metrics once the accounting exists, and after.
-        let acc = Arc::new(zerocache_dashboard::Accounting::new(8, false));
+        let acc = Arc::new(zerocache_ledger::Accounting::new(8, false));
         s.attach_accounting(acc.clone());
         assert_eq!(acc.corrupt_entries(), 1);
         s.corrupt_found(2);

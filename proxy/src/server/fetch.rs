@@ -32,7 +32,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::io::AsyncWriteExt;
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// One upstream fetch for one client request.
 pub struct Fetch<'a> {

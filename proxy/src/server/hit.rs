@@ -12,7 +12,7 @@ use crate::http::request::RequestHead;
 use crate::sendfile::{self, SendfileError};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// Why a stored response is being served, for `X-Cache` and `Cache-Status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
