@@ -147,12 +147,11 @@ impl Fetch<'_> {
             format!("for={ip}")
         };
         put(&mut out, "Forwarded", append(forwarded, node).as_bytes());
-        let via_me = if req.http10 {
-            "1.0 zerocache"
-        } else {
-            "1.1 zerocache"
-        };
-        put(&mut out, "Via", append(via, via_me.to_string()).as_bytes());
+        put(
+            &mut out,
+            "Via",
+            headers::via(via.as_deref(), req.http10).as_bytes(),
+        );
         // Made when the request was read if an access log line needs it; otherwise here, where it
         // is first needed.
         let id = if req.id.is_empty() {

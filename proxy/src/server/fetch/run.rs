@@ -368,16 +368,11 @@ impl Fetch<'_> {
             (false, None, _) => format!("zerocache; fwd={fwd}"),
         };
         put(h, "Cache-Status", cache_status.as_bytes());
-        let via_me = if head.http10 {
-            "1.0 zerocache"
-        } else {
-            "1.1 zerocache"
-        };
-        let via = match via {
-            Some(v) => format!("{v}, {via_me}"),
-            None => via_me.to_string(),
-        };
-        put(h, "Via", via.as_bytes());
+        put(
+            h,
+            "Via",
+            headers::via(via.as_deref(), head.http10).as_bytes(),
+        );
         if close_after {
             h.extend_from_slice(b"Connection: close\r\n");
         }

@@ -116,7 +116,7 @@ impl Fetch<'_> {
         }
         put(h, "X-Cache", self.status.as_str().as_bytes());
         put(h, "Cache-Status", b"zerocache; fwd=miss");
-        put(h, "Via", b"1.1 zerocache");
+        put(h, "Via", headers::VIA_SELF.as_bytes());
         if req.close {
             h.extend_from_slice(b"Connection: close\r\n");
         }
