@@ -2,6 +2,7 @@
 //! records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and Prometheus `/metrics` by one axum app.
 
 pub mod api;
+pub mod clock;
 pub mod guard;
 pub mod history;
 pub mod metrics;

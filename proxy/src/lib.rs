@@ -4,6 +4,7 @@
 
 pub mod accesslog;
 pub mod cache;
+pub(crate) mod clock;
 pub mod cpu;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

@@ -194,6 +194,13 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
 
 /// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
+    if config.debug.adjustable_clock && !crate::clock::enabled_by_environment() {
+        anyhow::bail!(
+            "{}: debug.adjustable_clock is a test hook and needs {}=1 in the environment as well; remove it from a production config",
+            path.display(),
+            crate::clock::ENABLE_ENV
+        );
+    }
     // Handlers first: the rebuild below may take minutes, and a signal arriving meanwhile (a
     // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
     // action (tokio keeps it until `recv`).
@@ -323,6 +330,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
             purge: Box::new(move |p| purge(&purge_store, p)),
+            advance_clock: config.debug.adjustable_clock.then(|| {
+                Box::new(crate::clock::advance) as zerocache_dashboard::clock::AdvanceClockFn
+            }),
             access_log_dropped: {
                 let log = access_log.clone();
                 Box::new(move || {
@@ -357,6 +367,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         nofile,
     };
     let shared = Shared::new(build_ctx(&config, &kept));
+    if config.debug.adjustable_clock {
+        tracing::warn!(
+            "debug.adjustable_clock is on: POST /api/debug/clock ages every cached response (test hook)"
+        );
+    }
     if config.debug.copy_hits {
         tracing::warn!(
             "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"

@@ -246,7 +246,7 @@ impl<'a> Fetch<'a> {
     /// must-revalidate/proxy-revalidate/no-cache.
     fn stale_on_error(&self) -> Option<Arc<Entry>> {
         let e = self.revalidating.as_ref()?;
-        crate::cache::stale::if_error(e, self.stale_grace, SystemTime::now()).then(|| e.clone())
+        crate::cache::stale::if_error(e, self.stale_grace, crate::clock::now()).then(|| e.clone())
     }
 
     /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
