@@ -1,8 +1,8 @@
-//! The request line's checks: its target's form (origin, absolute or `*`; see [`split_target`]),
-//! and, made on the raw bytes before httparse sees them, the version exactly as RFC 9112 §2.3 spells it (and 1.2-1.9 taken as 1.1, RFC 9110 §2.5), and no
-//! bare CR or LF anywhere in the head, since a recipient that accepts one and a recipient that
-//! doesn't read two different messages from the same bytes.
-
+//! The request line's checks: its target's form (origin, absolute or `*`; see
+//! [`split_target`]), and, made on the raw bytes before httparse sees them, the version exactly
+//! as RFC 9112 §2.3 spells it (1.2 to 1.9 taken as 1.1, RFC 9110 §2.5) and no bare CR or LF
+//! anywhere in the head, since a recipient that accepts one and a recipient that doesn't read
+//! two different messages from the same bytes.
 use super::request::RequestError;
 
 /// Where the request line's version stands, checked before httparse, which refuses every
