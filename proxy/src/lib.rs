@@ -6,6 +6,7 @@ pub mod accesslog;
 pub mod cache;
 pub(crate) mod clock;
 pub mod cpu;
+pub(crate) mod fd_limits;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod http;
