@@ -5,9 +5,9 @@
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
 use crate::cache::store::Store;
-use crate::fd_limits::{connection_cap, open_files_for, raise_nofile, warn_if_clamped};
 use crate::cpu::affinity;
 use crate::cpu::placement::Placement;
+use crate::fd_limits::{connection_cap, open_files_for, raise_nofile, warn_if_clamped};
 use crate::http::request::Limits;
 use crate::routing::Routes;
 use crate::server::{self, Ctx, Shared};

@@ -373,7 +373,7 @@ fn early_hints_are_forwarded_and_not_stored() {
 /// `cpu_affinity: false` every worker may run on every CPU the process may.
 #[test]
 fn connections_are_spread_evenly_over_the_workers() {
-    use zerocache::cpu::affinity::allowed_cpus;
+    use zerocache::exports::allowed_cpus;
     let (origin, _rt) = origin();
     let proxy = Proxy::start(
         origin.addr(),
@@ -414,8 +414,8 @@ fn pinned_workers_keep_connections_on_their_cpu_within_a_bounded_imbalance() {
     ) {
         return;
     }
-    use zerocache::cpu::affinity::{allowed_cpus, pin_current_thread};
-    use zerocache::server::workers::SLACK;
+    use zerocache::exports::SLACK;
+    use zerocache::exports::{allowed_cpus, pin_current_thread};
     let (origin, _rt) = origin();
     let cpus = allowed_cpus().expect("affinity mask");
     let workers = cpus.len() + 1;

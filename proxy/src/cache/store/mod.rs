@@ -87,7 +87,7 @@ pub struct Rebuilt {
 }
 
 impl Store {
-    /// Opens (creating) the cache directory; call [`Store::rebuild`] next.
+    /// Opens (creating) the cache directory; call [`Store::rebuild_verifying`] next.
     pub fn open(dir: &Path, limits: StoreLimits) -> io::Result<Store> {
         Ok(Store {
             layout: Layout::create(dir, limits.levels)?,
