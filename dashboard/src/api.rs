@@ -1,11 +1,11 @@
 //! The JSON API: `/api/stats`, `/api/connections`, `/api/processes`. The same figures as the page
 //! and `/metrics`, documented in docs/dashboard-and-metrics.md.
 
-use crate::accounting::{BodyTotals, CacheStatus, ConnRecord, DataPath, Violation};
 use crate::history::Sample;
 use crate::server::{CacheStats, DashboardState};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use zerocache_ledger::{BodyTotals, CacheStatus, ConnRecord, DataPath, SortKey, Violation};
 use zerocache_probe::{FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, kind};
 
 /// Seconds of history behind the "now" ratio.
@@ -43,7 +43,7 @@ pub struct Stats {
     /// Body bytes the proxy copied through user space, by reason (`miss`, `tls-userspace`, ...).
     pub copied_body_bytes: BTreeMap<&'static str, u64>,
     /// The TLS listener, its handshakes, and whether the kernel offers kTLS.
-    pub tls: crate::tls_stats::TlsSnapshot,
+    pub tls: zerocache_ledger::TlsSnapshot,
     /// Cache usage and health.
     pub cache: CacheStats,
     /// zerocache's own socket syscalls by kind.
@@ -118,7 +118,7 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
         violations_recent,
         recent_violations: acc.recent_violations(),
         hit_ratio: (lookups > 0).then(|| hits as f64 / lookups as f64),
-        copied_body_bytes: crate::copy_reason::CopyReason::ALL
+        copied_body_bytes: zerocache_ledger::CopyReason::ALL
             .iter()
             .map(|r| (r.as_str(), acc.copied.get(*r)))
             .collect(),
@@ -161,7 +161,7 @@ pub fn connections(
     state: &DashboardState,
     offset: usize,
     limit: usize,
-    sort: &str,
+    sort: SortKey,
     ascending: bool,
 ) -> Connections {
     let active = state.accounting.active(&live(state));

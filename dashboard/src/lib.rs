@@ -1,17 +1,14 @@
-//! zerocache's window on itself: the proxy's accounting joined with the probe's kernel records,
-//! served as an HTML dashboard, a JSON API and Prometheus `/metrics` by one axum app.
+//! zerocache's window on itself: the ledger (the proxy's accounting joined with the probe's
+//! kernel records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and
+//! Prometheus `/metrics` by one axum app. It only reads the ledger and the probe; the one thing
+//! it changes is the cache, through the purge the proxy hands it.
 
-pub mod accounting;
-pub mod api;
-pub mod copy_reason;
+pub(crate) mod api;
+pub mod clock;
 pub mod guard;
-pub mod history;
-pub mod metrics;
-pub mod server;
+pub(crate) mod history;
+pub(crate) mod metrics;
+pub(crate) mod server;
 mod tls_metrics;
-pub mod tls_stats;
 
-pub use accounting::{Accounting, CacheStatus, DataPath, RejectReason, ResponseRecord};
-pub use copy_reason::CopyReason;
-pub use server::{CacheStats, DashboardState, Purge, WorkerStats, serve};
-pub use tls_stats::HandshakeResult;
+pub use server::{CacheStats, DashboardState, Purge, PurgeFn, WorkerStats, serve};

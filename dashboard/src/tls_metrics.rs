@@ -3,16 +3,16 @@
 //! `zerocache_tls_handshakes_total` and `zerocache_ktls_available`, every label value present
 //! from start-up.
 
-use crate::accounting::Accounting;
-use crate::copy_reason::CopyReason;
-use crate::tls_stats::HandshakeResult;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use zerocache_ledger::Accounting;
+use zerocache_ledger::CopyReason;
+use zerocache_ledger::HandshakeResult;
 
 /// Adds the three families to `r`.
 pub(crate) fn register(
     r: &Registry,
     acc: &Accounting,
-    kernel: &crate::accounting::BodyTotals,
+    kernel: &zerocache_ledger::BodyTotals,
 ) -> prometheus::Result<()> {
     let intended = prometheus::IntCounter::new(
         "zerocache_kernel_body_intended_copy_bytes_total",

@@ -92,7 +92,7 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
     };
     let dir = &c.cache.path;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    match zerocache::cache::scrub::check_dir(dir, remove, &mut out, &mut err) {
+    match zerocache::exports::check_dir(dir, remove, &mut out, &mut err) {
         Ok(report) => {
             println!("{}", report.summary());
             if report.clean() {
@@ -116,7 +116,7 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
                 "warning: upstreams.{name}.tls.verify is false: the origin's certificate is NOT verified, and anyone on the path can impersonate it"
             );
         }
-        zerocache::tls::check(&c)
+        zerocache::exports::check_tls(&c)
             .map(|()| c)
             .map_err(|e| zerocache_config::ConfigError::Read {
                 file: e.path.display().to_string(),

@@ -107,7 +107,7 @@ fn forced_hash_collisions_never_serve_another_urls_body() {
     let proxy = Proxy::start(
         origin.addr(),
         Opts {
-            extra_yaml: "debug:\n  key_hash_bits: 1\n".into(),
+            debug_yaml: "  key_hash_bits: 1\n".into(),
             ..Opts::default()
         },
     );
@@ -375,7 +375,7 @@ fn early_hints_are_forwarded_and_not_stored() {
 /// `cpu_affinity: false` every worker may run on every CPU the process may.
 #[test]
 fn connections_are_spread_evenly_over_the_workers() {
-    use zerocache::cpu::affinity::allowed_cpus;
+    use zerocache::exports::allowed_cpus;
     let (origin, _rt) = origin();
     let proxy = Proxy::start(
         origin.addr(),
@@ -416,8 +416,8 @@ fn pinned_workers_keep_connections_on_their_cpu_within_a_bounded_imbalance() {
     ) {
         return;
     }
-    use zerocache::cpu::affinity::{allowed_cpus, pin_current_thread};
-    use zerocache::server::workers::SLACK;
+    use zerocache::exports::SLACK;
+    use zerocache::exports::{allowed_cpus, pin_current_thread};
     let (origin, _rt) = origin();
     let cpus = allowed_cpus().expect("affinity mask");
     let workers = cpus.len() + 1;

@@ -16,6 +16,7 @@
 //! the fields not on the target list, so hiding the ones on it is an operator's choice:
 //! `cache.targeted_fields_forward: false`).
 
+use crate::http::stored_fields::StoredFields;
 use std::borrow::Cow;
 
 use sfv::{BareItem, Dictionary, ListEntry, Parser};
@@ -46,11 +47,6 @@ impl Targeted {
         }
     }
 
-    /// Whether targeted fields are sent to clients.
-    pub fn forward(&self) -> bool {
-        self.forward
-    }
-
     /// The directives that govern zerocache's own caching of a response (§2.2): those of the
     /// first targeted field with a valid, non-empty value, in which case `Cache-Control` and
     /// `Expires` are ignored (`true`); otherwise `Cache-Control` (`false`). `get` returns a
@@ -75,10 +71,9 @@ impl Targeted {
             return Cow::Borrowed(fields);
         }
         let mut out = Vec::with_capacity(fields.len());
-        for line in fields.split_inclusive(|b| *b == b'\n') {
-            let name = line.split(|b| *b == b':').next().unwrap_or(b"");
-            if !self.hides(String::from_utf8_lossy(name).trim()) {
-                out.extend_from_slice(line);
+        for line in StoredFields(fields).lines() {
+            if !self.hides(line.name) {
+                out.extend_from_slice(line.raw);
             }
         }
         Cow::Owned(out)

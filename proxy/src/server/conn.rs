@@ -21,10 +21,10 @@ use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zerocache_dashboard::accounting::ConnId;
-use zerocache_dashboard::{CacheStatus, CopyReason, DataPath, ResponseRecord};
+use zerocache_ledger::ConnId;
+use zerocache_ledger::{CacheStatus, CopyReason, DataPath, ResponseRecord};
 
 /// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
@@ -475,7 +475,7 @@ impl Conn {
         let mut status = CacheStatus::Miss;
         let mut stale: Option<Arc<Entry>> = None;
         if let Some(e) = lookup() {
-            let now = SystemTime::now();
+            let now = crate::clock::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
                 Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
                     HitOutcome::Served(keep) => return Ok(keep),
@@ -559,7 +559,7 @@ impl Conn {
         // Fresh enough for this request, for a follower of another request's fill.
         let fresh = |e: &Entry| {
             freshness::decide(
-                e.age(SystemTime::now()),
+                e.age(crate::clock::now()),
                 e.meta.lifetime,
                 e.reuse,
                 &directives,

@@ -5,7 +5,7 @@
 //! bug (`debug.copy_hits`) still declares zero-copy, so the probe flags it, and is counted as
 //! `debug-copy`.
 
-use zerocache_dashboard::{CopyReason, DataPath};
+use zerocache_ledger::{CopyReason, DataPath};
 
 /// The path to record and the copy reason to count the body under (none for sendfile).
 /// `relay`: the reason a declared `Copy` body was copied (`Miss` for upstream bodies,

@@ -20,7 +20,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use zerocache_config::tls::TlsListener;
-use zerocache_dashboard::HandshakeResult;
+use zerocache_ledger::HandshakeResult;
 
 /// Sessions remembered for resumption by id (TLS 1.2), shared by all workers.
 const SESSION_CACHE: usize = 4096;

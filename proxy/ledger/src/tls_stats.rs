@@ -100,7 +100,7 @@ pub const TLS_USERSPACE_VERDICT: &str = "copy (TLS in user space: kernel has no 
 
 #[cfg(test)]
 mod tests {
-    use crate::accounting::{Accounting, CacheStatus, DataPath, ResponseRecord};
+    use crate::{Accounting, CacheStatus, DataPath, ResponseRecord};
     use std::time::Duration;
     use zerocache_probe::{ClosedFd, FdCounts, kind};
 
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(a.body_totals().ratio(), Some(1.0));
         assert_eq!(a.body_totals().copy_bytes, 12_245);
         assert_eq!(a.body_totals().intended_copy_bytes, 12_245);
-        let (page, _, _) = a.closed_page(0, 10, "id", true);
+        let (page, _, _) = a.closed_page(0, 10, crate::SortKey::Id, true);
         assert_eq!(page[0].verdict, super::TLS_USERSPACE_VERDICT);
         assert_eq!(page[1].verdict, "zero-copy");
     }
