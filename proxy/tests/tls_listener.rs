@@ -419,3 +419,56 @@ fn check_names_a_missing_or_unreadable_certificate_file() {
     assert!(err.contains(&missing.display().to_string()), "{err}");
     assert!(err.contains("No such file"), "{err}");
 }
+
+#[test]
+fn sessions_resume_on_every_worker_and_across_a_reload() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = cert(&["test.example"]);
+    let files = write(dir.path(), "a", &c);
+    let (origin, _rt) = origin();
+    let (proxy, taddr) = tls_proxy(origin.addr(), &[files], false);
+    // One client config: its session store keeps the tickets the proxy sends.
+    let config = client_config(Some(&c));
+    let kind = |config: &std::sync::Arc<rustls::ClientConfig>| {
+        let mut t = TlsClient::connect(taddr, "test.example", config.clone());
+        // TLS 1.3 tickets arrive after the handshake: read a response so they are taken in.
+        assert_eq!(t.get("/obj/10", &[]).status, 200);
+        t.tls.conn.handshake_kind()
+    };
+    assert_eq!(kind(&config), Some(rustls::HandshakeKind::Full));
+    // Connections go to whichever worker is least loaded: every one of them resumes.
+    for _ in 0..6 {
+        assert_eq!(kind(&config), Some(rustls::HandshakeKind::Resumed));
+    }
+    // SIGHUP: the ticket key is the process's, kept across reloads.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGHUP) };
+    assert_eventually_eq(
+        "accepted reloads",
+        Duration::from_secs(10),
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_config_reloads_total{result=\"accepted\"}",
+            )
+        },
+        1,
+    );
+    assert_eq!(kind(&config), Some(rustls::HandshakeKind::Resumed));
+    assert_eq!(
+        metric(
+            &proxy.metrics(),
+            "zerocache_tls_handshakes_total{result=\"ok\"}"
+        ),
+        8
+    );
+    // 0-RTT is off: a client that would send early data gets tickets that allow none.
+    let mut eager = (*client_config(Some(&c))).clone();
+    eager.enable_early_data = true;
+    let eager = std::sync::Arc::new(eager);
+    assert_eq!(kind(&eager), Some(rustls::HandshakeKind::Full));
+    let name = rustls::pki_types::ServerName::try_from("test.example").expect("name");
+    let mut next = rustls::ClientConnection::new(eager.clone(), name).expect("client");
+    assert!(next.early_data().is_none(), "a ticket offered 0-RTT");
+    assert_eq!(kind(&eager), Some(rustls::HandshakeKind::Resumed));
+}
