@@ -472,3 +472,38 @@ fn sessions_resume_on_every_worker_and_across_a_reload() {
     assert!(next.early_data().is_none(), "a ticket offered 0-RTT");
     assert_eq!(kind(&eager), Some(rustls::HandshakeKind::Resumed));
 }
+
+#[test]
+fn a_client_no_certificate_can_sign_for_is_counted_as_no_cert() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let files = write(dir.path(), "a", &cert(&["test.example"]));
+    let (origin, _rt) = origin();
+    let (proxy, taddr) = tls_proxy(origin.addr(), &[files], false);
+    // The only certificate is ECDSA; this client verifies only RSA signatures.
+    let sock = std::net::TcpStream::connect(taddr).expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("test.example").expect("name");
+    let conn = rustls::ClientConnection::new(rsa_only_client_config(), name).expect("client");
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let mut failed = false;
+    while tls.conn.is_handshaking() {
+        if tls.conn.complete_io(&mut tls.sock).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(
+        failed,
+        "the handshake completed without a usable certificate"
+    );
+    assert_eventually_eq(
+        "no_cert handshakes",
+        Duration::from_secs(5),
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_tls_handshakes_total{result=\"no_cert\"}",
+            )
+        },
+        1,
+    );
+}

@@ -93,6 +93,58 @@ impl ServerCertVerifier for AnyCert {
     }
 }
 
+/// Accepts any certificate but offers only RSA signature schemes: a server with nothing but an
+/// ECDSA certificate has none to present to it.
+#[derive(Debug)]
+struct RsaOnly;
+
+impl ServerCertVerifier for RsaOnly {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        AnyCert.verify_tls12_signature(m, c, d)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        AnyCert.verify_tls13_signature(m, c, d)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![
+            SignatureScheme::RSA_PSS_SHA256,
+            SignatureScheme::RSA_PKCS1_SHA256,
+        ]
+    }
+}
+
+/// A client that can verify only RSA signatures.
+pub fn rsa_only_client_config() -> Arc<ClientConfig> {
+    Arc::new(
+        ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(RsaOnly))
+            .with_no_client_auth(),
+    )
+}
+
 /// A client config trusting exactly `trust`, or any certificate when `None`.
 pub fn client_config(trust: Option<&Cert>) -> Arc<ClientConfig> {
     let b = ClientConfig::builder_with_provider(provider())
