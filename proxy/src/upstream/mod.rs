@@ -5,6 +5,7 @@
 mod balance;
 pub mod body;
 mod health;
+mod https;
 mod peer;
 pub mod pool;
 pub mod stream;

@@ -87,7 +87,7 @@ impl UpstreamError {
 pub struct Group {
     /// The group's name (metrics label).
     pub name: String,
-    peers: Vec<Arc<Peer>>,
+    pub(super) peers: Vec<Arc<Peer>>,
     balancer: Balancer,
     /// Connect timeout.
     pub connect_timeout: Duration,
@@ -98,7 +98,7 @@ pub struct Group {
     pub host: Option<String>,
     /// How `https://` servers are reached; the error if the group's TLS files did not load
     /// (checked before any config is used, so only a file changed in between gets here).
-    tls: Option<Result<Arc<crate::tls::client::OriginTls>, String>>,
+    pub(super) tls: Option<Result<Arc<crate::tls::client::OriginTls>, String>>,
     /// Stops the group's health-check tasks: on [`Group::retire`], or when dropped.
     stop: watch::Sender<bool>,
 }
@@ -239,39 +239,8 @@ impl Group {
         })
     }
 
-    /// The TLS handshake on a new connection to `https://` server `i`, within the connect
-    /// timeout; a failure is recorded against the server (kind `tls`).
-    async fn handshake(&self, i: usize, tcp: TcpStream) -> Result<UpstreamStream, UpstreamError> {
-        let peer = &self.peers[i];
-        let fail = |error: String, verify: bool| {
-            self.failed(i, "tls", &error);
-            UpstreamError::Tls {
-                server: peer.addr.clone(),
-                error,
-                verify,
-            }
-        };
-        let tls = match &self.tls {
-            Some(Ok(t)) => t,
-            Some(Err(e)) => return Err(fail(e.clone(), false)),
-            None => return Err(fail("no TLS settings for an https server".into(), false)),
-        };
-        let host = zerocache_config::tls::host_of(&peer.addr);
-        match tokio::time::timeout(self.connect_timeout, tls.connect(tcp, host)).await {
-            Ok(Ok(s)) => Ok(UpstreamStream::Tls(Box::new(s))),
-            Ok(Err(e)) => {
-                let verify = matches!(e, crate::tls::client::OriginTlsError::Verify(_));
-                Err(fail(e.to_string(), verify))
-            }
-            Err(_) => Err(fail(
-                format!("TLS handshake timed out after {:?}", self.connect_timeout),
-                false,
-            )),
-        }
-    }
-
     /// Records a failure of server `i` (see [`Peer::record`]).
-    fn failed(&self, i: usize, kind: &'static str, error: &dyn std::fmt::Display) {
+    pub(super) fn failed(&self, i: usize, kind: &'static str, error: &dyn std::fmt::Display) {
         let peer = &self.peers[i];
         // Debug only: a client can make every request fail on a dead server. Marking it down is
         // logged, at most once per `fail_timeout`.
