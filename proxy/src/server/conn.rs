@@ -308,22 +308,6 @@ impl Conn {
         self.record_as(r, CopyReason::Miss)
     }
 
-    /// [`Conn::record`], with `relay` the reason a body declared `Copy` was copied. The declared
-    /// path becomes what the transport made of it (see `copy_account`).
-    fn record_as(&self, r: &ResponseRecord<'_>, relay: CopyReason) {
-        let acc = &self.ctx.accounting;
-        let (path, reason) =
-            super::copy_account::classify(r.path, relay, self.sock.is_tls(), self.ctx.copy_hits);
-        if let Some(reason) = reason {
-            acc.copied.add(reason, r.body_bytes);
-        }
-        let r = &ResponseRecord { path, ..r.clone() };
-        acc.response(self.id, r);
-        if let Some(log) = &self.ctx.access_log {
-            log.log(&self.peer, r, &self.log_info);
-        }
-    }
-
     /// Runs a fetch and carries out what it leaves to the connection (see [`Outcome`]): the one
     /// place a fetch's result turns into a stored entry served, or a generated answer.
     async fn fetch(&mut self, f: Fetch<'_>) -> Result<bool, ConnError> {

@@ -3,9 +3,10 @@
 //! relayed or generated) into what the transport made of it. A cache-file body on a TLS
 //! connection without kTLS is a copy by design (`tls-userspace`), never a violation; the planted
 //! bug (`debug.copy_hits`) still declares zero-copy, so the probe flags it, and is counted as
-//! `debug-copy`.
+//! `debug-copy`. [`Conn::record_as`] applies it to every response the connection records.
 
-use zerocache_ledger::{CopyReason, DataPath};
+use super::conn::Conn;
+use zerocache_ledger::{CopyReason, DataPath, ResponseRecord};
 
 /// The path to record and the copy reason to count the body under (none for sendfile).
 /// `relay`: the reason a declared `Copy` body was copied (`Miss` for upstream bodies,
@@ -21,6 +22,23 @@ pub(crate) fn classify(
         DataPath::Zerocopy if tls_userspace => (DataPath::Copy, Some(CopyReason::TlsUserspace)),
         DataPath::Zerocopy if copy_hits => (DataPath::Zerocopy, Some(CopyReason::DebugCopy)),
         DataPath::Zerocopy => (DataPath::Zerocopy, None),
+    }
+}
+
+impl Conn {
+    /// [`Conn::record`], with `relay` the reason a body declared `Copy` was copied. The declared
+    /// path becomes what the transport made of it (see `copy_account`).
+    pub(super) fn record_as(&self, r: &ResponseRecord<'_>, relay: CopyReason) {
+        let acc = &self.ctx.accounting;
+        let (path, reason) = classify(r.path, relay, self.sock.is_tls(), self.ctx.copy_hits);
+        if let Some(reason) = reason {
+            acc.copied.add(reason, r.body_bytes);
+        }
+        let r = &ResponseRecord { path, ..r.clone() };
+        acc.response(self.id, r);
+        if let Some(log) = &self.ctx.access_log {
+            log.log(&self.peer, r, &self.log_info);
+        }
     }
 }
 
