@@ -21,7 +21,6 @@ use super::store::Store;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,15 +76,13 @@ fn read_piece(
     file.read_exact_at(piece, at)?;
     hasher.update(piece);
     if cold {
-        // SAFETY: a valid fd; advice only.
-        unsafe {
-            libc::posix_fadvise(
-                file.as_raw_fd(),
-                at as libc::off_t,
-                n as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
+        // Advice only: a failure costs page-cache space, never bytes.
+        let _ = nix::fcntl::posix_fadvise(
+            file,
+            at as libc::off_t,
+            n as libc::off_t,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        );
     }
     Ok(n as u64)
 }
