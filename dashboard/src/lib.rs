@@ -1,7 +1,7 @@
 //! zerocache's window on itself: the ledger (the proxy's accounting joined with the probe's
 //! kernel records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and
-//! Prometheus `/metrics` by one axum app. It only reads the ledger and the probe; the one thing
-//! it changes is the cache, through the purge the proxy hands it.
+//! Prometheus `/metrics` by one axum app. It only reads the ledger and the probe; what it changes
+//! goes through functions the proxy hands it: the purge, and in tests the cache clock.
 
 pub(crate) mod api;
 pub mod clock;

@@ -6,6 +6,7 @@
 
 pub use crate::cache::check::{CheckReport, check_dir};
 pub use crate::cache::entry::{Header, read_entry_header};
+pub use crate::clock::refusal as clock_refusal;
 pub use crate::cpu::affinity::{allow_current_thread, allowed_cpus, pin_current_thread};
 pub use crate::notify::monotonic_usec;
 pub use crate::server::workers::SLACK;

@@ -123,6 +123,12 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
                 error: e.what,
             })
     });
+    if let Ok(c) = &loaded
+        && let Some(why) = zerocache::exports::clock_refusal(c)
+    {
+        eprintln!("error: {}: {why}", config.display());
+        return ExitCode::FAILURE;
+    }
     match loaded {
         Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(c) if json => match serde_json::to_string_pretty(&c) {

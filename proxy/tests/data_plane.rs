@@ -508,3 +508,25 @@ fn rfc9110_15_2_interim_responses_other_than_100_are_forwarded() {
         "{text}"
     );
 }
+
+/// RFC 9110 §7.6.3: each proxy appends itself to `Via`; a repeated `Via` is one list (§5.3), so
+/// every earlier hop is kept, in the request sent upstream and in the response relayed back.
+#[test]
+fn via_keeps_every_earlier_hop_both_ways() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/via",
+        Reply::ok(b"v".to_vec()).headers(&[("Via", "1.1 a"), ("Via", "1.1 b")]),
+    );
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let r = proxy
+        .client()
+        .get("/via", &[("Via", "1.1 x"), ("Via", "1.0 y")]);
+    assert_eq!(r.header("via"), Some("1.1 a, 1.1 b, 1.1 zerocache"));
+    let got = origin
+        .received()
+        .into_iter()
+        .find(|r| r.path == "/via")
+        .expect("received");
+    assert_eq!(got.header("via"), Some("1.1 x, 1.0 y, 1.1 zerocache"));
+}

@@ -5,7 +5,8 @@
 //! is really gone (ENOENT), and a write failure degrades the cache to pass-through instead of
 //! serving a torn entry.
 //!
-//! The index is one mutex. A lookup holds it for a hash probe and an LRU splice, far shorter than
+//! The index is one mutex. A lookup holds it for two hash probes (the entry, then its place in the
+//! eviction order) and a list splice, far shorter than
 //! anything else on the request path, and on 2 cores a sharded or lock-free map would buy nothing
 //! measurable (see docs/benchmark.md). Files are deleted outside the lock.
 
