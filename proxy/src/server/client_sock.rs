@@ -21,6 +21,33 @@ use tokio::net::TcpStream;
 /// and rustls cuts records of 16 KiB from each chunk without a partial record per chunk.
 const TLS_FILE_CHUNK: usize = 256 * 1024;
 
+/// File buffers a worker keeps for its next TLS bodies. A connection holds one only while it
+/// sends a body: idle keep-alive connections hold none, so the memory is bounded by the bodies
+/// in flight (plus these few), not by the connections open.
+const SPARE_BUFFERS: usize = 4;
+
+thread_local! {
+    /// This worker's spare file buffers (each worker is one thread, its connections stay on it).
+    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A file buffer of [`TLS_FILE_CHUNK`] bytes, a spare one if the worker has one.
+fn take_buffer() -> Vec<u8> {
+    SPARE
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; TLS_FILE_CHUNK])
+}
+
+/// Gives a buffer back to the worker's spares (dropped when it has enough).
+fn give_back(buf: Vec<u8>) {
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_BUFFERS {
+            s.push(buf);
+        }
+    });
+}
+
 /// A client connection's transport.
 pub enum ClientSock {
     /// Plain TCP: sendfile for bodies.
@@ -29,20 +56,15 @@ pub enum ClientSock {
     Tls(Box<TlsClient>),
 }
 
-/// A TLS client connection and its reused file buffer.
+/// A TLS client connection.
 pub struct TlsClient {
     stream: tokio_rustls::server::TlsStream<TcpStream>,
-    /// Allocated on the first body sent, then kept for the connection's life.
-    buf: Vec<u8>,
 }
 
 impl ClientSock {
     /// Wraps a completed TLS handshake.
     pub fn tls(stream: tokio_rustls::server::TlsStream<TcpStream>) -> ClientSock {
-        ClientSock::Tls(Box::new(TlsClient {
-            stream,
-            buf: Vec::new(),
-        }))
+        ClientSock::Tls(Box::new(TlsClient { stream }))
     }
 
     /// The TCP socket underneath.
@@ -139,8 +161,7 @@ impl TlsClient {
         timeout: Duration,
     ) -> Result<u64, SendfileError> {
         use std::os::unix::fs::FileExt;
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.resize(TLS_FILE_CHUNK, 0);
+        let mut buf = take_buffer();
         let mut sent = 0u64;
         let result = async {
             while sent < len {
@@ -171,7 +192,7 @@ impl TlsClient {
             Ok(sent)
         }
         .await;
-        self.buf = buf;
+        give_back(buf);
         result
     }
 }
