@@ -143,6 +143,15 @@ fn a_hit_over_tls_is_byte_exact_at_every_size_and_the_scheme_is_in_the_key() {
         assert_eq!(hit.header("x-cache"), Some("HIT"), "{path}");
         assert!(hit.body == body(size), "{path}");
     }
+    // A close says it is one: close_notify, so a client can tell it from a cut (rustls reads it
+    // as a clean end of stream, and a bare FIN as an error).
+    let last = client.get("/obj/10", &[("Connection", "close")]);
+    assert_eq!(last.header("connection"), Some("close"));
+    let mut rest = [0u8; 16];
+    assert_eq!(
+        std::io::Read::read(&mut client.tls, &mut rest).expect("clean close"),
+        0
+    );
     // The origin heard which listener each request came in on.
     let seen = origin.received();
     let last = seen

@@ -109,6 +109,9 @@ pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
             nix::sys::socket::sockopt::Linger,
             &reset,
         );
+    } else if conn.sock.is_tls() {
+        // A TLS close says it is one (close_notify), so a close-delimited body is known whole.
+        let _ = tokio::time::timeout(conn.ctx.send_timeout, conn.sock.shutdown()).await;
     }
 }
 
