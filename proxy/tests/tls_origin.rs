@@ -312,3 +312,51 @@ fn a_client_certificate_is_presented_when_the_origin_asks_for_one() {
     assert_eq!(r.header("cache-status"), None);
     assert_eq!(origin.hits("/obj/101"), 0);
 }
+
+#[test]
+fn a_close_delimited_body_is_whole_only_with_close_notify() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    origin.script("/close", Reply::ok(body(50_000)).framing(Framing::Close));
+    let (c, tls) = pinned(dir.path(), &["localhost"]);
+    // Ended with close_notify: whole, stored, then a hit.
+    let clean = TlsFront::start(origin.addr(), &c);
+    let proxy = proxy_for(
+        &dir.path().join("clean"),
+        &format!("https://localhost:{}", clean.addr.port()),
+        &tls,
+        false,
+    );
+    let r = proxy.get("/close");
+    assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+    assert!(r.body == body(50_000));
+    assert_eq!(proxy.get("/close").x_cache(), "HIT");
+    // Ended with a bare FIN: a cut. The client's response is aborted, nothing is stored.
+    let cut = TlsFront::start_abrupt(origin.addr(), &c);
+    let proxy = proxy_for(
+        &dir.path().join("cut"),
+        &format!("https://localhost:{}", cut.addr.port()),
+        &tls,
+        false,
+    );
+    let mut client = proxy.client();
+    client.send(b"GET /close HTTP/1.1\r\nHost: test.example\r\n\r\n");
+    // The client gets the head and what arrived, then a reset: never the chunked end.
+    let mut raw = Vec::new();
+    let ended = std::io::Read::read_to_end(&mut client.sock, &mut raw);
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200 "),
+        "{:?}",
+        String::from_utf8_lossy(&raw[..raw.len().min(200)])
+    );
+    assert!(
+        !raw.ends_with(b"0\r\n\r\n"),
+        "a cut body was delivered as whole"
+    );
+    assert!(ended.is_err(), "the cut was closed like a whole response");
+    // Not stored: only-if-cached finds nothing.
+    let again = proxy
+        .client()
+        .get("/close", &[("Cache-Control", "only-if-cached")]);
+    assert_eq!(again.status, 504, "the cut response was stored");
+}

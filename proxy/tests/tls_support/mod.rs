@@ -307,6 +307,21 @@ impl TlsFront {
     /// Like [`TlsFront::start`], requiring a client certificate issued by (or equal to)
     /// `client_ca` when given.
     pub fn start_with(backend: SocketAddr, c: &Cert, client_ca: Option<&Cert>) -> TlsFront {
+        TlsFront::start_opts(backend, c, client_ca, false)
+    }
+
+    /// Like [`TlsFront::start`], but when the backend closes, the TLS connection is closed
+    /// without `close_notify` (a bare FIN, as a cut would look).
+    pub fn start_abrupt(backend: SocketAddr, c: &Cert) -> TlsFront {
+        TlsFront::start_opts(backend, c, None, true)
+    }
+
+    fn start_opts(
+        backend: SocketAddr,
+        c: &Cert,
+        client_ca: Option<&Cert>,
+        abrupt: bool,
+    ) -> TlsFront {
         use rustls::pki_types::PrivateKeyDer;
         use rustls::pki_types::pem::PemObject;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -360,7 +375,30 @@ impl TlsFront {
                     let Ok(mut back) = tokio::net::TcpStream::connect(backend).await else {
                         return;
                     };
-                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
+                    if !abrupt {
+                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
+                        return;
+                    }
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let (mut up, mut down) = ([0u8; 16384], [0u8; 16384]);
+                    loop {
+                        tokio::select! {
+                            r = tls.read(&mut up) => match r {
+                                Ok(n) if n > 0 => {
+                                    if back.write_all(&up[..n]).await.is_err() { return; }
+                                }
+                                _ => return,
+                            },
+                            r = back.read(&mut down) => match r {
+                                Ok(n) if n > 0 => {
+                                    if tls.write_all(&down[..n]).await.is_err() { return; }
+                                    let _ = tls.flush().await;
+                                }
+                                // The backend closed: drop the TLS session unannounced.
+                                _ => return,
+                            },
+                        }
+                    }
                 });
             }
         });
