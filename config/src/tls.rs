@@ -135,6 +135,52 @@ pub fn check_files(config: &crate::Config) -> Vec<Invalid> {
     errs
 }
 
+/// The key path (`tls.certificates[0].key`, `upstreams.NAME.tls.ca`, ...) that names `file`.
+pub fn key_path_of(config: &crate::Config, file: &Path) -> Option<String> {
+    if let Some(t) = &config.tls {
+        for (i, c) in t.certificates.iter().enumerate() {
+            if c.cert == file {
+                return Some(format!("tls.certificates[{i}].cert"));
+            }
+            if c.key == file {
+                return Some(format!("tls.certificates[{i}].key"));
+            }
+        }
+    }
+    for (name, up) in &config.upstreams {
+        if let Some(t) = &up.tls {
+            for (key, p) in [("ca", &t.ca), ("cert", &t.cert), ("key", &t.key)] {
+                if p.as_deref() == Some(file) {
+                    return Some(format!("upstreams.{name}.tls.{key}"));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A certificate, key or CA file of the config at `config_path` that does not load (`what`),
+/// as a config error at the line of the key that names it.
+pub fn file_error(
+    config_path: &Path,
+    config: &crate::Config,
+    file: &Path,
+    what: &str,
+) -> crate::ConfigError {
+    let name = config_path.display().to_string();
+    let message = format!("`{}`: {what}", file.display());
+    match key_path_of(config, file) {
+        Some(at) => {
+            let text = std::fs::read_to_string(config_path).unwrap_or_default();
+            crate::error::from_validation(&name, &text, invalid(at, message))
+        }
+        None => crate::ConfigError::Read {
+            file: file.display().to_string(),
+            error: what.to_string(),
+        },
+    }
+}
+
 /// The upstream groups that turn certificate verification off, for the loud warning.
 pub fn unverified_upstreams(config: &crate::Config) -> Vec<&str> {
     config

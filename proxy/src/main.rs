@@ -116,12 +116,12 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
                 "warning: upstreams.{name}.tls.verify is false: the origin's certificate is NOT verified, and anyone on the path can impersonate it"
             );
         }
-        zerocache::exports::check_tls(&c)
-            .map(|()| c)
-            .map_err(|e| zerocache_config::ConfigError::Read {
-                file: e.path.display().to_string(),
-                error: e.what,
-            })
+        match zerocache::exports::check_tls(&c) {
+            Ok(()) => Ok(c),
+            Err(e) => Err(zerocache_config::tls::file_error(
+                config, &c, &e.path, &e.what,
+            )),
+        }
     });
     if let Ok(c) = &loaded
         && let Some(why) = zerocache::exports::clock_refusal(c)

@@ -42,7 +42,13 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CertError
 
 /// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, CertError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| err(path, e))
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => err(
+            path,
+            "no PEM private key (BEGIN PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY) in the file",
+        ),
+        e => err(path, e),
+    })
 }
 
 /// A chain and its key, checked to belong together.
