@@ -516,3 +516,37 @@ fn a_client_no_certificate_can_sign_for_is_counted_as_no_cert() {
         1,
     );
 }
+
+#[test]
+fn every_copied_body_byte_is_counted_under_its_reason() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            debug_yaml: "  copy_hits: true\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    // The planted bug: the miss read behind its fill and the hit, both by read+write.
+    assert_eq!(c.get("/obj/1000", &[]).x_cache(), "MISS");
+    assert_eq!(c.get("/obj/1000", &[]).x_cache(), "HIT");
+    // Not stored: relayed from the origin as it arrives.
+    let r = c.get("/obj/3000", &[("Cache-Control", "no-store")]);
+    assert_eq!(r.body.len(), 3000);
+    // The proxy's own answer.
+    let r = c.request("TRACE", "/x", &[]);
+    assert_eq!(r.status, 405);
+    let generated = r.body.len() as u64;
+    let m = proxy.metrics();
+    let reason = |r: &str| {
+        metric(
+            &m,
+            &format!("zerocache_copied_body_bytes_total{{reason=\"{r}\"}}"),
+        )
+    };
+    assert_eq!(reason("debug-copy"), 2000);
+    assert_eq!(reason("miss"), 3000);
+    assert_eq!(reason("generated"), generated);
+    assert_eq!(reason("tls-userspace"), 0);
+}
