@@ -329,7 +329,7 @@ fn bad_upstream_keys_name_their_key() {
         err(&with_origin_group(
             "    servers: [\"127.0.0.1:8081\"]\n    max_fail: 2\n"
         )),
-        "zc.yaml:8:5: upstreams.origin: unknown field `max_fail`, expected one of `servers`, `connect_timeout`, `read_timeout`, `keepalive`, `balance`, `max_fails`, `fail_timeout`, `health_check`, `host`; did you mean `max_fails`?"
+        "zc.yaml:8:5: upstreams.origin: unknown field `max_fail`, expected one of `servers`, `connect_timeout`, `read_timeout`, `keepalive`, `balance`, `max_fails`, `fail_timeout`, `health_check`, `host`, `tls`; did you mean `max_fails`?"
     );
     assert_eq!(
         err(&with_origin_group("    servers: [42]\n")),
