@@ -34,6 +34,8 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
+mod copy_loop;
+#[cfg(target_arch = "bpf")]
 mod programs;
 
 #[cfg(not(target_arch = "bpf"))]

@@ -26,7 +26,7 @@ const GROUP_DEAD: usize = 32;
 /// carry syscall arguments 0 to 4. The kernel leaves them as user space set them until the syscall
 /// returns (only `ax` takes the return value), so an exit program can read the arguments there and
 /// no enter program has to run.
-mod reg {
+pub(crate) mod reg {
     pub const ARG0: usize = 112; // di
     pub const ARG2: usize = 96; // dx
     pub const ARG3: usize = 56; // r10 (rcx is clobbered by the syscall instruction)
@@ -68,7 +68,7 @@ static FD_TABLE: Array<FdRecord> =
 
 /// Per fd, for the other watch indexes and fds: counters since the fd was first written to. Half
 /// the size it had before `FD_TABLE` took the first watch indexes' records, so the two together
-/// preallocate what the hash alone did (131,072 × 296 bytes, ~37 MiB).
+/// preallocate what the hash alone did (131,072 × 304 bytes, ~38 MiB).
 #[map]
 static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(65536, 0);
 
@@ -90,7 +90,7 @@ static GENERATION: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 static STATS: Array<u64> = Array::with_max_entries(stat::COUNT, 0);
 
 #[inline(always)]
-fn add(ptr: *mut u64, v: u64) {
+pub(crate) fn add(ptr: *mut u64, v: u64) {
     // SAFETY: ptr points into a map value the verifier has bounds-checked. BPF has atomic add but
     // no compare-and-swap, and this compiles to the former.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(ptr, v) };
@@ -105,14 +105,14 @@ fn bump_stat(index: u32) {
 
 /// The running task, as the BTF pointer the verifier lets us load fields from.
 #[inline(always)]
-fn current_task() -> *const u8 {
+pub(crate) fn current_task() -> *const u8 {
     // SAFETY: takes no input; the running task outlives this program run.
     unsafe { bpf_get_current_task_btf() as *const u8 }
 }
 
 /// The task's thread-group id, what user space calls its PID.
 #[inline(always)]
-fn tgid_of(task: *const u8) -> u32 {
+pub(crate) fn tgid_of(task: *const u8) -> u32 {
     // SAFETY: a BTF-typed load the verifier checks: TGID_OFFSET is a constant, the offset of the
     // `tgid` field in this kernel's task_struct.
     unsafe { core::ptr::read_volatile(task.add(TGID_OFFSET.load() as usize) as *const u32) }
@@ -125,7 +125,7 @@ fn current_tgid() -> u32 {
 
 /// The watch index of `tgid`, or None when nobody watches it (the common case: one array load).
 #[inline(always)]
-fn watch_index(tgid: u32) -> Option<u32> {
+pub(crate) fn watch_index(tgid: u32) -> Option<u32> {
     let slot = WATCH_FILTER.get(tgid & (WATCH_FILTER_SLOTS - 1))?;
     if slot.tgid == tgid {
         Some(slot.index)
@@ -158,19 +158,19 @@ fn arg(ctx: &TracePointContext, offset: usize) -> u64 {
 
 /// This CPU's totals for watch index `index` and fd class `class`.
 #[inline(always)]
-fn totals(index: u32, class: u32) -> Option<*mut ProcTotals> {
+pub(crate) fn totals(index: u32, class: u32) -> Option<*mut ProcTotals> {
     TOTALS.get_ptr_mut(index * FD_CLASSES + class)
 }
 
 /// The task's saved user registers: a BTF pointer the verifier lets us load from.
 #[inline(always)]
-fn user_regs(task: *const u8) -> *const u8 {
+pub(crate) fn user_regs(task: *const u8) -> *const u8 {
     // SAFETY: task is the running task's BTF pointer, which outlives this program run.
     unsafe { bpf_task_pt_regs(task as *mut _) as *const u8 }
 }
 
 #[inline(always)]
-fn reg_at(regs: *const u8, offset: usize) -> u64 {
+pub(crate) fn reg_at(regs: *const u8, offset: usize) -> u64 {
     // SAFETY: regs is the verifier-typed pt_regs pointer and offset one of the `reg` constants,
     // inside the struct; the verifier turns this load into a fault-tolerant one.
     unsafe { core::ptr::read_volatile(regs.add(offset) as *const u64) }
@@ -197,7 +197,7 @@ fn output_exit(ctx: &TracePointContext, k: u32, fd_reg: usize, len_reg: usize) -
 
 /// An exit record's return value.
 #[inline(always)]
-fn ret(ctx: &TracePointContext) -> i64 {
+pub(crate) fn ret(ctx: &TracePointContext) -> i64 {
     arg(ctx, RET) as i64
 }
 
@@ -301,11 +301,23 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
             add(&raw mut (*counts).eagain, again);
         }
     }
-    let class = if flags & fd_flags::SOCKET != 0 {
+    let socket = flags & fd_flags::SOCKET != 0;
+    let class = if socket {
         FD_CLASS_SOCKET
     } else {
         FD_CLASS_OTHER
     };
+    // Copy-loop bytes: a copying send to a socket matched against the process's pending file
+    // bytes (zero while detection is off: nothing adds to them then).
+    let looped = if socket && bytes != 0 && k32 >= kind::FIRST_COPY_KIND {
+        crate::copy_loop::consume(index, bytes)
+    } else {
+        0
+    };
+    if looped != 0 {
+        // SAFETY: a field of the live map value above.
+        unsafe { add(&raw mut (*record).copy_loop, looped) };
+    }
     if let Some(t) = totals(index, class) {
         // SAFETY: a per-CPU value: this CPU is its only writer while this program runs.
         unsafe {
@@ -315,6 +327,7 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
             c.short += short;
             c.errors += err;
             c.eagain += again;
+            (*t).copy_loop_bytes += looped;
         }
     }
 }

@@ -7,14 +7,20 @@
 //! so in words an operator can act on, and every figure stays empty.
 
 mod btf;
+mod events;
 mod fd_table;
 mod loader;
+mod maps;
 mod model;
+mod probe;
 mod procfs;
+mod read_side;
 mod store;
+mod watching;
 
-pub use loader::{Probe, ProbeOptions};
 pub use model::{
-    ClosedFd, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
+    ClosedFd, CopyLoopStatus, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals,
+    Snapshot, WatchTarget,
 };
+pub use probe::{Probe, ProbeOptions};
 pub use zerocache_probe_common::{FAST_WATCHED, MAX_WATCHED, kind};
