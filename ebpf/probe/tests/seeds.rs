@@ -13,7 +13,7 @@
 mod require;
 mod seeds_support;
 
-use seeds_support::{Expect, Seed, exchange, seeds_dir};
+use seeds_support::{Expect, JDK, Seed, build_once, exchange, seeds_dir};
 use std::process::Command;
 use zerocache_probe::{Probe, ProbeOptions};
 
@@ -64,6 +64,63 @@ async fn nginx_sendfile_on_against_off() {
             let mut c = Command::new("nginx");
             c.args(["-e", &format!("{d}/error.log"), "-p", &d, "-c"])
                 .arg(path);
+            c
+        });
+        exchange(&probe, &seed, expect).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_io_copy_against_a_wrapped_reader() {
+    if !require::root("loads the eBPF probe") || !require::command("go") {
+        return;
+    }
+    let bin = build_once("seed-go", |out| {
+        let mut c = Command::new("go");
+        c.arg("build")
+            .arg("-o")
+            .arg(out)
+            .arg(seeds_dir().join("go/main.go"))
+            .env("GOCACHE", out.with_file_name("gocache"))
+            .env("GO111MODULE", "off");
+        c
+    });
+    let probe = probe();
+    for (mode, expect) in [("sendfile", Expect::ZeroCopy), ("copy", Expect::CopyLoop)] {
+        let seed = Seed::spawn(&format!("go {mode}"), |port, file, _| {
+            let mut c = Command::new(&bin);
+            c.arg(mode).arg(port.to_string()).arg(file);
+            c
+        });
+        exchange(&probe, &seed, expect).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_transfer_to_against_files_copy() {
+    let jdk = std::path::Path::new(JDK);
+    if !require::root("loads the eBPF probe")
+        || !require::that(
+            jdk.join("bin/javac").is_file(),
+            "OpenJDK 17 at /usr/lib/jvm/java-17-openjdk-amd64 (default-jdk-headless)",
+        )
+    {
+        return;
+    }
+    let classes = build_once("java", |out| {
+        let mut c = Command::new(jdk.join("bin/javac"));
+        c.arg("-d").arg(out).arg(seeds_dir().join("java/Seed.java"));
+        c
+    });
+    let probe = probe();
+    for (mode, expect) in [("transferTo", Expect::ZeroCopy), ("copy", Expect::CopyLoop)] {
+        let seed = Seed::spawn(&format!("java {mode}"), |port, file, _| {
+            let mut c = Command::new(jdk.join("bin/java"));
+            c.args(["-Xmx64m", "-XX:TieredStopAtLevel=1", "-cp"])
+                .arg(&classes)
+                .args(["Seed", mode])
+                .arg(port.to_string())
+                .arg(file);
             c
         });
         exchange(&probe, &seed, expect).await;

@@ -77,16 +77,16 @@ impl Seed {
     }
 }
 
-/// Sends [`REQUESTS`] GETs one after another on one connection (the last with
+/// Sends `requests` GETs one after another on one connection (the last with
 /// `Connection: close`), checks each body, and returns the response head bytes received.
-pub fn client(port: u16) -> u64 {
+pub fn client(port: u16, requests: u64) -> u64 {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     let mut heads = 0;
     let mut buf = vec![0u8; 1 << 20];
-    for i in 0..REQUESTS {
-        let close = if i + 1 == REQUESTS {
+    for i in 0..requests {
+        let close = if i + 1 == requests {
             "Connection: close\r\n"
         } else {
             ""
@@ -140,6 +140,13 @@ pub fn client(port: u16) -> u64 {
 /// Watches the seed, runs the client, and checks the connection's closed record.
 pub async fn exchange(probe: &Probe, seed: &Seed, expect: Expect) -> ClosedFd {
     let pid = seed.child.id();
+    let port = seed.port;
+    // One request before watching: a JVM loads the classes of its first response from
+    // lib/modules with pread64, file bytes that the first head would otherwise match. Reads
+    // before the watch starts never count.
+    tokio::task::spawn_blocking(move || client(port, 1))
+        .await
+        .expect("warm-up client");
     let mut rx = probe.subscribe_closed();
     probe.watch(WatchTarget::Pid(pid));
     assert!(
@@ -147,10 +154,7 @@ pub async fn exchange(probe: &Probe, seed: &Seed, expect: Expect) -> ClosedFd {
         "{} not watched",
         seed.name
     );
-    // Bytes the runtime read before this point (start-up) must not count: wait out their decay.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let port = seed.port;
-    let heads = tokio::task::spawn_blocking(move || client(port))
+    let heads = tokio::task::spawn_blocking(move || client(port, REQUESTS))
         .await
         .expect("client");
     let r = tokio::time::timeout(Duration::from_secs(10), async {
@@ -184,3 +188,21 @@ pub async fn exchange(probe: &Probe, seed: &Seed, expect: Expect) -> ClosedFd {
     }
     r
 }
+
+/// Builds a seed once per test run into `CARGO_TARGET_TMPDIR/seeds/NAME` and returns its path.
+/// `build(out)` returns the command that writes it.
+pub fn build_once(name: &str, build: impl FnOnce(&Path) -> Command) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("seeds")
+        .join(name);
+    std::fs::create_dir_all(out.parent().expect("parent")).expect("seeds dir");
+    let status = build(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("building seed {name}: {e}"));
+    assert!(status.success(), "building seed {name}: {status}");
+    out
+}
+
+/// The JDK the Java seed is tested with: OpenJDK 17, Debian bookworm's default-jdk-headless.
+/// Pinned because newer JDKs add fast paths to transferTo and Files.copy.
+pub const JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
