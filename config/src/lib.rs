@@ -10,6 +10,7 @@ pub mod schema;
 mod sections;
 pub mod units;
 pub mod validate;
+pub mod watch;
 
 pub use error::ConfigError;
 pub use schema::*;

@@ -6,7 +6,11 @@ pub mod api;
 pub mod guard;
 pub mod history;
 pub mod metrics;
+pub mod peers;
+pub mod process_metrics;
+pub mod processes;
 pub mod server;
+pub mod watch;
 
 pub use accounting::{Accounting, CacheStatus, DataPath, RejectReason, ResponseRecord};
 pub use server::{CacheStats, DashboardState, Purge, WorkerStats, serve};

@@ -16,4 +16,5 @@ pub mod run;
 pub mod sendfile;
 pub mod server;
 pub mod upstream;
+pub mod watch;
 pub mod worker_id;

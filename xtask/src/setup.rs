@@ -26,8 +26,10 @@ use std::time::Instant;
 /// tests; iproute2's ss for the listen backlog test; strace and curl for the README's examples;
 /// for `cargo xtask package` and its test, dpkg-dev (cargo-deb's dependency detection runs
 /// dpkg-shlibdeps), binutils (strip, objcopy, readelf), logrotate (the test has it parse the
-/// packaged snippet) and systemd (`systemd-analyze verify` of the installed unit). As root the
-/// tests fail rather than skip when one of these is missing.
+/// packaged snippet) and systemd (`systemd-analyze verify` of the installed unit); for the watch
+/// mode's seed servers (ebpf/probe/tests/seeds.rs, `cargo xtask demo --seeds`), golang-go (Go
+/// 1.19 on bookworm), default-jdk-headless (OpenJDK 17 on bookworm, the JDK the Java seed is
+/// pinned to) and python3. As root the tests fail rather than skip when one of these is missing.
 const APT_PACKAGES: &[&str] = &[
     "nginx",
     "wrk",
@@ -42,6 +44,9 @@ const APT_PACKAGES: &[&str] = &[
     "dpkg-dev",
     "binutils",
     "logrotate",
+    "golang-go",
+    "default-jdk-headless",
+    "python3",
 ];
 
 /// The bpf-linker release this recipe was verified with.
