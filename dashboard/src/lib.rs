@@ -1,7 +1,6 @@
-//! zerocache's window on itself: the proxy's accounting joined with the probe's kernel records,
-//! served as an HTML dashboard, a JSON API and Prometheus `/metrics` by one axum app.
+//! zerocache's window on itself: the ledger (the proxy's accounting joined with the probe's kernel
+//! records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and Prometheus `/metrics` by one axum app.
 
-pub mod accounting;
 pub mod api;
 pub mod guard;
 pub mod history;
@@ -12,5 +11,4 @@ pub mod processes;
 pub mod server;
 pub mod watch;
 
-pub use accounting::{Accounting, CacheStatus, DataPath, RejectReason, ResponseRecord};
 pub use server::{CacheStats, DashboardState, Purge, WorkerStats, serve};

@@ -1,7 +1,6 @@
 //! The axum app and its background tasks: joining the probe's closed-fd records with the proxy's
 //! connections, and sampling the counters once a second for the charts.
 
-use crate::accounting::{Accounting, CacheStatus};
 use crate::guard::{self, HostPolicy};
 use crate::history::{History, Sample};
 use crate::{api, metrics};
@@ -16,6 +15,7 @@ use serde::Deserialize;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
+use zerocache_ledger::{Accounting, CacheStatus, SortKey};
 use zerocache_probe::Probe;
 
 /// The data-plane worker threads, as `/metrics` shows them.
@@ -329,7 +329,11 @@ async fn connections(
         &state,
         q.offset.unwrap_or(0),
         q.limit.unwrap_or(100).min(1000),
-        q.sort.as_deref().unwrap_or("id"),
+        // An unknown order is not an error worth a 400 on a dashboard: newest first.
+        q.sort
+            .as_deref()
+            .and_then(SortKey::from_name)
+            .unwrap_or(SortKey::Id),
         q.order.as_deref() == Some("asc"),
     ))
 }

@@ -18,7 +18,8 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use zerocache_config::{Config, Keyword, OpenFiles, WatchEntry};
 use zerocache_dashboard::WorkerStats;
-use zerocache_dashboard::{Accounting, CacheStats, DashboardState};
+use zerocache_dashboard::{CacheStats, DashboardState};
+use zerocache_ledger::Accounting;
 use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
 
 /// Closed connections kept for the dashboard.

@@ -27,6 +27,7 @@
 //! ([`crate::cache::scrub`]) and by `zerocache check-cache`. A hit never reads the body.
 
 use crate::cache::targeted::Targeted;
+use crate::http::stored_fields::StoredFields;
 use bytes::Bytes;
 use std::fs::File;
 use std::io;
@@ -387,29 +388,9 @@ impl Entry {
         head.extend_from_slice(b"\r\n");
         head.extend_from_slice(&targeted.visible(&meta.fields));
         crate::http::headers::put_num(&mut head, "Content-Length", body_len);
-        let field = |name: &str| -> Option<String> {
-            meta.fields.split(|b| *b == b'\n').find_map(|line| {
-                let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
-                let (k, v) = line.split_once(':')?;
-                k.trim()
-                    .eq_ignore_ascii_case(name)
-                    .then(|| v.trim().to_string())
-            })
-        };
-        let joined = |name: &str| -> Option<String> {
-            let values: Vec<String> = meta
-                .fields
-                .split(|b| *b == b'\n')
-                .filter_map(|line| {
-                    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
-                    let (k, v) = line.split_once(':')?;
-                    k.trim()
-                        .eq_ignore_ascii_case(name)
-                        .then(|| v.trim().to_string())
-                })
-                .collect();
-            (!values.is_empty()).then(|| values.join(", "))
-        };
+        let stored = StoredFields(&meta.fields);
+        let field = |name: &str| stored.get(name).map(str::to_string);
+        let joined = |name: &str| stored.joined(name);
         // The field that governed storage governs reuse too: a valid CDN-Cache-Control replaces
         // Cache-Control's no-cache, must-revalidate and stale-* directives as well (RFC 9213 §2.2).
         let (d, _) = targeted.governing(joined);

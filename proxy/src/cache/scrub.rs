@@ -25,7 +25,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zerocache_dashboard::Accounting;
+use zerocache_ledger::Accounting;
 
 /// Bytes read at a time.
 pub const PIECE: usize = 1 << 20;

@@ -8,4 +8,5 @@ pub mod headers;
 pub mod range;
 pub mod request;
 pub mod response;
+pub(crate) mod stored_fields;
 pub mod target;

@@ -8,7 +8,7 @@ use crate::http::headers::{put, put_num};
 use crate::http::request::RequestHead;
 use crate::sendfile::{self, SendfileError};
 use std::time::{Duration, Instant, SystemTime};
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 impl Conn {
     /// Sends the body of `g` as it grows, chunk-framed when `chunked` (the length is unknown and

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use zerocache_dashboard::accounting::ConnId;
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use zerocache_ledger::ConnId;
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
