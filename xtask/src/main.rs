@@ -2,6 +2,7 @@
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
+mod bench_watch;
 mod demo;
 mod fuzz;
 mod package;
@@ -81,6 +82,10 @@ enum Task {
         /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
         #[arg(long)]
         cold: bool,
+        /// Only the watch-mode probe cost per syscall (watched and unwatched); writes
+        /// xtask/bench/results/watch-cost.md. The full run appends the same section.
+        #[arg(long)]
+        watch_cost: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -156,6 +161,7 @@ fn main() -> ExitCode {
             affinity,
             unpinned,
             cold,
+            watch_cost,
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
                 duration,
@@ -165,6 +171,7 @@ fn main() -> ExitCode {
                 affinity,
                 unpinned,
                 cold,
+                watch_cost,
             })
         }),
         Task::Package => setup::setup().and_then(|_| package::package().map(|_| ())),
