@@ -4,6 +4,7 @@
 mod bench;
 mod bench_watch;
 mod demo;
+mod demo_seeds;
 mod fuzz;
 mod package;
 mod setup;
@@ -29,6 +30,11 @@ enum Task {
         /// Stop after this many seconds instead of waiting for Ctrl-C.
         #[arg(long)]
         duration: Option<u64>,
+        /// Instead of the proxy: the seed servers (Python, nginx, Go, Java, each serving one file
+        /// the zero-copy way and the copying way) under `zerocache watch`, dashboard on
+        /// 127.0.0.1:9181.
+        #[arg(long)]
+        seeds: bool,
     },
     /// Setup, then formatting, lints, the whole test suite, a 20-second soak with faults
     /// injected, and a short run of every fuzz target. As root (CI) every test runs and a test
@@ -142,7 +148,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Setup => setup::setup(),
-        Task::Demo { duration } => setup::setup().and_then(|_| demo::demo(duration)),
+        Task::Demo { duration, seeds } => setup::setup().and_then(|_| {
+            if seeds {
+                demo_seeds::demo_seeds(duration)
+            } else {
+                demo::demo(duration)
+            }
+        }),
         Task::Test { fuzz_time } => {
             let require = require_privileged();
             setup::setup_for_tests(require).and_then(|_| test(fuzz_time, require))
