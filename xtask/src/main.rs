@@ -220,7 +220,7 @@ const REQUIRE_PRIVILEGED: &str = "ZEROCACHE_REQUIRE_PRIVILEGED";
 /// `require::root` gate of their own, so without root `cargo xtask test` leaves them out by name.
 /// Substrings of libtest names (`--skip`), each matching only its test.
 const PROBE_CRATE_ROOT_TESTS: &[&str] = &[
-    "loader::tests::a_slot_left_with_counts_after_a_close_starts_from_zero",
+    "probe::tests::a_slot_left_with_counts_after_a_close_starts_from_zero",
     "hundred_thousand_short_connections_stay_bounded_and_accounted",
     "counts_another_process_by_pid",
     "counts_another_process_by_name",
