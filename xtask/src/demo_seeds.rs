@@ -184,7 +184,7 @@ pub fn demo_seeds(duration: Option<u64>) -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "Each server gets three requests on one connection every 2 s; Ctrl-C stops everything."
+        "Each server gets three requests on one connection every 2 s; Ctrl-C (or SIGTERM) stops everything."
     );
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -193,8 +193,19 @@ pub fn demo_seeds(duration: Option<u64>) -> anyhow::Result<()> {
             .enable_all()
             .build();
         if let Ok(rt) = rt {
+            // SIGTERM too (a `timeout`, a CI runner): the seeds must not outlive the demo.
             rt.block_on(async {
-                let _ = tokio::signal::ctrl_c().await;
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            _ = tokio::signal::ctrl_c() => {}
+                            _ = term.recv() => {}
+                        }
+                    }
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
             });
         }
         s.store(true, Ordering::Relaxed);
