@@ -1,18 +1,18 @@
 //! Connections of other processes (watch mode): each socket record of a watched process with its
 //! peer address and a verdict, as `/api/process_connections` shows them.
 //!
-//! The probe's records carry a pid, an fd and a generation, not an address. A poller reads the
-//! peer of every live socket record from `/proc/PID/fd/FD` (`socket:[INODE]`) and the process's
-//! `/proc/PID/net/tcp` and `tcp6` (the inode's remote address), and keeps it until the record's
-//! close event arrives, which then carries it into the closed list. A connection that opens and
-//! closes between two polls (every [`POLL`]) has no peer (`-`). Reading another user's
-//! `/proc/PID/fd` needs CAP_SYS_PTRACE (root has it); without it peers are `-` too.
+//! The probe's records carry a pid, an fd and a generation, not an address. The probe reads the
+//! peer of every connection a watched process accepts as soon as the kernel reports the accept
+//! (`Probe::peer`); for the other live sockets (connected ones, those open before the watch) a
+//! poller reads it every [`POLL`]. Both go through `/proc/PID/fd/FD` (`socket:[INODE]`) and the
+//! process's `/proc/PID/net/tcp{,6}`. A closed record takes its peer along into the closed list.
+//! Reading another user's `/proc/PID/fd` needs CAP_SYS_PTRACE (root has it); without it, and for
+//! a connected socket that opens and closes between two polls, the peer is `-`.
 
 use crate::processes::verdict;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use zerocache_probe::{ClosedFd, FdCounts, Probe};
@@ -126,10 +126,13 @@ impl Peers {
     }
 
     fn closed(&self, r: &ClosedFd) {
+        let key = (r.pid, r.fd, r.generation);
+        let from_accept = self.probe.take_peer(r.pid, r.fd, r.generation);
         let mut book = self.book.lock();
-        let peer = book
-            .peers
-            .remove(&(r.pid, r.fd, r.generation))
+        let polled = book.peers.remove(&key);
+        let peer = from_accept
+            .map(|a| a.to_string())
+            .or(polled)
             .unwrap_or_else(|| "-".into());
         let comm = book.comms.get(&r.pid).cloned().unwrap_or_default();
         let mut c = ProcessConn::new(r.pid, &comm, r.fd, r.generation, peer, &r.counts);
@@ -145,19 +148,31 @@ impl Peers {
                 continue;
             }
             let live = self.probe.live_fds(p.pid);
-            let mut table: Option<HashMap<u64, SocketAddr>> = None;
+            let unknown: Vec<(u32, u64)> = {
+                let mut book = self.book.lock();
+                book.comms.insert(p.pid, p.comm.clone());
+                live.iter()
+                    .filter(|(fd, generation, socket, _)| {
+                        *socket
+                            && !book.peers.contains_key(&(p.pid, *fd, *generation))
+                            && self.probe.peer(p.pid, *fd, *generation).is_none()
+                    })
+                    .map(|(fd, generation, _, _)| (*fd, *generation))
+                    .collect()
+            };
+            if unknown.is_empty() {
+                continue;
+            }
+            let fds: Vec<u32> = unknown.iter().map(|(fd, _)| *fd).collect();
+            let found = zerocache_probe::peers_of(p.pid, &fds);
             let mut book = self.book.lock();
-            book.comms.insert(p.pid, p.comm.clone());
-            for (fd, generation, socket, _) in live {
-                if !socket || book.peers.contains_key(&(p.pid, fd, generation)) {
-                    continue;
-                }
-                let table = table.get_or_insert_with(|| remote_by_inode(p.pid));
-                if let Some(peer) = socket_inode(p.pid, fd).and_then(|i| table.get(&i)) {
-                    book.peers.insert((p.pid, fd, generation), peer.to_string());
+            for (fd, addr) in found {
+                if let Some((_, generation)) = unknown.iter().find(|(f, _)| *f == fd) {
+                    book.peers
+                        .insert((p.pid, fd, *generation), addr.to_string());
                 }
             }
-            // Forget peers of fds whose process is gone (their close events are flushed first).
+            // Bounded: peers of fds whose close event was lost would otherwise stay.
             if book.peers.len() > 100_000 {
                 book.peers.clear();
             }
@@ -181,6 +196,11 @@ impl Peers {
                     .peers
                     .get(&(p.pid, fd, generation))
                     .cloned()
+                    .or_else(|| {
+                        self.probe
+                            .peer(p.pid, fd, generation)
+                            .map(|a| a.to_string())
+                    })
                     .unwrap_or_else(|| "-".into());
                 active.push(ProcessConn::new(
                     p.pid, &p.comm, fd, generation, peer, &counts,
@@ -191,88 +211,5 @@ impl Peers {
             active,
             closed: self.book.lock().closed.iter().cloned().collect(),
         }
-    }
-}
-
-/// The inode of `/proc/PID/fd/FD` when it is a socket.
-fn socket_inode(pid: u32, fd: u32) -> Option<u64> {
-    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
-    let s = link.to_str()?;
-    s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-}
-
-/// inode → remote address, from the process's view of the TCP tables (its network namespace).
-fn remote_by_inode(pid: u32) -> HashMap<u64, SocketAddr> {
-    let mut out = HashMap::new();
-    for (file, v6) in [("tcp", false), ("tcp6", true)] {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{file}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            if let Some((inode, addr)) = parse_tcp_line(line, v6) {
-                out.insert(inode, addr);
-            }
-        }
-    }
-    out
-}
-
-/// One line of /proc/net/tcp or tcp6: (inode, remote address). Addresses are hex words in host
-/// byte order, ports hex in network order as numbers.
-fn parse_tcp_line(line: &str, v6: bool) -> Option<(u64, SocketAddr)> {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let (addr, port) = f.get(2)?.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let inode: u64 = f.get(9)?.parse().ok()?;
-    let ip = if v6 {
-        if addr.len() != 32 {
-            return None;
-        }
-        let mut bytes = [0u8; 16];
-        for w in 0..4 {
-            let word = u32::from_str_radix(&addr[w * 8..w * 8 + 8], 16).ok()?;
-            bytes[w * 4..w * 4 + 4].copy_from_slice(&word.to_le_bytes());
-        }
-        let v6 = Ipv6Addr::from(bytes);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => std::net::IpAddr::V4(v4),
-            None => std::net::IpAddr::V6(v6),
-        }
-    } else {
-        let word = u32::from_str_radix(addr, 16).ok()?;
-        std::net::IpAddr::V4(Ipv4Addr::from(word.to_le_bytes()))
-    };
-    Some((inode, SocketAddr::new(ip, port)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_proc_net_tcp_lines() {
-        let v4 = "   1: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 123456 1 0000000000000000 20 4 30 10 -1";
-        assert_eq!(
-            parse_tcp_line(v4, false),
-            Some((123456, "127.0.0.1:54321".parse().expect("addr")))
-        );
-        let v6 = "   0: 00000000000000000000000001000000:1F90 0000000000000000FFFF00000100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 20 4 30 10 -1";
-        assert_eq!(
-            parse_tcp_line(v6, true),
-            Some((77, "127.0.0.1:54321".parse().expect("addr")))
-        );
-        assert_eq!(parse_tcp_line("garbage", false), None);
-    }
-
-    #[test]
-    fn finds_the_peer_of_an_own_socket() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let c = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, from) = l.accept().expect("accept");
-        use std::os::fd::AsRawFd;
-        let me = std::process::id();
-        let inode = socket_inode(me, s.as_raw_fd() as u32).expect("socket inode");
-        assert_eq!(remote_by_inode(me).get(&inode), Some(&from));
-        drop(c);
     }
 }

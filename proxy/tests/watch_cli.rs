@@ -96,9 +96,11 @@ fn get(addr: &str, path: &str) -> String {
     body.to_string()
 }
 
-/// Two 1 MiB responses of the Python copy-loop seed on one connection.
-fn fetch_twice(port: u16) {
+/// Two 1 MiB responses of the Python copy-loop seed on one connection; returns the client's
+/// address (the server's peer).
+fn fetch_twice(port: u16) -> std::net::SocketAddr {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("seed");
+    let me = s.local_addr().expect("local addr");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     s.write_all(b"GET /a HTTP/1.1\r\nHost: s\r\n\r\nGET /b HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
@@ -106,6 +108,7 @@ fn fetch_twice(port: u16) {
     let mut all = Vec::new();
     s.read_to_end(&mut all).expect("responses");
     assert!(all.len() > 2 << 20, "{} bytes", all.len());
+    me
 }
 
 #[test]
@@ -167,7 +170,7 @@ fn watches_a_copy_loop_in_the_table_json_api_and_metrics() {
     assert_eq!(rows[0]["pid"], pid);
     assert_eq!(rows[0]["copy_loop_bytes"], 0);
 
-    fetch_twice(port);
+    let client = fetch_twice(port);
     let body = 2u64 << 20;
     let deadline = Instant::now() + Duration::from_secs(10);
     let conns = loop {
@@ -181,6 +184,8 @@ fn watches_a_copy_loop_in_the_table_json_api_and_metrics() {
     };
     let conn = &conns["closed"][0];
     assert_eq!(conn["pid"], pid);
+    // Read when the kernel reported the accept, though the connection lasted milliseconds.
+    assert_eq!(conn["peer"], client.to_string());
     assert_eq!(conn["copy_loop_bytes"], body);
     assert_eq!(conn["zero_copy_bytes"], 0);
     assert_eq!(conn["verdict"], "copy-loop");

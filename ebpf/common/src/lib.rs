@@ -170,6 +170,19 @@ pub mod event {
     pub const CLOSE_RANGE: u32 = 2;
     /// The last thread of a watched process exited: user space flushes all of its records.
     pub const PROCESS_EXIT: u32 = 3;
+    /// A watched process accepted a connection (sent only while [`super::switch::ACCEPT_EVENTS`]
+    /// is on): `record.info` holds its generation, so user space can read its peer at once.
+    pub const ACCEPTED: u32 = 4;
+}
+
+/// Indices into the `SWITCHES` array map: run-time switches user space flips (a frozen global
+/// cannot change after load).
+pub mod switch {
+    /// 1: send an [`super::event::ACCEPTED`] event for every connection a watched process
+    /// accepts (watch mode, for peer addresses). 0 by default, so the proxy pays nothing.
+    pub const ACCEPT_EVENTS: u32 = 0;
+    /// Number of switches.
+    pub const COUNT: u32 = 1;
 }
 
 /// One ring-buffer event. 320 bytes.

@@ -11,7 +11,7 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{
     Event, FAST_FDS, FAST_WATCHED, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey,
     FdRecord, MAX_WATCHED, ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event,
-    fd_flags, kind, stat,
+    fd_flags, kind, stat, switch,
 };
 
 /// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
@@ -84,6 +84,10 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 /// Index 0, per CPU: connections seen on this CPU, the low bits of the generation numbers it hands out.
 #[map]
 static GENERATION: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Run-time switches, indexed by [`switch`]; written by user space.
+#[map]
+static SWITCHES: Array<u32> = Array::with_max_entries(switch::COUNT, 0);
 
 /// The probe's own health counters, indexed by [`stat`].
 #[map]
@@ -473,7 +477,35 @@ fn created(ret: i64, flags: u32) -> u32 {
         _pad: 0,
     };
     let _ = FD_INFO.insert(FdKey { tgid, fd }, info, 0);
+    if flags & fd_flags::ACCEPTED != 0
+        && SWITCHES
+            .get(switch::ACCEPT_EVENTS)
+            .is_some_and(|on| *on != 0)
+    {
+        accepted_event(tgid, fd, info);
+    }
     0
+}
+
+/// Tells user space a watched process accepted `fd` (watch mode reads its peer from /proc).
+#[inline(always)]
+fn accepted_event(tgid: u32, fd: u32, info: FdInfo) {
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            let e = entry.as_mut_ptr();
+            // SAFETY: the reserved entry is exactly one Event; every byte is written.
+            unsafe {
+                core::ptr::write_bytes(e, 0, 1);
+                (*e).event = event::ACCEPTED;
+                (*e).tgid = tgid;
+                (*e).fd = fd;
+                (*e).fd_last = fd;
+                (*e).record.info = info;
+            }
+            entry.submit(0);
+        }
+        None => bump_stat(stat::EVENTS_LOST),
+    }
 }
 
 /// Attached to `sys_exit_accept` and `sys_exit_accept4`: a new inbound connection.

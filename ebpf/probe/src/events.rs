@@ -44,6 +44,8 @@ impl Probe {
                     }
                 }
                 guard.clear_ready();
+                // Peers first: a connection's close may be in the same batch as its accept.
+                probe.resolve_accepted(&batch);
                 for ev in batch {
                     probe.handle_event(ev);
                 }

@@ -6,12 +6,14 @@
 //! the kernel refuses (no privileges, tracefs missing, verifier rejection) its [`ProbeStatus`] says
 //! so in words an operator can act on, and every figure stays empty.
 
+mod accepted;
 mod btf;
 mod events;
 mod fd_table;
 mod loader;
 mod maps;
 mod model;
+mod peers;
 mod probe;
 mod procfs;
 mod read_side;
@@ -22,5 +24,6 @@ pub use model::{
     ClosedFd, CopyLoopStatus, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals,
     Snapshot, WatchTarget,
 };
+pub use peers::{peer_of, peers_of};
 pub use probe::{Probe, ProbeOptions};
 pub use zerocache_probe_common::{FAST_WATCHED, MAX_WATCHED, kind};

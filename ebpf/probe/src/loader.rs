@@ -169,6 +169,8 @@ pub(crate) fn load_and_attach() -> Result<Loaded, StartError> {
             .map_err(|e| StartError::Map("STATS", e))?,
         pending: Array::try_from(take(&mut ebpf, "PENDING")?)
             .map_err(|e| StartError::Map("PENDING", e))?,
+        switches: Array::try_from(take(&mut ebpf, "SWITCHES")?)
+            .map_err(|e| StartError::Map("SWITCHES", e))?,
         free_indexes: (0..MAX_WATCHED).collect(),
         cpus: aya::util::nr_cpus().map_err(|(_, e)| StartError::Cpus(e))?,
     };

@@ -23,6 +23,8 @@ pub(crate) struct Maps {
     pub(crate) stats: Array<MapData, u64>,
     /// Copy-loop state per watch index, zeroed when an index is handed out.
     pub(crate) pending: Array<MapData, Pending>,
+    /// Run-time switches (`switch`).
+    pub(crate) switches: Array<MapData, u32>,
     /// Watch indexes not in use, oldest-freed first: a retired process's index is reused as late
     /// as possible, so a program run that raced its retirement cannot touch its successor's totals.
     /// [`Maps::take_index`] still prefers the fast ones.

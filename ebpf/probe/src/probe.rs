@@ -67,6 +67,8 @@ pub(crate) struct Inner {
     pub(crate) ebpf: Option<Mutex<Ebpf>>,
     /// Copy-loop detection: wanted or not, and the read programs' links while attached.
     pub(crate) read_side: Mutex<ReadSide>,
+    /// Peers of accepted connections (watch mode).
+    pub(crate) accepted: Mutex<crate::accepted::AcceptedPeers>,
 }
 
 impl Probe {
@@ -89,6 +91,7 @@ impl Probe {
                     closed_tx,
                     ebpf: None,
                     read_side: Mutex::new(ReadSide::default()),
+                    accepted: Mutex::default(),
                 }),
             };
         }
@@ -112,6 +115,7 @@ impl Probe {
                         closed_tx,
                         ebpf: Some(Mutex::new(ebpf)),
                         read_side: Mutex::new(read_side),
+                        accepted: Mutex::default(),
                     }),
                 };
                 probe.resolve_targets();
@@ -135,6 +139,7 @@ impl Probe {
                         closed_tx,
                         ebpf: None,
                         read_side: Mutex::new(ReadSide::default()),
+                        accepted: Mutex::default(),
                     }),
                 }
             }
@@ -143,8 +148,20 @@ impl Probe {
 
     /// Turns copy-loop detection on or off for every watched process: while on and some process
     /// is watched, the read programs are attached (see `read_side`). Off by default.
+    ///
+    /// It also turns on `ACCEPTED` events, so the peer of every connection a watched process
+    /// accepts is read at once ([`Probe::peer`]).
     pub fn set_copy_loop(&self, on: bool) {
         self.inner.read_side.lock().wanted = on;
+        if let Some(maps) = &self.inner.maps
+            && let Err(e) = maps.lock().switches.set(
+                zerocache_probe_common::switch::ACCEPT_EVENTS,
+                on as u32,
+                0,
+            )
+        {
+            tracing::warn!(error = %e, "cannot switch accept events");
+        }
         self.sync_read_side();
     }
 

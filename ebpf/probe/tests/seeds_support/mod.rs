@@ -78,9 +78,11 @@ impl Seed {
 }
 
 /// Sends `requests` GETs one after another on one connection (the last with
-/// `Connection: close`), checks each body, and returns the response head bytes received.
-pub fn client(port: u16, requests: u64) -> u64 {
+/// `Connection: close`), checks each body, and returns the response head bytes received and the
+/// client's address.
+pub fn client(port: u16, requests: u64) -> (u64, std::net::SocketAddr) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let me = s.local_addr().expect("local addr");
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     let mut heads = 0;
@@ -134,7 +136,7 @@ pub fn client(port: u16, requests: u64) -> u64 {
         let _ = sum;
         heads += head_len as u64;
     }
-    heads
+    (heads, me)
 }
 
 /// Watches the seed, runs the client, and checks the connection's closed record.
@@ -154,7 +156,7 @@ pub async fn exchange(probe: &Probe, seed: &Seed, expect: Expect) -> ClosedFd {
         "{} not watched",
         seed.name
     );
-    let heads = tokio::task::spawn_blocking(move || client(port, REQUESTS))
+    let (heads, me) = tokio::task::spawn_blocking(move || client(port, REQUESTS))
         .await
         .expect("client");
     let r = tokio::time::timeout(Duration::from_secs(10), async {
@@ -167,6 +169,13 @@ pub async fn exchange(probe: &Probe, seed: &Seed, expect: Expect) -> ClosedFd {
     })
     .await
     .unwrap_or_else(|_| panic!("{}: no closed connection record", seed.name));
+    // The peer, read from /proc when the kernel reported the accept.
+    assert_eq!(
+        probe.take_peer(pid, r.fd, r.generation),
+        Some(me),
+        "{}: peer",
+        seed.name
+    );
     let body = REQUESTS * FILE_SIZE;
     let sendfile = r.counts.by_kind[kind::SENDFILE as usize].bytes;
     let name = &seed.name;
