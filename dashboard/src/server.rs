@@ -59,6 +59,9 @@ pub struct DashboardState {
     pub health: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
     /// Access log lines dropped because the writer fell behind (0 without an access log).
     pub access_log_dropped: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The test hook behind `POST /api/debug/clock`; `None` (the route answers 404) unless
+    /// `debug.adjustable_clock` is on: see [`crate::clock`].
+    pub advance_clock: Option<crate::clock::AdvanceClockFn>,
 }
 
 /// The proxy's purge: removes what a [`Purge`] names and answers how many entries went.
@@ -136,6 +139,10 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/api/connections", get(connections))
         .route("/api/processes", get(processes))
         .route("/api/purge", axum::routing::post(purge))
+        .route(
+            "/api/debug/clock",
+            axum::routing::post(crate::clock::advance),
+        )
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)
         // No token, and let through by `edge` whatever the Host: see [`HEALTHZ`].

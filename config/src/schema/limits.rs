@@ -175,4 +175,10 @@ pub struct DebugConfig {
     /// in production: collisions are still safe (the full key is compared) but cost hit ratio.
     #[serde(default)]
     pub key_hash_bits: Option<u8>,
+    /// Let tests age every cached response without waiting: `POST /api/debug/clock` with
+    /// `{"advance_secs": N}` adds N seconds to the clock the cache's freshness decisions read.
+    /// The proxy refuses to start with it unless `ZEROCACHE_TEST_CLOCK=1` is also in its
+    /// environment, so a copied test config cannot turn it on in production.
+    #[serde(default)]
+    pub adjustable_clock: bool,
 }

@@ -2,6 +2,7 @@
 //! become entries only when complete, the locks that coalesce concurrent misses, and the HTTP
 //! caching rules (RFC 9111) that decide what is stored, for how long, and how it is reused.
 
+pub mod check;
 pub mod conditional;
 pub mod directives;
 pub mod entry;
@@ -17,5 +18,7 @@ pub mod stale;
 pub mod store;
 pub mod stored_meta;
 pub mod targeted;
+#[cfg(test)]
+mod test_support;
 pub mod validation;
 pub mod variance;

@@ -7,7 +7,7 @@ use crate::cache::growing::{Growing, Progress, Reader};
 use crate::http::headers::{put, put_num};
 use crate::http::request::RequestHead;
 use crate::sendfile::{self, SendfileError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 impl Conn {
@@ -119,12 +119,12 @@ impl Conn {
             None if chunked => h.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
             None => {}
         }
-        put_num(h, "Age", e.age(SystemTime::now()).as_secs());
+        put_num(h, "Age", e.age(crate::clock::now()).as_secs());
         // It sent nothing to the origin itself: a hit, as nginx counts requests that waited on
         // `proxy_cache_lock`; `Cache-Status` says how (RFC 9211 §2.7).
         h.extend_from_slice(b"X-Cache: HIT\r\n");
         put(h, "Cache-Status", b"zerocache; fwd=miss; collapsed");
-        h.extend_from_slice(b"Via: 1.1 zerocache\r\n");
+        put(h, "Via", crate::http::headers::VIA_SELF.as_bytes());
         if close {
             h.extend_from_slice(b"Connection: close\r\n");
         }

@@ -21,7 +21,7 @@ use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use zerocache_ledger::ConnId;
@@ -30,27 +30,28 @@ use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 /// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
 
-/// A client connection's state.
+/// A client connection's state. Its fields are `server/`'s alone: the fetch, hit and read-behind
+/// paths are parts of one connection, and nothing outside `server/` reaches into one.
 pub struct Conn {
     /// The socket.
-    pub sock: TcpStream,
+    pub(super) sock: TcpStream,
     /// Client address.
-    pub peer: SocketAddr,
+    pub(super) peer: SocketAddr,
     /// Accounting id.
-    pub id: ConnId,
+    pub(super) id: ConnId,
     /// Bytes read and not yet consumed (pipelined requests wait here).
-    pub buf: BytesMut,
+    pub(super) buf: BytesMut,
     /// Reused buffer for response heads.
-    pub head: Vec<u8>,
+    pub(super) head: Vec<u8>,
     /// The context current when this request started.
-    pub ctx: Arc<Ctx>,
+    pub(super) ctx: Arc<Ctx>,
     /// What outlives reloads: the current context and the shutdown signal.
-    pub shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     /// Close after the current response: the request's body was not read to its end, so the
     /// next bytes on the connection are no request.
-    pub must_close: bool,
+    pub(super) must_close: bool,
     /// The current request's part of its access log line (left empty without an access log).
-    pub log_info: crate::accesslog::RequestInfo,
+    pub(super) log_info: crate::accesslog::RequestInfo,
 }
 
 /// Why a connection must end without (further) response.
@@ -430,7 +431,7 @@ impl Conn {
         let mut status = CacheStatus::Miss;
         let mut stale: Option<Arc<Entry>> = None;
         if let Some(e) = lookup() {
-            let now = SystemTime::now();
+            let now = crate::clock::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
                 Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
                     HitOutcome::Served(keep) => return Ok(keep),
@@ -514,7 +515,7 @@ impl Conn {
         // Fresh enough for this request, for a follower of another request's fill.
         let fresh = |e: &Entry| {
             freshness::decide(
-                e.age(SystemTime::now()),
+                e.age(crate::clock::now()),
                 e.meta.lifetime,
                 e.reuse,
                 &directives,

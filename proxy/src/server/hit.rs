@@ -12,7 +12,7 @@ use crate::http::request::RequestHead;
 use crate::http::stored_fields::StoredFields;
 use crate::sendfile::{self, SendfileError};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// Why a stored response is being served, for `X-Cache` and `Cache-Status`.
@@ -56,7 +56,7 @@ impl Conn {
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
         let ctx = self.ctx.clone();
-        let now = SystemTime::now();
+        let now = crate::clock::now();
         let age = e.age(now).as_secs();
         let ttl = e.meta.lifetime.as_secs() as i64 - age as i64;
         // Conditional requests are answered from the stored validators (RFC 9110 §13.2.2).

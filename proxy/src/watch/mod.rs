@@ -152,8 +152,10 @@ pub fn main(args: WatchArgs, init_logging: fn(&str)) -> ExitCode {
         }
         None => eprintln!("warning: cannot read /proc/self/status to check capabilities"),
     }
+    // Two workers: the probe's ring-buffer reader reads a new connection's peer from /proc while
+    // the connection is open, and must not wait behind a dashboard request or the table.
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()
     {

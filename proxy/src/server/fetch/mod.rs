@@ -27,8 +27,6 @@ mod forward;
 mod run;
 mod stream;
 
-pub use background::Background;
-
 /// One upstream fetch for one client request.
 pub struct Fetch<'a> {
     req: &'a RequestHead,
@@ -246,7 +244,7 @@ impl<'a> Fetch<'a> {
     /// must-revalidate/proxy-revalidate/no-cache.
     fn stale_on_error(&self) -> Option<Arc<Entry>> {
         let e = self.revalidating.as_ref()?;
-        crate::cache::stale::if_error(e, self.stale_grace, SystemTime::now()).then(|| e.clone())
+        crate::cache::stale::if_error(e, self.stale_grace, crate::clock::now()).then(|| e.clone())
     }
 
     /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
