@@ -264,3 +264,87 @@ fn watches_a_copy_loop_in_the_table_json_api_and_metrics() {
     let status = watch.0.wait().expect("wait");
     assert_eq!(status.code(), Some(0));
 }
+
+/// One raw request to the dashboard; returns the status code.
+fn status_of(addr: &str, path: &str, host: &str, auth: Option<&str>) -> u16 {
+    let mut s = TcpStream::connect(addr).expect("connect dashboard");
+    let auth = auth.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .expect("req");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    text.get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"))
+}
+
+#[test]
+fn the_watch_dashboard_keeps_the_proxy_dashboards_rules() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("watch.yaml");
+    std::fs::write(
+        &path,
+        "dashboard:\n  listen: 127.0.0.1:0\n  token: s3cret\n  metrics_require_token: true\n",
+    )
+    .expect("w");
+    let mut watch = Kill(
+        Command::new(BIN)
+            .args(["watch", "--config", path.to_str().expect("utf-8")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("zerocache watch"),
+    );
+    let mut err = BufReader::new(watch.0.stderr.take().expect("stderr"));
+    let addr = loop {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).expect("stderr") > 0, "watch exited");
+        if let Some(rest) = l.strip_prefix("dashboard: http://") {
+            break rest.split('/').next().expect("addr").to_string();
+        }
+    };
+    for path in [
+        "/",
+        "/api/processes",
+        "/api/status",
+        "/api/process_connections",
+        "/metrics",
+    ] {
+        assert_eq!(status_of(&addr, path, &addr, None), 401, "{path}");
+        assert_eq!(status_of(&addr, path, &addr, Some("s3cret")), 200, "{path}");
+        assert_eq!(status_of(&addr, path, &addr, Some("wrong")), 401, "{path}");
+        assert_eq!(
+            status_of(&addr, path, "rebind.example", Some("s3cret")),
+            421,
+            "{path}"
+        );
+    }
+    assert_eq!(status_of(&addr, "/healthz", "any.example", None), 200);
+    let status: serde_json::Value = {
+        let mut s = TcpStream::connect(&addr).expect("connect");
+        write!(
+            s,
+            "GET /api/status HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n"
+        )
+        .expect("req");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("read");
+        serde_json::from_str(text.split_once("\r\n\r\n").expect("head").1).expect("json")
+    };
+    assert_eq!(status["probe"]["state"], "attached");
+    assert_eq!(status["copy_loop"]["wanted"], true);
+    // Nothing watched: the read programs stay off.
+    assert_eq!(status["copy_loop"]["attached"], false);
+    assert!(
+        status["blind_spots"].as_array().is_some_and(|b| b
+            .iter()
+            .any(|s| s.as_str().is_some_and(|s| s.contains("mmap")))),
+        "{status}"
+    );
+}
