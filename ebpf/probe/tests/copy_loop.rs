@@ -1,6 +1,7 @@
 //! The copy-loop rule itself, on a scripted process: bytes read from a sysfs file are not file
 //! bytes (excluded by superblock magic), pending bytes decay after 1 s without a file read, a
-//! send takes `min(pending, sent)`, and each connection gets its own copy-loop bytes. And the read
+//! send takes `min(pending, sent)`, read, readv, preadv, preadv2 and pread64 all count, and each
+//! connection gets its own copy-loop bytes. And the read
 //! programs are attached only while detection is on and something is watched. Needs root.
 
 #[path = "../../../proxy/tests/support/require.rs"]
@@ -13,12 +14,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use zerocache_probe::{ClosedFd, Probe, ProbeOptions, WatchTarget};
 
-/// Connects A, B, C; reads 100,000 bytes of sysfs and sends them on A; reads 50,000 file bytes,
-/// waits 1.2 s and sends 50,000 on B; reads 30,000 file bytes and sends 20,000 twice on C.
+/// Connects A, B, C, D; reads 100,000 bytes of sysfs and sends them on A; reads 50,000 file
+/// bytes, waits 1.2 s and sends 50,000 on B; reads 30,000 file bytes and sends 20,000 twice on C;
+/// reads 10,000 file bytes each with readv, preadv, preadv2 and pread64 and sends 40,000 on D.
 const SCRIPT: &str = r#"
 import os, socket, sys, time
 port, path = int(sys.argv[1]), sys.argv[2]
-a, b, c = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+a, b, c, d = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
 print("ready", flush=True)
 sys.stdin.readline()
 def read(p, n):
@@ -39,7 +41,14 @@ b.sendall(b"b" * 50000)
 assert read(path, 30000) == 30000
 c.sendall(b"c" * 20000)
 c.sendall(b"c" * 20000)
-for s in (a, b, c):
+fd = os.open(path, os.O_RDONLY)
+assert os.readv(fd, [bytearray(10000)]) == 10000
+assert os.preadv(fd, [bytearray(10000)], 0) == 10000
+assert os.preadv(fd, [bytearray(10000)], 0, os.RWF_NOWAIT) == 10000
+assert len(os.pread(fd, 10000, 0)) == 10000
+os.close(fd)
+d.sendall(b"d" * 40000)
+for s in (a, b, c, d):
     s.close()
 print("done", flush=True)
 sys.stdin.readline()
@@ -73,7 +82,7 @@ async fn sysfs_is_not_a_file_pending_decays_and_sends_take_the_minimum() {
     let pid = child.id();
     let mut stdin = child.stdin.take().expect("stdin");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let sinks: Vec<_> = (0..3)
+    let sinks: Vec<_> = (0..4)
         .map(|_| {
             let (mut s, _) = listener.accept().expect("accept");
             std::thread::spawn(move || {
@@ -95,10 +104,10 @@ async fn sysfs_is_not_a_file_pending_decays_and_sends_take_the_minimum() {
     assert_eq!(line, "done\n");
     let mut closed: Vec<ClosedFd> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while closed.len() < 3 {
+    while closed.len() < 4 {
         let r = tokio::time::timeout_at(deadline.into(), rx.recv())
             .await
-            .expect("three closed sockets within 10 s")
+            .expect("four closed sockets within 10 s")
             .expect("closed record");
         if r.pid == pid && r.socket {
             closed.push(r);
@@ -106,12 +115,12 @@ async fn sysfs_is_not_a_file_pending_decays_and_sends_take_the_minimum() {
     }
     closed.sort_by_key(|r| r.fd);
     let sent: Vec<u64> = closed.iter().map(|r| r.counts.copy_bytes()).collect();
-    assert_eq!(sent, vec![100_000, 50_000, 40_000]);
+    assert_eq!(sent, vec![100_000, 50_000, 40_000, 40_000]);
     let looped: Vec<u64> = closed.iter().map(|r| r.counts.copy_loop_bytes).collect();
     assert_eq!(
         looped,
-        vec![0, 0, 30_000],
-        "sysfs, decayed, min(30,000, 40,000)"
+        vec![0, 0, 30_000, 40_000],
+        "sysfs, decayed, min(30,000, 40,000), the four other reads"
     );
     let totals = probe
         .snapshot()
@@ -119,12 +128,13 @@ async fn sysfs_is_not_a_file_pending_decays_and_sends_take_the_minimum() {
         .into_iter()
         .find(|p| p.pid == pid)
         .expect("totals");
-    assert_eq!(totals.file_read_bytes, 80_000);
-    assert_eq!(totals.copy_loop_bytes, 30_000);
+    assert_eq!(totals.file_read_bytes, 120_000);
+    assert_eq!(totals.file_read_calls, 6);
+    assert_eq!(totals.copy_loop_bytes, 70_000);
     stdin.write_all(b"exit\n").expect("exit");
     assert!(child.wait().expect("wait").success());
     let got: Vec<usize> = sinks.into_iter().map(|t| t.join().expect("sink")).collect();
-    assert_eq!(got, vec![100_000, 50_000, 40_000]);
+    assert_eq!(got, vec![100_000, 50_000, 40_000, 40_000]);
     // The process is gone: nothing is watched, and the read programs come off.
     let deadline = Instant::now() + Duration::from_secs(10);
     while probe.copy_loop().attached {
