@@ -188,7 +188,7 @@ async fn run(args: WatchArgs, plan: Plan) -> anyhow::Result<()> {
     if let Some(addr) = &plan.dashboard {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .with_context(|| format!("cannot listen on {addr} (--dashboard)"))?;
+            .with_context(|| format!("cannot listen on {addr} (--dashboard, dashboard.listen)"))?;
         let bound = listener.local_addr()?;
         let d = &plan.config.dashboard;
         let state = Arc::new(WatchState {
