@@ -348,3 +348,39 @@ fn the_watch_dashboard_keeps_the_proxy_dashboards_rules() {
         "{status}"
     );
 }
+
+#[test]
+fn as_nobody_with_the_three_capabilities_it_watches_and_warns_about_ptrace() {
+    if !require::root("drops to nobody with setpriv") || !require::command("setpriv") {
+        return;
+    }
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let caps = "+bpf,+perfmon,+dac_read_search";
+    let sleeper = Kill(
+        Command::new("setpriv")
+            .args(nobody)
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("sleep as nobody"),
+    );
+    let out = Command::new("setpriv")
+        .args(nobody)
+        .args([
+            &format!("--inh-caps={caps}"),
+            &format!("--ambient-caps={caps}"),
+        ])
+        .arg(BIN)
+        .args(["watch", "--pid", &sleeper.0.id().to_string()])
+        .args(["--once", "--duration", "0.3", "--json"])
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("CAP_SYS_PTRACE"), "{err}");
+    // The read programs loaded and attached with these capabilities (a failure is a warning).
+    assert!(!err.contains("copy-loop detection unavailable"), "{err}");
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(rows[0]["pid"], sleeper.0.id());
+    assert_eq!(rows[0]["comm"], "sleep");
+    assert_eq!(rows[0]["alive"], true);
+}
