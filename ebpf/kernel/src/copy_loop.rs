@@ -18,7 +18,9 @@
 //! magic. The read programs are attached only while copy-loop detection is on for some watched
 //! process; the cost to everyone else is then one early return per read.
 
-use crate::programs::{add, current_task, reg_at, ret, tgid_of, totals, user_regs, watch_index};
+use crate::programs::{
+    add, current_task, reg_at, ret, table_slot, tgid_of, totals, user_regs, watch_index,
+};
 use aya_ebpf::{
     Global,
     helpers::{bpf_probe_read_kernel, generated::bpf_ktime_get_ns},
@@ -26,7 +28,7 @@ use aya_ebpf::{
     maps::Array,
     programs::TracePointContext,
 };
-use zerocache_probe_common::{FD_CLASS_OTHER, MAX_WATCHED, PENDING_TTL_NS, Pending};
+use zerocache_probe_common::{FD_CLASS_OTHER, MAX_WATCHED, PENDING_TTL_NS, Pending, fd_flags};
 
 /// Offsets of the members the fd walk follows, from the running kernel's BTF (see the module doc).
 #[unsafe(no_mangle)]
@@ -142,6 +144,16 @@ fn read_exit(ctx: &TracePointContext) -> u32 {
         return 0;
     }
     let fd = reg_at(user_regs(task), crate::programs::reg::ARG0) as u32;
+    // A server's most frequent reads are of its sockets (requests): a socket already written to
+    // has a live record marked SOCKET in the direct table, one inlined load, so it skips the walk.
+    if let Some(slot) = table_slot(index, fd) {
+        // SAFETY: a value of FD_TABLE, one word read.
+        let flags = unsafe { (*slot).info.flags };
+        let socket = fd_flags::LIVE | fd_flags::SOCKET;
+        if flags & socket == socket {
+            return 0;
+        }
+    }
     if !real_file(task, fd) {
         return 0;
     }
