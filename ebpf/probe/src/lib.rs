@@ -5,6 +5,12 @@
 //! The probe never takes the proxy down with it: [`Probe::start`] always returns a probe, and when
 //! the kernel refuses (no privileges, tracefs missing, verifier rejection) its [`ProbeStatus`] says
 //! so in words an operator can act on, and every figure stays empty.
+//!
+//! Copy-loop detection ([`Probe::set_copy_loop`], used by `zerocache watch`) adds the read side:
+//! file reads pending per process, matched by socket sends (`read_side`, and
+//! `ebpf/kernel/src/copy_loop.rs` for the rule), and the peers of accepted connections
+//! (`accepted`, `peers`). Files: `probe` (the handle), `loader`, `maps`, `watching` (the watch
+//! list), `events` (the ring buffer), `fd_table`, `btf`, `procfs`, `store`, `model`.
 
 mod accepted;
 mod btf;
