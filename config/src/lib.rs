@@ -11,6 +11,7 @@ mod sections;
 pub mod tls;
 pub mod units;
 pub mod validate;
+pub mod watch;
 
 pub use error::ConfigError;
 pub use schema::*;

@@ -6,7 +6,7 @@ use crate::server::{CacheStats, DashboardState};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use zerocache_ledger::{BodyTotals, CacheStatus, ConnRecord, DataPath, SortKey, Violation};
-use zerocache_probe::{FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, kind};
+use zerocache_probe::{FdCounts, KindCounts, ProbeHealth, ProbeStatus, kind};
 
 /// Seconds of history behind the "now" ratio.
 pub const RECENT_SECONDS: usize = 10;
@@ -175,32 +175,11 @@ pub fn connections(
     }
 }
 
-/// One entry of `/api/processes`.
-#[derive(Serialize)]
-pub struct Process {
-    /// Totals.
-    #[serde(flatten)]
-    pub totals: ProcessTotals,
-    /// Socket bytes via sendfile/splice ÷ all socket bytes written.
-    pub socket_zero_copy_ratio: Option<f64>,
-}
+pub use crate::processes::Process;
 
 /// Builds `/api/processes`.
 pub fn processes(state: &DashboardState) -> Vec<Process> {
-    state
-        .probe
-        .snapshot()
-        .processes
-        .into_iter()
-        .map(|p| {
-            let zc = p.socket.zero_copy_bytes();
-            let all = zc + p.socket.copy_bytes();
-            Process {
-                socket_zero_copy_ratio: (all > 0).then(|| zc as f64 / all as f64),
-                totals: p,
-            }
-        })
-        .collect()
+    crate::processes::rows(&state.probe)
 }
 
 #[cfg(test)]

@@ -8,7 +8,11 @@ pub mod clock;
 pub mod guard;
 pub(crate) mod history;
 pub(crate) mod metrics;
+pub mod peers;
+pub(crate) mod process_metrics;
+pub mod processes;
 pub(crate) mod server;
 mod tls_metrics;
+pub mod watch;
 
 pub use server::{CacheStats, DashboardState, Purge, PurgeFn, WorkerStats, serve};

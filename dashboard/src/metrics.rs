@@ -7,7 +7,6 @@ use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use zerocache_ledger::{CacheStatus, DataPath};
-use zerocache_probe::kind;
 
 fn counter_vec(
     r: &Registry,
@@ -278,46 +277,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     lost.with_label_values(&["fd_records"])
         .inc_by(snap.health.fd_records_lost);
 
-    let calls = counter_vec(
-        &r,
-        "zerocache_syscalls_total",
-        "Output syscalls of watched processes, by process name, syscall and fd class (socket or other).",
-        &["process", "syscall", "fd_class"],
-    )?;
-    let bytes = counter_vec(
-        &r,
-        "zerocache_syscall_bytes_total",
-        "Bytes moved by output syscalls of watched processes.",
-        &["process", "syscall", "fd_class"],
-    )?;
-    for name in kind::NAMES {
-        for class in ["socket", "other"] {
-            calls
-                .with_label_values(&["zerocache", name, class])
-                .inc_by(0);
-            bytes
-                .with_label_values(&["zerocache", name, class])
-                .inc_by(0);
-        }
-    }
-    for p in &snap.processes {
-        let process = if p.pid == std::process::id() {
-            "zerocache"
-        } else {
-            p.comm.as_str()
-        };
-        for (class, counts) in [("socket", &p.socket), ("other", &p.other)] {
-            for (i, name) in kind::NAMES.iter().enumerate() {
-                let k = counts.by_kind[i];
-                calls
-                    .with_label_values(&[process, name, class])
-                    .inc_by(k.calls);
-                bytes
-                    .with_label_values(&[process, name, class])
-                    .inc_by(k.bytes);
-            }
-        }
-    }
+    crate::process_metrics::register(&r, &snap, &["zerocache"], Some(std::process::id()))?;
 
     r.register(Box::new(acc.durations().clone()))?;
     // The standard process_* families (CPU seconds, resident memory, open fds, start time), so

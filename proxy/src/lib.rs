@@ -20,4 +20,5 @@ pub(crate) mod sendfile;
 pub(crate) mod server;
 pub(crate) mod tls;
 pub(crate) mod upstream;
+pub mod watch;
 pub(crate) mod worker_id;

@@ -1,4 +1,4 @@
-//! The `zerocache` command: `run`, `check` and `check-cache`.
+//! The `zerocache` command: `run`, `check`, `check-cache` and `watch`.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -46,6 +46,10 @@ enum Command {
         #[arg(long)]
         remove: bool,
     },
+    /// Watch other processes with the probe, without the proxy: bytes by syscall per process and
+    /// connection, and copy loops (file bytes read and written to a socket where sendfile would
+    /// do). A dashboard on 127.0.0.1:9181. Needs CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH.
+    Watch(zerocache::watch::WatchArgs),
 }
 
 /// Logs to stderr at `RUST_LOG` if set, else at `level` (the config's `logging.level`), in
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
             check_cache(&config, remove)
         }
         Command::Run { config: path } => run(path),
+        Command::Watch(args) => zerocache::watch::main(args, init_logging),
     }
 }
 

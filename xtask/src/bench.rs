@@ -54,6 +54,8 @@ pub struct Options {
     pub unpinned: bool,
     /// Run the cold-cache mode instead: hot 1 KiB hits while cold 16 MiB hits run beside them.
     pub cold: bool,
+    /// Measure only the watch-mode probe cost per syscall (`bench_watch`).
+    pub watch_cost: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -328,7 +330,7 @@ fn start_zerocache_with(
 /// Run time and run count of each BPF program `pid` holds, by program name (needs
 /// `kernel.bpf_stats_enabled=1`). The ids come from /proc/PID/fdinfo, the names from the kernel's
 /// program list.
-fn bpf_programs(pid: u32) -> BTreeMap<String, (u64, u64)> {
+pub(crate) fn bpf_programs(pid: u32) -> BTreeMap<String, (u64, u64)> {
     let mut ids = std::collections::BTreeSet::new();
     if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
         for fd in fds.flatten() {
@@ -650,6 +652,14 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         "-p",
         "zerocache-origin",
     ]))?;
+    if opts.watch_cost {
+        let section = crate::bench_watch::watch_cost()?;
+        let out = root().join("xtask/bench/results");
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(out.join("watch-cost.md"), &section)?;
+        println!("{section}\nxtask: bench: written to xtask/bench/results/watch-cost.md");
+        return Ok(());
+    }
     if opts.cold {
         return cold(&opts);
     }
@@ -758,7 +768,8 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     if !stats_before.trim().is_empty() {
         let _ = std::fs::write(stats_path, stats_before.trim());
     }
-    let report = report(&opts, &sizes, &results, unpins, started.elapsed())?;
+    let mut report = report(&opts, &sizes, &results, unpins, started.elapsed())?;
+    report.push_str(&crate::bench_watch::watch_cost()?);
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
     // Pinned runs answer a different question (steady CPU per GB), so they keep their own file.

@@ -3,7 +3,9 @@
 
 mod bench;
 mod bench_tls;
+mod bench_watch;
 mod demo;
+mod demo_seeds;
 mod fuzz;
 mod package;
 mod setup;
@@ -29,6 +31,11 @@ enum Task {
         /// Stop after this many seconds instead of waiting for Ctrl-C.
         #[arg(long)]
         duration: Option<u64>,
+        /// Instead of the proxy: the seed servers (Python, nginx, Go, Java, each serving one file
+        /// the zero-copy way and the copying way) under `zerocache watch`, dashboard on
+        /// 127.0.0.1:9181.
+        #[arg(long)]
+        seeds: bool,
     },
     /// Setup, then formatting, lints, the whole test suite, a 20-second soak with faults
     /// injected, and a short run of every fuzz target. As root (CI) every test runs and a test
@@ -86,6 +93,10 @@ enum Task {
         /// and a handshake per request); writes xtask/bench/results/tls.md.
         #[arg(long)]
         tls: bool,
+        /// Only the watch-mode probe cost per syscall (watched and unwatched); writes
+        /// xtask/bench/results/watch-cost.md. The full run appends the same section.
+        #[arg(long)]
+        watch_cost: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -142,7 +153,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Setup => setup::setup(),
-        Task::Demo { duration } => setup::setup().and_then(|_| demo::demo(duration)),
+        Task::Demo { duration, seeds } => setup::setup().and_then(|_| {
+            if seeds {
+                demo_seeds::demo_seeds(duration)
+            } else {
+                demo::demo(duration)
+            }
+        }),
         Task::Test { fuzz_time } => {
             let require = require_privileged();
             setup::setup_for_tests(require).and_then(|_| test(fuzz_time, require))
@@ -162,6 +179,7 @@ fn main() -> ExitCode {
             unpinned,
             cold,
             tls: true,
+            watch_cost: _,
         } => setup::setup().and_then(|_| {
             anyhow::ensure!(
                 !(pin || affinity || unpinned || cold) && sizes.is_empty(),
@@ -178,6 +196,7 @@ fn main() -> ExitCode {
             unpinned,
             cold,
             tls: false,
+            watch_cost,
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
                 duration,
@@ -187,6 +206,7 @@ fn main() -> ExitCode {
                 affinity,
                 unpinned,
                 cold,
+                watch_cost,
             })
         }),
         Task::Package => setup::setup().and_then(|_| package::package().map(|_| ())),
@@ -223,7 +243,7 @@ const REQUIRE_PRIVILEGED: &str = "ZEROCACHE_REQUIRE_PRIVILEGED";
 /// `require::root` gate of their own, so without root `cargo xtask test` leaves them out by name.
 /// Substrings of libtest names (`--skip`), each matching only its test.
 const PROBE_CRATE_ROOT_TESTS: &[&str] = &[
-    "loader::tests::a_slot_left_with_counts_after_a_close_starts_from_zero",
+    "probe::tests::a_slot_left_with_counts_after_a_close_starts_from_zero",
     "hundred_thousand_short_connections_stay_bounded_and_accounted",
     "counts_another_process_by_pid",
     "counts_another_process_by_name",

@@ -28,8 +28,10 @@ use std::time::Instant;
 /// dpkg-shlibdeps), binutils (strip, objcopy, readelf), logrotate (the test has it parse the
 /// packaged snippet) and systemd (`systemd-analyze verify` of the installed unit);
 /// ca-certificates for the system roots `https://` upstreams verify against, and openssl for
-/// `bench --tls` (its certificate). As root the tests fail rather than skip when one of these is
-/// missing.
+/// `bench --tls` (its certificate); for the watch mode's seed servers
+/// (ebpf/probe/tests/seeds.rs, `cargo xtask demo --seeds`), golang-go (Go 1.19 on bookworm),
+/// default-jdk-headless (OpenJDK 17 on bookworm, the JDK the Java seed is pinned to) and python3.
+/// As root the tests fail rather than skip when one of these is missing.
 const APT_PACKAGES: &[&str] = &[
     "nginx",
     "wrk",
@@ -46,6 +48,9 @@ const APT_PACKAGES: &[&str] = &[
     "logrotate",
     "ca-certificates",
     "openssl",
+    "golang-go",
+    "default-jdk-headless",
+    "python3",
 ];
 
 /// The bpf-linker release this recipe was verified with.

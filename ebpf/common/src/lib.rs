@@ -88,7 +88,7 @@ pub struct SyscallCounts {
     pub short: u64,
 }
 
-/// Everything counted on one fd between its creation (or first use) and its close. 296 bytes.
+/// Everything counted on one fd between its creation (or first use) and its close. 304 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FdRecord {
@@ -96,6 +96,9 @@ pub struct FdRecord {
     pub info: FdInfo,
     /// Per [`kind`], indexed by kind.
     pub counts: [SyscallCounts; kind::COUNT],
+    /// Copy-loop bytes: bytes written to this socket by a copying syscall while the process had
+    /// file bytes pending (see [`Pending`]); only counted while copy-loop detection is on.
+    pub copy_loop: u64,
 }
 
 /// Per-process totals keep sockets and everything else apart, so that log files and cache fills
@@ -108,7 +111,7 @@ pub const FD_CLASSES: u32 = 2;
 
 /// Processes watched at once. Each gets a watch index, and its totals live at
 /// `TOTALS[index * FD_CLASSES + class]`: an array slot the verifier inlines, where a hash keyed by
-/// (tgid, class) cost ~35 ns per counted syscall. 256 × 2 × 288 bytes = 144 KiB per CPU.
+/// (tgid, class) cost ~35 ns per counted syscall. 256 × 2 × 312 bytes = 156 KiB per CPU.
 pub const MAX_WATCHED: u32 = 256;
 
 /// Watch indexes below this keep their fd records in `FD_TABLE`, a direct array indexed by
@@ -118,10 +121,10 @@ pub const MAX_WATCHED: u32 = 256;
 /// quarter of a watched run. User space hands these indexes out first, so zerocache itself and
 /// the first few processes an operator points the probe at get the fast path.
 pub const FAST_WATCHED: u32 = 4;
-/// fds per fast watch index: `FD_TABLE` holds 4 × 16,384 records × 296 bytes = 18.5 MiB.
+/// fds per fast watch index: `FD_TABLE` holds 4 × 16,384 records × 304 bytes = 19 MiB.
 pub const FAST_FDS: u32 = 16384;
 
-/// Per-process totals, one per CPU in a per-CPU map, summed by user space. 288 bytes.
+/// Per-process totals, one per CPU in a per-CPU map, summed by user space. 312 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcTotals {
@@ -129,7 +132,34 @@ pub struct ProcTotals {
     pub counts: [SyscallCounts; kind::COUNT],
     /// `io_uring_enter(2)` calls: I/O submitted this way passes the syscall tracepoints unseen.
     pub io_uring_enter: u64,
+    /// Successful reads (`read`, `pread64`, `readv`, `preadv`, `preadv2`) of regular files on
+    /// real filesystems (class [`FD_CLASS_OTHER`] only; copy-loop detection on).
+    pub file_read_calls: u64,
+    /// Bytes those reads returned.
+    pub file_read_bytes: u64,
+    /// Copy-loop bytes written to sockets (class [`FD_CLASS_SOCKET`] only).
+    pub copy_loop_bytes: u64,
 }
+
+/// Copy-loop state of one watched process (tgid, not thread: runtimes read files on one thread
+/// and write sockets on another), at its watch index in `PENDING`. 16 bytes.
+///
+/// The rule: every byte a read returns from a regular file on a real filesystem is added to
+/// `bytes`; every byte a copying syscall (write, writev, sendto, sendmsg) then sends to a socket
+/// takes from it, and `min(pending, written)` are copy-loop bytes of that socket. Pending bytes
+/// decay all at once: when no file read has happened for [`PENDING_TTL_NS`], they are dropped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// File bytes read and not yet matched by socket writes. Updated with atomic adds from
+    /// several CPUs; a race can leave it briefly below zero (as `i64`), which counts as zero.
+    pub bytes: u64,
+    /// `bpf_ktime_get_ns` of the process's last file read.
+    pub last_read_ns: u64,
+}
+
+/// Pending file bytes older than this (no file read since) no longer match socket writes: 1 s.
+pub const PENDING_TTL_NS: u64 = 1_000_000_000;
 
 /// Ring-buffer event types, in [`Event::event`].
 pub mod event {
@@ -140,9 +170,22 @@ pub mod event {
     pub const CLOSE_RANGE: u32 = 2;
     /// The last thread of a watched process exited: user space flushes all of its records.
     pub const PROCESS_EXIT: u32 = 3;
+    /// A watched process accepted a connection (sent only while [`super::switch::ACCEPT_EVENTS`]
+    /// is on): `record.info` holds its generation, so user space can read its peer at once.
+    pub const ACCEPTED: u32 = 4;
 }
 
-/// One ring-buffer event. 312 bytes.
+/// Indices into the `SWITCHES` array map: run-time switches user space flips (a frozen global
+/// cannot change after load).
+pub mod switch {
+    /// 1: send an [`super::event::ACCEPTED`] event for every connection a watched process
+    /// accepts (watch mode, for peer addresses). 0 by default, so the proxy pays nothing.
+    pub const ACCEPT_EVENTS: u32 = 0;
+    /// Number of switches.
+    pub const COUNT: u32 = 1;
+}
+
+/// One ring-buffer event. 320 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Event {
@@ -193,6 +236,7 @@ mod pod {
     unsafe impl aya::Pod for super::WatchSlot {}
     unsafe impl aya::Pod for super::ProcTotals {}
     unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::Pending {}
 }
 
 #[cfg(test)]
@@ -205,10 +249,11 @@ mod tests {
         assert_eq!(size_of::<FdKey>(), 8);
         assert_eq!(size_of::<FdInfo>(), 16);
         assert_eq!(size_of::<SyscallCounts>(), 40);
-        assert_eq!(size_of::<FdRecord>(), 296);
+        assert_eq!(size_of::<FdRecord>(), 304);
         assert_eq!(size_of::<WatchSlot>(), 8);
-        assert_eq!(size_of::<ProcTotals>(), 288);
-        assert_eq!(size_of::<Event>(), 312);
+        assert_eq!(size_of::<ProcTotals>(), 312);
+        assert_eq!(size_of::<Event>(), 320);
+        assert_eq!(size_of::<Pending>(), 16);
     }
 
     #[test]

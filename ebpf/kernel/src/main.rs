@@ -27,12 +27,20 @@
 //! fd's final record goes to user space through a ring buffer and is deleted, so a reused fd
 //! number starts from zero with a new generation.
 //!
+//! The files: `programs.rs` holds the maps, the watch filter and the output programs;
+//! `lifecycle.rs` fd creation and destruction; `copy_loop.rs` copy-loop detection (file reads
+//! pending per process, matched by socket sends; attached only in watch mode).
+//!
 //! On the host this crate compiles to an empty `main`, so `cargo build --workspace` works.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
+#[cfg(target_arch = "bpf")]
+mod copy_loop;
+#[cfg(target_arch = "bpf")]
+mod lifecycle;
 #[cfg(target_arch = "bpf")]
 mod programs;
 

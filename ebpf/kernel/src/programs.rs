@@ -2,31 +2,31 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    helpers::generated::{bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_task_pt_regs},
+    helpers::generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
     macros::{map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use zerocache_probe_common::{
-    Event, FAST_FDS, FAST_WATCHED, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey,
-    FdRecord, MAX_WATCHED, ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, event,
-    fd_flags, kind, stat,
+    FAST_FDS, FAST_WATCHED, FD_CLASS_OTHER, FD_CLASS_SOCKET, FD_CLASSES, FdInfo, FdKey, FdRecord,
+    MAX_WATCHED, ProcTotals, WATCH_FILTER_SHARED, WATCH_FILTER_SLOTS, WatchSlot, fd_flags, kind,
+    stat, switch,
 };
 
 /// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
 /// exit record's return value sits at 16.
-const ARG0: usize = 16;
-const ARG1: usize = 24;
-const RET: usize = 16;
+pub(crate) const ARG0: usize = 16;
+pub(crate) const ARG1: usize = 24;
+pub(crate) const RET: usize = 16;
 /// `sched_process_exit`: `bool group_dead` (the last thread of the process is leaving).
-const GROUP_DEAD: usize = 32;
+pub(crate) const GROUP_DEAD: usize = 32;
 
 /// Byte offsets in x86-64 `struct pt_regs` (UAPI `asm/ptrace.h`, so stable) of the registers that
 /// carry syscall arguments 0 to 4. The kernel leaves them as user space set them until the syscall
 /// returns (only `ax` takes the return value), so an exit program can read the arguments there and
 /// no enter program has to run.
-mod reg {
+pub(crate) mod reg {
     pub const ARG0: usize = 112; // di
     pub const ARG2: usize = 96; // dx
     pub const ARG3: usize = 56; // r10 (rcx is clobbered by the syscall instruction)
@@ -56,7 +56,7 @@ static WATCH_FILTER: Array<WatchSlot> = Array::with_max_entries(WATCH_FILTER_SLO
 
 /// Per fd: what created it, for fds created while watched or seeded by user space.
 #[map]
-static FD_INFO: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(131072, 0);
+pub(crate) static FD_INFO: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(131072, 0);
 
 /// Per fd of a fast watch index (below `FAST_WATCHED`) and below `FAST_FDS`: counters since the fd
 /// was first written to, at `index * FAST_FDS + fd`, in use while `fd_flags::LIVE` is set. An array
@@ -68,9 +68,9 @@ static FD_TABLE: Array<FdRecord> =
 
 /// Per fd, for the other watch indexes and fds: counters since the fd was first written to. Half
 /// the size it had before `FD_TABLE` took the first watch indexes' records, so the two together
-/// preallocate what the hash alone did (131,072 × 296 bytes, ~37 MiB).
+/// preallocate what the hash alone did (131,072 × 304 bytes, ~38 MiB).
 #[map]
-static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(65536, 0);
+pub(crate) static FD_RECORDS: HashMap<FdKey, FdRecord> = HashMap::with_max_entries(65536, 0);
 
 /// Per watch index and fd class, per CPU: running totals that never reset while the process is
 /// watched. User space zeroes an index's entries before handing it to a new process.
@@ -79,25 +79,29 @@ static TOTALS: PerCpuArray<ProcTotals> = PerCpuArray::with_max_entries(MAX_WATCH
 
 /// Final records of closed fds and lifecycle events for user space. 4 MiB holds ~13,000 events.
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
 /// Index 0, per CPU: connections seen on this CPU, the low bits of the generation numbers it hands out.
 #[map]
-static GENERATION: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static GENERATION: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Run-time switches, indexed by [`switch`]; written by user space.
+#[map]
+pub(crate) static SWITCHES: Array<u32> = Array::with_max_entries(switch::COUNT, 0);
 
 /// The probe's own health counters, indexed by [`stat`].
 #[map]
 static STATS: Array<u64> = Array::with_max_entries(stat::COUNT, 0);
 
 #[inline(always)]
-fn add(ptr: *mut u64, v: u64) {
+pub(crate) fn add(ptr: *mut u64, v: u64) {
     // SAFETY: ptr points into a map value the verifier has bounds-checked. BPF has atomic add but
     // no compare-and-swap, and this compiles to the former.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(ptr, v) };
 }
 
 #[inline(always)]
-fn bump_stat(index: u32) {
+pub(crate) fn bump_stat(index: u32) {
     if let Some(p) = STATS.get_ptr_mut(index) {
         add(p, 1);
     }
@@ -105,27 +109,27 @@ fn bump_stat(index: u32) {
 
 /// The running task, as the BTF pointer the verifier lets us load fields from.
 #[inline(always)]
-fn current_task() -> *const u8 {
+pub(crate) fn current_task() -> *const u8 {
     // SAFETY: takes no input; the running task outlives this program run.
     unsafe { bpf_get_current_task_btf() as *const u8 }
 }
 
 /// The task's thread-group id, what user space calls its PID.
 #[inline(always)]
-fn tgid_of(task: *const u8) -> u32 {
+pub(crate) fn tgid_of(task: *const u8) -> u32 {
     // SAFETY: a BTF-typed load the verifier checks: TGID_OFFSET is a constant, the offset of the
     // `tgid` field in this kernel's task_struct.
     unsafe { core::ptr::read_volatile(task.add(TGID_OFFSET.load() as usize) as *const u32) }
 }
 
 #[inline(always)]
-fn current_tgid() -> u32 {
+pub(crate) fn current_tgid() -> u32 {
     tgid_of(current_task())
 }
 
 /// The watch index of `tgid`, or None when nobody watches it (the common case: one array load).
 #[inline(always)]
-fn watch_index(tgid: u32) -> Option<u32> {
+pub(crate) fn watch_index(tgid: u32) -> Option<u32> {
     let slot = WATCH_FILTER.get(tgid & (WATCH_FILTER_SLOTS - 1))?;
     if slot.tgid == tgid {
         Some(slot.index)
@@ -138,39 +142,39 @@ fn watch_index(tgid: u32) -> Option<u32> {
 }
 
 #[inline(always)]
-fn watched(tgid: u32) -> bool {
+pub(crate) fn watched(tgid: u32) -> bool {
     watch_index(tgid).is_some()
 }
 
 /// A field of the tracepoint record, loaded straight from the context: the verifier allows direct
 /// reads of a tracepoint record, which saves a `bpf_probe_read_kernel` helper call.
 #[inline(always)]
-fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+pub(crate) fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
     // SAFETY: offsets are those of the tracepoint formats, inside the record and aligned for T.
     unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).add(offset) as *const T) }
 }
 
 /// A syscall argument (8 bytes from offset 16) or an exit record's return value.
 #[inline(always)]
-fn arg(ctx: &TracePointContext, offset: usize) -> u64 {
+pub(crate) fn arg(ctx: &TracePointContext, offset: usize) -> u64 {
     field(ctx, offset)
 }
 
 /// This CPU's totals for watch index `index` and fd class `class`.
 #[inline(always)]
-fn totals(index: u32, class: u32) -> Option<*mut ProcTotals> {
+pub(crate) fn totals(index: u32, class: u32) -> Option<*mut ProcTotals> {
     TOTALS.get_ptr_mut(index * FD_CLASSES + class)
 }
 
 /// The task's saved user registers: a BTF pointer the verifier lets us load from.
 #[inline(always)]
-fn user_regs(task: *const u8) -> *const u8 {
+pub(crate) fn user_regs(task: *const u8) -> *const u8 {
     // SAFETY: task is the running task's BTF pointer, which outlives this program run.
     unsafe { bpf_task_pt_regs(task as *mut _) as *const u8 }
 }
 
 #[inline(always)]
-fn reg_at(regs: *const u8, offset: usize) -> u64 {
+pub(crate) fn reg_at(regs: *const u8, offset: usize) -> u64 {
     // SAFETY: regs is the verifier-typed pt_regs pointer and offset one of the `reg` constants,
     // inside the struct; the verifier turns this load into a fault-tolerant one.
     unsafe { core::ptr::read_volatile(regs.add(offset) as *const u64) }
@@ -197,7 +201,7 @@ fn output_exit(ctx: &TracePointContext, k: u32, fd_reg: usize, len_reg: usize) -
 
 /// An exit record's return value.
 #[inline(always)]
-fn ret(ctx: &TracePointContext) -> i64 {
+pub(crate) fn ret(ctx: &TracePointContext) -> i64 {
     arg(ctx, RET) as i64
 }
 
@@ -301,11 +305,23 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
             add(&raw mut (*counts).eagain, again);
         }
     }
-    let class = if flags & fd_flags::SOCKET != 0 {
+    let socket = flags & fd_flags::SOCKET != 0;
+    let class = if socket {
         FD_CLASS_SOCKET
     } else {
         FD_CLASS_OTHER
     };
+    // Copy-loop bytes: a copying send to a socket matched against the process's pending file
+    // bytes (zero while detection is off: nothing adds to them then).
+    let looped = if socket && bytes != 0 && k32 >= kind::FIRST_COPY_KIND {
+        crate::copy_loop::consume(index, bytes)
+    } else {
+        0
+    };
+    if looped != 0 {
+        // SAFETY: a field of the live map value above.
+        unsafe { add(&raw mut (*record).copy_loop, looped) };
+    }
     if let Some(t) = totals(index, class) {
         // SAFETY: a per-CPU value: this CPU is its only writer while this program runs.
         unsafe {
@@ -315,13 +331,14 @@ fn count(tgid: u32, index: u32, fd: u32, k32: u32, requested: u64, ret: i64) {
             c.short += short;
             c.errors += err;
             c.eagain += again;
+            (*t).copy_loop_bytes += looped;
         }
     }
 }
 
 /// The fd's record slot in `FD_TABLE`, if its watch index and number are in the table's range.
 #[inline(always)]
-fn table_slot(index: u32, fd: u32) -> Option<*mut FdRecord> {
+pub(crate) fn table_slot(index: u32, fd: u32) -> Option<*mut FdRecord> {
     if index < FAST_WATCHED && fd < FAST_FDS {
         FD_TABLE.get_ptr_mut(index * FAST_FDS + fd)
     } else {
@@ -354,202 +371,6 @@ fn classify(ret: i64, requested: u64, k: u32) -> (u64, u64, u64, u64) {
     } else {
         (0, 0, 1, 0)
     }
-}
-
-/// Emits the final record of (tgid, fd) and forgets the fd. Accepted connections get an event even
-/// when nothing was written to them, so user space can pair every close with its connection.
-#[inline(always)]
-fn flush(tgid: u32, index: u32, fd: u32) {
-    let key = FdKey { tgid, fd };
-    let slot = table_slot(index, fd);
-    let record = match slot {
-        // SAFETY: a live map value, read once.
-        Some(p) if unsafe { (*p).info.flags } & fd_flags::LIVE != 0 => Some(p as *const FdRecord),
-        Some(_) => None,
-        None => FD_RECORDS.get_ptr(key),
-    };
-    let info = FD_INFO.get_ptr(key);
-    let accepted = match info {
-        // SAFETY: a live map value, read once.
-        Some(i) => (unsafe { (*i).flags }) & fd_flags::ACCEPTED != 0,
-        None => false,
-    };
-    if record.is_some() || accepted {
-        match EVENTS.reserve::<Event>(0) {
-            Some(mut entry) => {
-                let e = entry.as_mut_ptr();
-                // SAFETY: the reserved entry is exactly one Event and every byte is written;
-                // record and info point at live map values.
-                unsafe {
-                    match (record, info) {
-                        (Some(r), _) => core::ptr::copy_nonoverlapping(r, &raw mut (*e).record, 1),
-                        (None, Some(i)) => {
-                            core::ptr::write_bytes(&raw mut (*e).record, 0, 1);
-                            core::ptr::copy_nonoverlapping(i, &raw mut (*e).record.info, 1);
-                        }
-                        (None, None) => core::ptr::write_bytes(&raw mut (*e).record, 0, 1),
-                    }
-                    (*e).event = event::FD_CLOSED;
-                    (*e).tgid = tgid;
-                    (*e).fd = fd;
-                    (*e).fd_last = fd;
-                }
-                entry.submit(0);
-            }
-            None => bump_stat(stat::EVENTS_LOST),
-        }
-    }
-    match (record, slot) {
-        // SAFETY: the slot is a live map value; zeroing it clears LIVE, so the fd number starts
-        // from zero when it is reused.
-        (Some(_), Some(p)) => unsafe { core::ptr::write_bytes(p, 0, 1) },
-        (Some(_), None) => {
-            let _ = FD_RECORDS.remove(key);
-        }
-        _ => {}
-    }
-    if info.is_some() {
-        let _ = FD_INFO.remove(key);
-    }
-}
-
-#[inline(always)]
-fn lifecycle_event(kind_: u32, tgid: u32, fd: u32, fd_last: u32) {
-    match EVENTS.reserve::<Event>(0) {
-        Some(mut entry) => {
-            let e = entry.as_mut_ptr();
-            // SAFETY: the reserved entry is exactly one Event; every byte is written.
-            unsafe {
-                core::ptr::write_bytes(e, 0, 1);
-                (*e).event = kind_;
-                (*e).tgid = tgid;
-                (*e).fd = fd;
-                (*e).fd_last = fd_last;
-            }
-            entry.submit(0);
-        }
-        None => bump_stat(stat::EVENTS_LOST),
-    }
-}
-
-#[inline(always)]
-fn created(ret: i64, flags: u32) -> u32 {
-    let tgid = current_tgid();
-    let Some(index) = watch_index(tgid) else {
-        return 0;
-    };
-    if ret < 0 {
-        return 0;
-    }
-    let fd = ret as u32;
-    // A record still here means we missed this number's close (it predates the watch): close it.
-    flush(tgid, index, fd);
-    let generation = match GENERATION.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot of a per-CPU array: no other writer while we run. The CPU number
-        // in the top bits makes the value unique across CPUs without a fetch-and-add, which the
-        // generic BPF CPU target lacks.
-        Some(p) => unsafe {
-            *p += 1;
-            ((bpf_get_smp_processor_id() as u64 + 1) << 48) | *p
-        },
-        None => 0,
-    };
-    let info = FdInfo {
-        generation,
-        flags,
-        _pad: 0,
-    };
-    let _ = FD_INFO.insert(FdKey { tgid, fd }, info, 0);
-    0
-}
-
-/// Attached to `sys_exit_accept` and `sys_exit_accept4`: a new inbound connection.
-#[tracepoint]
-pub fn exit_accept(ctx: TracePointContext) -> u32 {
-    created(arg(&ctx, RET) as i64, fd_flags::SOCKET | fd_flags::ACCEPTED)
-}
-
-/// Attached to `sys_exit_socket`: an outbound (or listening) socket.
-#[tracepoint]
-pub fn exit_socket(ctx: TracePointContext) -> u32 {
-    created(arg(&ctx, RET) as i64, fd_flags::SOCKET)
-}
-
-/// `close(fd)`: Linux releases the fd number even when close reports an error, so flush on enter.
-#[tracepoint]
-pub fn enter_close(ctx: TracePointContext) -> u32 {
-    closing(arg(&ctx, ARG0) as u32)
-}
-
-#[inline(always)]
-fn closing(fd: u32) -> u32 {
-    let tgid = current_tgid();
-    if let Some(index) = watch_index(tgid) {
-        flush(tgid, index, fd);
-    }
-    0
-}
-
-/// `dup2(oldfd, newfd)` / `dup3(oldfd, newfd, flags)` close `newfd` first when it differs.
-#[tracepoint]
-pub fn enter_dup(ctx: TracePointContext) -> u32 {
-    duping(arg(&ctx, ARG0) as u32, arg(&ctx, ARG1) as u32)
-}
-
-#[inline(always)]
-fn duping(old: u32, new: u32) -> u32 {
-    let tgid = current_tgid();
-    if let Some(index) = watch_index(tgid)
-        && old != new
-    {
-        flush(tgid, index, new);
-    }
-    0
-}
-
-/// `close_range(fd, max_fd, flags)`: a loop over the range would not verify, so user space flushes.
-#[tracepoint]
-pub fn enter_close_range(ctx: TracePointContext) -> u32 {
-    closing_range(arg(&ctx, ARG0) as u32, arg(&ctx, ARG1) as u32)
-}
-
-#[inline(always)]
-fn closing_range(first: u32, last: u32) -> u32 {
-    let tgid = current_tgid();
-    if watched(tgid) {
-        lifecycle_event(event::CLOSE_RANGE, tgid, first, last);
-    }
-    0
-}
-
-/// `io_uring_enter`: counted so the dashboard can say there is I/O the probe cannot classify.
-#[tracepoint]
-pub fn enter_io_uring(_ctx: TracePointContext) -> u32 {
-    uring()
-}
-
-#[inline(always)]
-fn uring() -> u32 {
-    if let Some(index) = watch_index(current_tgid())
-        && let Some(t) = totals(index, FD_CLASS_OTHER)
-    {
-        // SAFETY: per-CPU value, this CPU is its only writer.
-        unsafe { (*t).io_uring_enter += 1 };
-    }
-    0
-}
-
-/// `sched/sched_process_exit` of a watched process's last thread: user space flushes its records.
-#[tracepoint]
-pub fn sched_exit(ctx: TracePointContext) -> u32 {
-    let tgid = current_tgid();
-    if !watched(tgid) {
-        return 0;
-    }
-    if field::<u8>(&ctx, GROUP_DEAD) != 0 {
-        lifecycle_event(event::PROCESS_EXIT, tgid, 0, 0);
-    }
-    0
 }
 
 #[panic_handler]

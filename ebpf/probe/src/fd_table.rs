@@ -41,7 +41,7 @@ impl FdTable {
             }
         };
         // SAFETY: a shared read-only mapping of an mmapable BPF array of exactly `len` bytes (its
-        // value size, 296, is a multiple of 8, so the kernel adds no padding per slot).
+        // value size, 304, is a multiple of 8, so the kernel adds no padding per slot).
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

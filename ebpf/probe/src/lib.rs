@@ -5,16 +5,31 @@
 //! The probe never takes the proxy down with it: [`Probe::start`] always returns a probe, and when
 //! the kernel refuses (no privileges, tracefs missing, verifier rejection) its [`ProbeStatus`] says
 //! so in words an operator can act on, and every figure stays empty.
+//!
+//! Copy-loop detection ([`Probe::set_copy_loop`], used by `zerocache watch`) adds the read side:
+//! file reads pending per process, matched by socket sends (`read_side`, and
+//! `ebpf/kernel/src/copy_loop.rs` for the rule), and the peers of accepted connections
+//! (`accepted`, `peers`). Files: `probe` (the handle), `loader`, `maps`, `watching` (the watch
+//! list), `events` (the ring buffer), `fd_table`, `btf`, `procfs`, `store`, `model`.
 
+mod accepted;
 mod btf;
+mod events;
 mod fd_table;
 mod loader;
+mod maps;
 mod model;
+mod peers;
+mod probe;
 mod procfs;
+mod read_side;
 mod store;
+mod watching;
 
-pub use loader::{Probe, ProbeOptions};
 pub use model::{
-    ClosedFd, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot, WatchTarget,
+    ClosedFd, CopyLoopStatus, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals,
+    Snapshot, WatchTarget,
 };
+pub use peers::{peer_of, peers_of};
+pub use probe::{Probe, ProbeOptions};
 pub use zerocache_probe_common::{FAST_WATCHED, MAX_WATCHED, kind};

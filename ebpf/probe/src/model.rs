@@ -2,7 +2,7 @@
 //! structs, independent of aya, so consumers never touch BPF maps.
 
 use serde::Serialize;
-use zerocache_probe_common::{SyscallCounts, fd_flags, kind};
+use zerocache_probe_common::{FdRecord, SyscallCounts, fd_flags, kind};
 
 /// A process to watch, as written in `probe.watch`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -73,12 +73,16 @@ impl KindCounts {
 pub struct FdCounts {
     /// Indexed by [`kind`].
     pub by_kind: [KindCounts; kind::COUNT],
+    /// Copy-loop bytes: bytes of this socket's copying sends that matched file bytes the process
+    /// had read just before (0 unless copy-loop detection is on; see `docs/watch.md`).
+    pub copy_loop_bytes: u64,
 }
 
 impl FdCounts {
-    pub(crate) fn from_raw(raw: &[SyscallCounts; kind::COUNT]) -> Self {
+    pub(crate) fn from_record(r: &FdRecord) -> Self {
         let mut out = FdCounts::default();
-        out.add_raw(raw);
+        out.add_raw(&r.counts);
+        out.copy_loop_bytes = r.copy_loop;
         out
     }
 
@@ -97,6 +101,7 @@ impl FdCounts {
             o.eagain += r.eagain;
             o.short += r.short;
         }
+        self.copy_loop_bytes += other.copy_loop_bytes;
     }
 
     /// Bytes through sendfile and splice.
@@ -164,6 +169,13 @@ pub struct ProcessTotals {
     pub other: FdCounts,
     /// `io_uring_enter` calls: I/O the probe cannot classify.
     pub io_uring_enter: u64,
+    /// Successful reads of regular files on real filesystems (copy-loop detection on).
+    pub file_read_calls: u64,
+    /// Bytes those reads returned.
+    pub file_read_bytes: u64,
+    /// Socket bytes sent by copying syscalls that matched file bytes read just before: the
+    /// bytes a copy loop moved where sendfile could have (0 unless copy-loop detection is on).
+    pub copy_loop_bytes: u64,
     /// Still running.
     pub alive: bool,
 }
@@ -188,4 +200,15 @@ pub struct Snapshot {
     pub processes: Vec<ProcessTotals>,
     /// Loss counters.
     pub health: ProbeHealth,
+}
+
+/// Copy-loop detection's state, as the dashboard shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CopyLoopStatus {
+    /// Turned on (`zerocache watch` does).
+    pub wanted: bool,
+    /// The read programs are attached (wanted and some process is watched).
+    pub attached: bool,
+    /// Why detection cannot work here, if it cannot.
+    pub error: Option<String>,
 }

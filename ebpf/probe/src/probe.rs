@@ -1,0 +1,339 @@
+//! The probe's handle: start-up (load, attach, or the reason it could not), the watch targets, and
+//! the figures consumers read (live and closed fd records, per-process totals). Loading lives in
+//! `loader`, the watch list in `watching`, the ring-buffer reader in `events`.
+
+use crate::loader::load_and_attach;
+use crate::maps::{Maps, read_totals};
+use crate::model::{
+    ClosedFd, CopyLoopStatus, FdCounts, ProbeHealth, ProbeStatus, ProcessTotals, Snapshot,
+    WatchTarget,
+};
+use crate::read_side::ReadSide;
+use crate::store::ClosedStore;
+use aya::Ebpf;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::broadcast;
+use zerocache_probe_common::{fd_flags, stat};
+
+/// How often `comm` targets are re-resolved and dead PIDs noticed.
+pub(crate) const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+/// Exited processes whose totals are still shown.
+pub(crate) const EXITED_KEPT: usize = 64;
+
+/// What to load and watch.
+#[derive(Clone, Debug)]
+pub struct ProbeOptions {
+    /// False: do not touch the kernel at all.
+    pub enabled: bool,
+    /// Processes to count.
+    pub watch: Vec<WatchTarget>,
+    /// Closed-fd records kept for the dashboard.
+    pub closed_capacity: usize,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        ProbeOptions {
+            enabled: true,
+            watch: vec![WatchTarget::SelfProcess],
+            closed_capacity: 10_000,
+        }
+    }
+}
+
+/// A handle on the probe; cheap to clone.
+#[derive(Clone)]
+pub struct Probe {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct State {
+    pub(crate) targets: Vec<WatchTarget>,
+    /// Watched PIDs and their comm.
+    pub(crate) watching: BTreeMap<u32, String>,
+    pub(crate) exited: Vec<ProcessTotals>,
+    pub(crate) closed: ClosedStore,
+}
+
+pub(crate) struct Inner {
+    pub(crate) status: ProbeStatus,
+    pub(crate) maps: Option<Mutex<Maps>>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) closed_tx: broadcast::Sender<ClosedFd>,
+    /// The programs and their links; the read side's are attached and detached at run time.
+    pub(crate) ebpf: Option<Mutex<Ebpf>>,
+    /// Copy-loop detection: wanted or not, and the read programs' links while attached.
+    pub(crate) read_side: Mutex<ReadSide>,
+    /// Peers of accepted connections (watch mode).
+    pub(crate) accepted: Mutex<crate::accepted::AcceptedPeers>,
+}
+
+impl Probe {
+    /// Loads and attaches the probe and starts watching. Never fails: a probe the kernel refuses is
+    /// returned with [`ProbeStatus::Unavailable`] and the reason. Must run inside a tokio runtime.
+    pub fn start(options: ProbeOptions) -> Probe {
+        let (closed_tx, _) = broadcast::channel(4096);
+        let state = Mutex::new(State {
+            targets: options.watch.clone(),
+            watching: BTreeMap::new(),
+            exited: Vec::new(),
+            closed: ClosedStore::new(options.closed_capacity),
+        });
+        if !options.enabled {
+            return Probe {
+                inner: Arc::new(Inner {
+                    status: ProbeStatus::Disabled,
+                    maps: None,
+                    state,
+                    closed_tx,
+                    ebpf: None,
+                    read_side: Mutex::new(ReadSide::default()),
+                    accepted: Mutex::default(),
+                }),
+            };
+        }
+        let started = Instant::now();
+        match load_and_attach() {
+            Ok(crate::loader::Loaded {
+                ebpf,
+                maps,
+                ring,
+                attachments,
+                read_side,
+            }) => {
+                let probe = Probe {
+                    inner: Arc::new(Inner {
+                        status: ProbeStatus::Attached {
+                            attachments,
+                            load_ms: started.elapsed().as_millis() as u64,
+                        },
+                        maps: Some(Mutex::new(maps)),
+                        state,
+                        closed_tx,
+                        ebpf: Some(Mutex::new(ebpf)),
+                        read_side: Mutex::new(read_side),
+                        accepted: Mutex::default(),
+                    }),
+                };
+                probe.resolve_targets();
+                probe.spawn_reader(ring);
+                probe.spawn_resolver();
+                tracing::info!(
+                    attachments,
+                    load_ms = started.elapsed().as_millis() as u64,
+                    "probe attached"
+                );
+                probe
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                tracing::warn!(%reason, "probe unavailable; serving without it");
+                Probe {
+                    inner: Arc::new(Inner {
+                        status: ProbeStatus::Unavailable { reason },
+                        maps: None,
+                        state,
+                        closed_tx,
+                        ebpf: None,
+                        read_side: Mutex::new(ReadSide::default()),
+                        accepted: Mutex::default(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Turns copy-loop detection on or off for every watched process: while on and some process
+    /// is watched, the read programs are attached (see `read_side`). Off by default.
+    ///
+    /// It also turns on `ACCEPTED` events, so the peer of every connection a watched process
+    /// accepts is read at once ([`Probe::peer`]).
+    pub fn set_copy_loop(&self, on: bool) {
+        self.inner.read_side.lock().wanted = on;
+        if let Some(maps) = &self.inner.maps
+            && let Err(e) = maps.lock().switches.set(
+                zerocache_probe_common::switch::ACCEPT_EVENTS,
+                on as u32,
+                0,
+            )
+        {
+            tracing::warn!(error = %e, "cannot switch accept events");
+        }
+        self.sync_read_side();
+    }
+
+    /// Copy-loop detection's state: wanted, attached, and why not if it cannot be.
+    pub fn copy_loop(&self) -> CopyLoopStatus {
+        let rs = self.inner.read_side.lock();
+        CopyLoopStatus {
+            wanted: rs.wanted,
+            attached: rs.attached(),
+            error: rs.error.clone(),
+        }
+    }
+
+    /// Attaches or detaches the read programs to match what is wanted and watched.
+    pub(crate) fn sync_read_side(&self) {
+        let Some(ebpf) = &self.inner.ebpf else {
+            return;
+        };
+        let any = !self.inner.state.lock().watching.is_empty();
+        let mut rs = self.inner.read_side.lock();
+        let on = rs.wanted && any;
+        rs.sync(&mut ebpf.lock(), on);
+    }
+
+    /// Attached, disabled, or unavailable and why.
+    pub fn status(&self) -> &ProbeStatus {
+        &self.inner.status
+    }
+
+    /// Closed-fd records as they arrive (for joining with connection tables).
+    pub fn subscribe_closed(&self) -> broadcast::Receiver<ClosedFd> {
+        self.inner.closed_tx.subscribe()
+    }
+
+    /// Adds a watch target at run time.
+    pub fn watch(&self, target: WatchTarget) {
+        {
+            let mut st = self.inner.state.lock();
+            if !st.targets.contains(&target) {
+                st.targets.push(target);
+            }
+        }
+        self.resolve_targets();
+    }
+
+    /// Replaces the watch targets (a config reload); processes no longer targeted stop being
+    /// counted, their totals kept as exited.
+    pub fn set_targets(&self, targets: Vec<WatchTarget>) {
+        self.inner.state.lock().targets = targets;
+        self.resolve_targets();
+    }
+
+    /// PIDs currently watched.
+    pub fn watched_pids(&self) -> Vec<u32> {
+        self.inner.state.lock().watching.keys().copied().collect()
+    }
+
+    /// Live (not yet closed) fd records of `pid`: (fd, generation, is_socket, counts).
+    pub fn live_fds(&self, pid: u32) -> Vec<(u32, u64, bool, FdCounts)> {
+        let Some(maps) = &self.inner.maps else {
+            return Vec::new();
+        };
+        let maps = maps.lock();
+        let mut records = match maps.watched.get(&pid, 0) {
+            Ok(index) => maps.fd_table.live(index, 0..=u32::MAX),
+            Err(_) => Vec::new(),
+        };
+        records.extend(
+            maps.fd_records
+                .iter()
+                .filter_map(|r| r.ok())
+                .filter(|(k, _)| k.tgid == pid)
+                .map(|(k, r)| (k.fd, r)),
+        );
+        records
+            .into_iter()
+            .map(|(fd, r)| {
+                (
+                    fd,
+                    r.info.generation,
+                    r.info.flags & fd_flags::SOCKET != 0,
+                    FdCounts::from_record(&r),
+                )
+            })
+            .collect()
+    }
+
+    /// The last closed fds, newest first, at most `limit`.
+    pub fn closed(&self, limit: usize) -> Vec<ClosedFd> {
+        self.inner
+            .state
+            .lock()
+            .closed
+            .iter()
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Totals per process, loss counters and status.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut processes = Vec::new();
+        let mut health = ProbeHealth::default();
+        let st = self.inner.state.lock();
+        health.closed_evicted = st.closed.evicted;
+        if let Some(maps) = &self.inner.maps {
+            let maps = maps.lock();
+            for (pid, comm) in &st.watching {
+                let Ok(index) = maps.watched.get(pid, 0) else {
+                    continue;
+                };
+                let mut p = read_totals(&maps, *pid, index);
+                p.comm = comm.clone();
+                p.alive = true;
+                processes.push(p);
+            }
+            let stat_at = |i| maps.stats.get(&i, 0).unwrap_or(0);
+            health.events_lost = stat_at(stat::EVENTS_LOST);
+            health.fd_records_lost = stat_at(stat::FD_RECORDS_LOST);
+        }
+        processes.extend(st.exited.iter().cloned());
+        Snapshot {
+            status: self.inner.status.clone(),
+            processes,
+            health,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::WatchTarget;
+    use std::os::fd::AsRawFd;
+    use zerocache_probe_common::{FAST_FDS, FAST_WATCHED, FdRecord, SyscallCounts, kind};
+
+    /// A program run on one thread can add to an fd's slot just after another thread's close
+    /// zeroed it, leaving counts without `LIVE`. The next fd with that number must still start from
+    /// zero: this plants such a slot and expects exactly the one write made afterwards. Needs root.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slot_left_with_counts_after_a_close_starts_from_zero() {
+        let probe = Probe::start(ProbeOptions {
+            enabled: true,
+            watch: vec![WatchTarget::SelfProcess],
+            closed_capacity: 10,
+        });
+        assert!(probe.status().is_attached(), "{:?}", probe.status());
+        let pid = std::process::id();
+        let file = tempfile::tempfile().expect("tempfile");
+        let fd = file.as_raw_fd() as u32;
+        assert!(fd < FAST_FDS);
+        {
+            let maps = probe.inner.maps.as_ref().expect("maps");
+            let mut maps = maps.lock();
+            let index = maps.watched.get(&pid, 0).expect("watched");
+            assert!(index < FAST_WATCHED, "self gets a fast index");
+            let mut stale = FdRecord::default();
+            stale.counts[kind::WRITE as usize] = SyscallCounts {
+                calls: 7,
+                bytes: 7000,
+                ..SyscallCounts::default()
+            };
+            maps.fd_table.set(index, fd, stale).expect("plant");
+        }
+        let bytes = [0u8; 123];
+        // SAFETY: a valid fd and buffer.
+        let n = unsafe { libc::write(file.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        assert_eq!(n, 123);
+        let live = probe.live_fds(pid);
+        let (_, _, _, counts) = live.iter().find(|r| r.0 == fd).expect("record");
+        let w = &counts.by_kind[kind::WRITE as usize];
+        assert_eq!((w.calls, w.bytes), (1, 123));
+    }
+}
