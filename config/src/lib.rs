@@ -6,6 +6,7 @@
 
 pub mod cidr;
 pub mod error;
+pub mod fleet;
 pub mod schema;
 mod sections;
 pub mod units;

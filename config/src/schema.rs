@@ -45,6 +45,9 @@ pub struct Config {
     /// Switches for demonstrations and tests; never on in production.
     #[serde(default)]
     pub debug: DebugConfig,
+    /// Several nodes acting as one cache (see `fleet.rs`); absent: this node is alone.
+    #[serde(default)]
+    pub fleet: Option<crate::fleet::FleetConfig>,
 }
 
 impl Config {

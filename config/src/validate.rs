@@ -33,6 +33,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<Invalid>> {
 }
 
 fn checks(config: &Config, errs: &mut Vec<Invalid>) {
+    crate::fleet::check(config, errs);
     let listen: Vec<SocketAddr> = match config.listen.addrs() {
         Ok(a) => a,
         Err(e) => {

@@ -3,6 +3,7 @@
 
 pub mod accounting;
 pub mod api;
+pub mod fleet;
 pub mod guard;
 pub mod history;
 pub mod metrics;

@@ -5,10 +5,12 @@
 pub mod accesslog;
 pub mod cache;
 pub mod cpu;
+pub mod fleet;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod http;
 pub mod notify;
+pub(crate) mod purge;
 pub mod request_id;
 pub mod residency;
 pub mod routing;

@@ -348,6 +348,12 @@ impl Conn {
         // The streaming exchange clears this once it has read the body to its end.
         self.must_close = matches!(body, RequestBody::Streaming { .. });
         let ctx = self.ctx.clone();
+        use crate::fleet::internal::{Intake, intake};
+        let from_peer = match intake(self, &mut req, &body).await? {
+            Intake::Answered(keep) => return Ok(keep),
+            Intake::Peer => true,
+            Intake::Client => false,
+        };
         // `OPTIONS *` names the server, not a path: it is routed by its host alone.
         let route_path = if req.target == "*" { "/" } else { &req.target };
         let Some(route) = ctx.routes.find(&req.host, route_path) else {
@@ -429,7 +435,7 @@ impl Conn {
         let directives = freshness::request_directives(&req);
         let mut status = CacheStatus::Miss;
         let mut stale: Option<Arc<Entry>> = None;
-        if let Some(e) = lookup() {
+        if let Some(e) = lookup().filter(|e| !crate::fleet::Fleet::drops(&ctx, e)) {
             let now = SystemTime::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
                 Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
@@ -563,6 +569,9 @@ impl Conn {
                 None
             }
         };
+        // Not this node's key: ask its owner (a peer's request is never forwarded again).
+        let owner = ctx.fleet.as_ref().filter(|_| !from_peer && stale.is_none());
+        let plan = owner.and_then(|f| f.plan(&primary.text));
         self.fetch(
             Fetch::new(
                 &req,
@@ -573,6 +582,7 @@ impl Conn {
                 Some((primary, guard)),
                 started,
             )
+            .fleet(plan)
             .revalidating(stale)
             .stale_grace(route.stale_grace)
             .url(url.text)

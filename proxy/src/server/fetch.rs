@@ -68,6 +68,12 @@ pub struct Fetch<'a> {
     /// A HEAD's stale stored GET response and its URL's primary key hash, updated or made
     /// stale by a 200 (§4.3.5).
     head_update: Option<(Arc<Entry>, u128)>,
+    /// The fleet members to ask before the origin (this node does not own the key).
+    fleet: Option<crate::fleet::forward::Plan>,
+    /// The peer that answered, and whether this node stores its answer (see `fleet::forward`).
+    via_peer: Option<crate::fleet::forward::Relay>,
+    /// `false`: the answer is not stored here (an owner's, or `on_owner_down: origin`).
+    store_here: bool,
 }
 
 /// How a response body reaches the client.
@@ -217,6 +223,34 @@ impl<'a> Fetch<'a> {
             no_pool: false,
             body_unfinished: false,
             head_update: None,
+            fleet: None,
+            via_peer: None,
+            store_here: true,
+        }
+    }
+
+    /// Ask the fleet members of `plan` first (a miss of a key this node does not own).
+    pub(crate) fn fleet(mut self, plan: Option<crate::fleet::forward::Plan>) -> Self {
+        self.fleet = plan;
+        self
+    }
+
+    /// Takes note of who answered a planned miss: a peer's answer is relayed (its group now
+    /// holds the connection) and stored here only under `store_remote`.
+    fn went(&mut self, went: crate::fleet::forward::Went) {
+        use crate::fleet::forward::Went;
+        match went {
+            Went::Peer(relay) => {
+                self.upstream = relay.peer.group.clone();
+                self.store_here = relay.fleet.cfg.store_remote;
+                self.via_peer = Some(relay);
+            }
+            Went::Origin { store } => {
+                self.store_here = store;
+                if !store {
+                    self.not_stored = Some("fleet-owner-down");
+                }
+            }
         }
     }
 
@@ -501,11 +535,26 @@ impl<'a> Fetch<'a> {
         let mut interim = Vec::new();
         let request_time = SystemTime::now();
         let exchanged = match std::mem::replace(&mut self.body, RequestBody::Whole(Vec::new())) {
-            RequestBody::Whole(_) => {
-                self.upstream
-                    .exchange(&request, idempotent, &self.balance_key(), &mut interim)
-                    .await
-            }
+            RequestBody::Whole(_) => match self.fleet.take() {
+                Some(plan) => {
+                    let key = self.balance_key().into_owned();
+                    let (went, x) = crate::fleet::forward::exchange(
+                        plan,
+                        &self.upstream,
+                        &request,
+                        &key,
+                        &mut interim,
+                    )
+                    .await;
+                    self.went(went);
+                    x
+                }
+                None => {
+                    self.upstream
+                        .exchange(&request, idempotent, &self.balance_key(), &mut interim)
+                        .await
+                }
+            },
             RequestBody::Streaming { first, rest } => {
                 match self
                     .exchange_streaming(conn, &request, first, rest, &mut interim)
@@ -667,7 +716,10 @@ impl<'a> Fetch<'a> {
             headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         let mut fill: Option<Fill> = None;
         let mut not_stored: Option<&'static str> = self.not_stored;
-        if let Some((primary, _)) = &self.fill {
+        if let Some((primary, _)) = &self.fill
+            && self.store_here
+            && self.via_peer.as_ref().is_none_or(|r| r.may_store(&head))
+        {
             // An unwritable cache is retried on every storable miss (one failed open(2)), so a
             // freed disk or fixed permission brings the cache back without a restart.
             match policy::storable(
@@ -815,14 +867,20 @@ impl<'a> Fetch<'a> {
             }
             _ => {}
         }
-        put(h, "X-Cache", self.status.as_str().as_bytes());
+        let stored = matches!(body, Body::Behind(..));
+        if self.via_peer.is_some() {
+            let (x_cache, cache_status) = crate::fleet::forward::cache_fields(&head, stored);
+            put(h, "X-Cache", x_cache.as_bytes());
+            put(h, "Cache-Status", cache_status.as_bytes());
+        } else {
+            put(h, "X-Cache", self.status.as_str().as_bytes());
+        }
         let fwd = match self.status {
             CacheStatus::Expired => "stale",
             CacheStatus::Bypass => self.detail,
             _ => "miss",
         };
         // `detail` says why a response will not be stored.
-        let stored = matches!(body, Body::Behind(..));
         let cache_status = match (stored, not_stored, self.status) {
             (_, _, CacheStatus::Bypass) => format!("zerocache; fwd={fwd}"),
             // Every response that completes was stored: a fill that fails aborts its readers.
@@ -830,7 +888,9 @@ impl<'a> Fetch<'a> {
             (false, Some(why), _) => format!("zerocache; fwd={fwd}; detail={why}"),
             (false, None, _) => format!("zerocache; fwd={fwd}"),
         };
-        put(h, "Cache-Status", cache_status.as_bytes());
+        if self.via_peer.is_none() {
+            put(h, "Cache-Status", cache_status.as_bytes());
+        }
         let via_me = if head.http10 {
             "1.0 zerocache"
         } else {
@@ -1051,6 +1111,9 @@ impl<'a> Fetch<'a> {
     }
 
     fn record(&self, conn: &Conn, status: u16, head_bytes: u64, body_bytes: u64, complete: bool) {
+        if let Some(r) = &self.via_peer {
+            r.relayed(body_bytes);
+        }
         self.record_path(
             conn,
             status,

@@ -76,6 +76,8 @@ pub struct Ctx {
     pub abandoned_fill_max: u64,
     /// How long a fill may go on once no client is reading behind it.
     pub abandoned_fill_timeout: Duration,
+    /// The fleet this node is a member of, if any (kept across reloads).
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock for "recently hit" checks.

