@@ -47,8 +47,8 @@ pub struct FleetView {
     pub purge_epoch: u64,
     /// Keys this node owns among those it stores (estimate).
     pub owned_keys: u64,
-    /// Requests this node answered for peers.
-    pub peer_requests: u64,
+    /// Responses this node sent to peers' (forwarded) requests, by cache status.
+    pub peer_responses: std::collections::BTreeMap<String, u64>,
     /// Response body bytes relayed from owners to clients (through user space).
     pub relayed_body_bytes: u64,
     /// The other members.
@@ -130,11 +130,18 @@ pub(crate) fn render(r: &Registry, state: &DashboardState) -> prometheus::Result
         c.inc_by(n);
         r.register(Box::new(c))
     };
-    counter(
-        "zerocache_fleet_peer_requests_total",
-        "Requests this node answered for fleet peers (forwarded misses of theirs); subtract them from zerocache_requests_total for requests from clients.",
-        v.peer_requests,
+    let peer = IntCounterVec::new(
+        Opts::new(
+            "zerocache_fleet_peer_requests_total",
+            "Responses to fleet peers' forwarded requests, by cache status: already in zerocache_requests_total (source = peer); subtract them for clients' requests alone.",
+        ),
+        &["cache_status"],
     )?;
+    r.register(Box::new(peer.clone()))?;
+    for cs in crate::accounting::CacheStatus::ALL {
+        let n = v.peer_responses.get(cs.as_str()).copied().unwrap_or(0);
+        peer.with_label_values(&[cs.as_str()]).inc_by(n);
+    }
     counter(
         "zerocache_fleet_relayed_body_bytes_total",
         "Response body bytes relayed from a key's owner to a client here: copied through user space (reason `peer`).",

@@ -362,3 +362,91 @@ fn f_kill(f: &TestFleet, i: usize) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn metrics_count_forwards_and_peer_requests_and_a_member_whose_keys_differ_gets_none() {
+    let (origin, _rt) = origin();
+    let f = TestFleet::start(origin.addr(), 2, "", false);
+    let p1 = f.nodes[1].addr.to_string();
+    let m = f.metrics(0);
+    // Complete from start-up.
+    assert_eq!(
+        metric(&m, &format!("zerocache_fleet_peer_up{{peer=\"{p1}\"}}")),
+        1
+    );
+    for result in ["ok", "error", "refused"] {
+        let s = format!("zerocache_fleet_forwarded_total{{peer=\"{p1}\",result=\"{result}\"}}");
+        assert_eq!(metric(&m, &s), 0, "{s}");
+    }
+    assert_eq!(metric(&m, "zerocache_fleet_owned_keys"), 0);
+    assert_eq!(
+        metric(
+            &f.metrics(1),
+            "zerocache_fleet_peer_requests_total{cache_status=\"HIT\"}"
+        ),
+        0
+    );
+    let items: Vec<usize> = (0..40).collect();
+    fetch_all(&f, 0, &items);
+    fetch_all(&f, 0, &items);
+    let owner = owners(&f, &items);
+    let of1 = owner.values().filter(|o| **o == 1).count() as u64;
+    assert!(of1 > 0);
+    let m0 = f.metrics(0);
+    // Two rounds on node 0, then one more when finding the owners: three forwards per key.
+    let ok = format!("zerocache_fleet_forwarded_total{{peer=\"{p1}\",result=\"ok\"}}");
+    assert_eq!(metric(&m0, &ok), 3 * of1);
+    assert_eq!(metric(&m0, "zerocache_fleet_owned_keys"), 40 - of1);
+    let m1 = f.metrics(1);
+    let peer = |cs: &str| format!("zerocache_fleet_peer_requests_total{{cache_status=\"{cs}\"}}");
+    assert_eq!(metric(&m1, &peer("MISS")), of1);
+    assert_eq!(metric(&m1, &peer("HIT")), 2 * of1);
+    // Relayed bytes: node 0 relayed node 1's objects three times.
+    let relayed: u64 = items
+        .iter()
+        .filter(|i| owner[i] == 1)
+        .map(|i| 3 * (1000 + *i as u64))
+        .sum();
+    assert_eq!(
+        metric(&m0, "zerocache_fleet_relayed_body_bytes_total"),
+        relayed
+    );
+
+    // Node 1 reloads routes that key differently: node 0 stops forwarding to it.
+    let cfg = std::fs::read_to_string(&f.nodes[1].config).expect("config");
+    let cfg = cfg.replace(
+        "upstream: origin\n",
+        "upstream: origin\n    default_ttl: 60\n",
+    );
+    std::fs::write(&f.nodes[1].config, cfg).expect("write");
+    let pid = f.nodes[1].child.as_ref().expect("running").id();
+    // SAFETY: signalling a child this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = f.api_fleet(0);
+        if v["peers"][0]["routing_matches"] == false {
+            assert_ne!(v["peers"][0]["routing_hash"], v["routing_hash"], "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "mismatch never seen: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        metric(
+            &f.metrics(0),
+            &format!("zerocache_fleet_peer_up{{peer=\"{p1}\"}}")
+        ),
+        0
+    );
+    let fresh: Vec<usize> = (100..140).collect();
+    for cs in fetch_all(&f, 0, &fresh) {
+        assert!(
+            !cs.contains("detail=peer"),
+            "forwarded to a member keyed differently: {cs}"
+        );
+    }
+    let refused = format!("zerocache_fleet_forwarded_total{{peer=\"{p1}\",result=\"refused\"}}");
+    assert!(metric(&f.metrics(0), &refused) > 0);
+    assert_eq!(metric(&f.metrics(0), &ok), 3 * of1, "no forward since");
+}

@@ -15,7 +15,6 @@ use crate::server::conn::{Conn, ConnError};
 use crate::server::upload::RequestBody;
 use crate::upstream::body::BodyReader;
 use serde::Deserialize;
-use std::sync::atomic::Ordering;
 
 /// Largest internal answer or request body read.
 const MAX_BODY: usize = 64 * 1024;
@@ -178,11 +177,6 @@ pub(crate) async fn call(
         .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
 }
 
-/// Counts a request answered for a peer.
-pub(crate) fn served_peer(fleet: &Fleet) {
-    fleet.peer_requests.fetch_add(1, Ordering::Relaxed);
-}
-
 /// What the start of a request's handling learns from its hop header.
 pub(crate) enum Intake {
     /// An internal request, answered; `true` keeps the connection.
@@ -200,6 +194,7 @@ pub(crate) async fn intake(
     req: &mut crate::http::request::RequestHead,
     body: &RequestBody,
 ) -> Result<Intake, ConnError> {
+    conn.from_peer = false;
     let Some(fleet) = conn.ctx.fleet.clone() else {
         return Ok(Intake::Client);
     };
@@ -209,6 +204,6 @@ pub(crate) async fn intake(
     if let Some(keep) = answer(conn, &fleet, &hop, body, req.close).await? {
         return Ok(Intake::Answered(keep));
     }
-    served_peer(&fleet);
+    conn.from_peer = true;
     Ok(Intake::Peer)
 }

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use zerocache_config::Config;
 use zerocache_config::fleet::{FleetConfig, OnOwnerDown};
+use zerocache_dashboard::CacheStatus;
 
 /// This node's membership of a fleet; kept across reloads (a change of `fleet:` needs a
 /// restart), its routing hash updated on each.
@@ -40,8 +41,8 @@ pub struct Fleet {
     known: Mutex<HashMap<String, Arc<PeerState>>>,
     pub(crate) epoch: epoch::Epoch,
     pub(crate) store: Arc<Store>,
-    /// Requests answered for peers.
-    pub(crate) peer_requests: AtomicU64,
+    /// Responses to peers' requests, by cache status (in `CacheStatus::ALL` order).
+    peer_responses: [AtomicU64; CacheStatus::ALL.len()],
     /// Body bytes relayed from owners to clients.
     pub(crate) relayed: AtomicU64,
     /// Bytes of other owners' objects stored here (`store_remote`).
@@ -62,7 +63,7 @@ impl Fleet {
             known: Mutex::new(HashMap::new()),
             epoch: epoch::Epoch::load(&config.cache.path),
             store: store.clone(),
-            peer_requests: AtomicU64::new(0),
+            peer_responses: Default::default(),
             relayed: AtomicU64::new(0),
             hot_stored: AtomicU64::new(0),
             remote_objects: AtomicU64::new(0),
@@ -185,7 +186,11 @@ impl Fleet {
             routing_hash: format!("{ours:016x}"),
             purge_epoch: self.epoch.current(),
             owned_keys: objects.saturating_sub(self.remote_objects.load(Ordering::Relaxed)),
-            peer_requests: self.peer_requests.load(Ordering::Relaxed),
+            peer_responses: CacheStatus::ALL
+                .iter()
+                .zip(&self.peer_responses)
+                .map(|(s, n)| (s.as_str().to_string(), n.load(Ordering::Relaxed)))
+                .collect(),
             relayed_body_bytes: self.relayed.load(Ordering::Relaxed),
             peers: view
                 .peers
@@ -218,6 +223,16 @@ impl Fleet {
 }
 
 impl Fleet {
+    /// Counts a response to a peer's request (so fleet totals can leave forwarded requests
+    /// out: each was counted as a client's request on the node that forwarded it).
+    pub(crate) fn count_peer_response(ctx: &crate::server::Ctx, status: CacheStatus) {
+        if let Some(f) = &ctx.fleet
+            && let Some(i) = CacheStatus::ALL.iter().position(|s| *s == status)
+        {
+            f.peer_responses[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Whether a looked-up entry must be dropped: it predates a fleet purge this node missed.
     /// It is removed from the cache, so the request goes on as a miss.
     pub(crate) fn drops(ctx: &crate::server::Ctx, e: &Arc<crate::cache::entry::Entry>) -> bool {

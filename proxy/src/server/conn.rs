@@ -51,6 +51,8 @@ pub struct Conn {
     pub must_close: bool,
     /// The current request's part of its access log line (left empty without an access log).
     pub log_info: crate::accesslog::RequestInfo,
+    /// The current request is a fleet peer's (its responses are counted as such).
+    pub from_peer: bool,
 }
 
 /// Why a connection must end without (further) response.
@@ -82,6 +84,7 @@ pub async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         shared,
         must_close: false,
         log_info: Default::default(),
+        from_peer: false,
     };
     /// Closes the connection's record however the task ends (a panic included). Declared after
     /// `conn`, so it runs first: the record must be waiting before the kernel sees the close.
@@ -288,6 +291,9 @@ impl Conn {
     /// Records a response in the accounting (the proxy's "intent" side of the ledger).
     pub fn record(&self, r: &ResponseRecord<'_>) {
         self.ctx.accounting.response(self.id, r);
+        if self.from_peer {
+            crate::fleet::Fleet::count_peer_response(&self.ctx, r.cache_status);
+        }
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);
         }
