@@ -2,6 +2,7 @@
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
+mod bench_fleet;
 mod demo;
 mod fuzz;
 mod package;
@@ -81,6 +82,13 @@ enum Task {
         /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
         #[arg(long)]
         cold: bool,
+        /// The fleet mode: three nodes on loopback acting as one cache (xtask/src/bench_fleet.rs);
+        /// writes xtask/bench/results/fleet.md. Uses --duration.
+        #[arg(long)]
+        fleet: bool,
+        /// With --fleet: debug binaries, for a quick check of the harness (no figures to quote).
+        #[arg(long)]
+        debug: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -150,12 +158,27 @@ fn main() -> ExitCode {
         } => setup::setup().and_then(|_| fuzz::fuzz(time, target, verbose, &libfuzzer_args)),
         Task::Bench {
             duration,
+            fleet: true,
+            debug,
+            ..
+        } => setup::setup().and_then(|_| {
+            bench_fleet::bench_fleet(bench_fleet::Options {
+                duration,
+                objects: 300,
+                size: 16 * 1024,
+                clients: 4,
+                release: !debug,
+            })
+        }),
+        Task::Bench {
+            duration,
             reps,
             pin,
             sizes,
             affinity,
             unpinned,
             cold,
+            ..
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
                 duration,
