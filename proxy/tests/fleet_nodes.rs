@@ -96,12 +96,12 @@ fn a_thousand_objects_over_three_nodes_reach_the_origin_once_each() {
         assert!((250..=420).contains(s), "node {n} stores {s} of {OBJECTS}");
     }
     let owner = owners(&f, &all);
-    for n in 0..3 {
+    for (n, &stored) in stored.iter().enumerate() {
         let owned = owner.values().filter(|o| **o == n).count() as u64;
-        assert_eq!(owned, stored[n], "node {n} stores exactly what it owns");
+        assert_eq!(owned, stored, "node {n} stores exactly what it owns");
         let v = f.api_fleet(n);
         assert_eq!(v["peers"].as_array().map(Vec::len), Some(2), "{v}");
-        assert_eq!(v["owned_keys"], stored[n], "{v}");
+        assert_eq!(v["owned_keys"], stored, "{v}");
     }
     assert_eq!(
         origin.request_count(),
@@ -337,9 +337,9 @@ fn an_owner_killed_mid_run_moves_only_its_keys_and_takes_them_back() {
     let fresh: Vec<usize> = (150..450).collect();
     fetch_all(&f, 0, &fresh);
     let fresh_owner = owners(&f, &fresh);
-    for n in 0..3 {
+    for (n, before) in stored_before.iter().enumerate() {
         let owned = fresh_owner.values().filter(|o| **o == n).count() as u64;
-        assert_eq!(f.objects(n) - stored_before[n], owned, "node {n}");
+        assert_eq!(f.objects(n) - before, owned, "node {n}");
     }
     let back = f.api_fleet(0);
     let p2 = f.nodes[2].addr.to_string();
