@@ -450,3 +450,74 @@ fn metrics_count_forwards_and_peer_requests_and_a_member_whose_keys_differ_gets_
     assert!(metric(&f.metrics(0), &refused) > 0);
     assert_eq!(metric(&f.metrics(0), &ok), 3 * of1, "no forward since");
 }
+
+#[test]
+fn on_owner_down_origin_goes_straight_to_the_origin_without_storing() {
+    let (origin, _rt) = origin();
+    let mut f = TestFleet::start(origin.addr(), 2, "  on_owner_down: origin\n", false);
+    let items: Vec<usize> = (0..30).collect();
+    fetch_all(&f, 0, &items);
+    let owner = owners(&f, &items);
+    let theirs: Vec<usize> = items.iter().copied().filter(|i| owner[i] == 1).collect();
+    assert!(!theirs.is_empty());
+    let stored = f.objects(0);
+    f.kill(1);
+    for _ in 0..2 {
+        for cs in fetch_all(&f, 0, &theirs) {
+            assert!(cs.contains("detail=fleet-owner-down"), "{cs}");
+        }
+    }
+    assert_eq!(
+        f.objects(0),
+        stored,
+        "nothing of the dead owner's stored here"
+    );
+    for i in &theirs {
+        assert_eq!(
+            origin.hits(&path(*i)),
+            3,
+            "{}: its fill, then two fetches",
+            path(*i)
+        );
+    }
+}
+
+#[test]
+fn store_remote_keeps_owners_objects_here_too_within_local_hot_max() {
+    let (origin, _rt) = origin();
+    // Room for exactly three objects of 1000..1030 bytes.
+    let f = TestFleet::start(
+        origin.addr(),
+        2,
+        "  store_remote: true\n  local_hot_max: 3100\n",
+        false,
+    );
+    let items: Vec<usize> = (0..30).collect();
+    let first = fetch_all(&f, 0, &items);
+    let relayed: Vec<usize> = items
+        .iter()
+        .zip(&first)
+        .filter(|(_, cs)| cs.contains("detail=peer"))
+        .map(|(i, _)| *i)
+        .collect();
+    assert!(relayed.len() > 3, "{first:?}");
+    let kept: Vec<usize> = items
+        .iter()
+        .zip(&first)
+        .filter(|(_, cs)| cs.contains("stored; detail=peer"))
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(kept, relayed[..3], "the first three relayed fit: {first:?}");
+    let second = fetch_all(&f, 0, &items);
+    for (i, cs) in items.iter().zip(&second) {
+        if kept.contains(i) {
+            assert!(cs.starts_with("zerocache; hit"), "{i}: {cs}");
+        } else if relayed.contains(i) {
+            assert!(cs.contains("detail=peer"), "{i}: {cs}");
+        }
+    }
+    let own = (items.len() - relayed.len()) as u64;
+    assert_eq!(f.objects(0), own + 3, "no more than local_hot_max");
+    assert_eq!(f.objects(1), relayed.len() as u64);
+    assert_eq!(origin.request_count(), items.len() as u64);
+}
