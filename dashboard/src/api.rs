@@ -1,11 +1,11 @@
 //! The JSON API: `/api/stats`, `/api/connections`, `/api/processes`. The same figures as the page
 //! and `/metrics`, documented in docs/dashboard-and-metrics.md.
 
-use crate::accounting::{BodyTotals, CacheStatus, ConnRecord, DataPath, Violation};
 use crate::history::Sample;
 use crate::server::{CacheStats, DashboardState};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use zerocache_ledger::{BodyTotals, CacheStatus, ConnRecord, DataPath, SortKey, Violation};
 use zerocache_probe::{FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals, kind};
 
 /// Seconds of history behind the "now" ratio.
@@ -152,7 +152,7 @@ pub fn connections(
     state: &DashboardState,
     offset: usize,
     limit: usize,
-    sort: &str,
+    sort: SortKey,
     ascending: bool,
 ) -> Connections {
     let active = state.accounting.active(&live(state));

@@ -138,7 +138,7 @@ pub(crate) fn render(r: &Registry, state: &DashboardState) -> prometheus::Result
         &["cache_status"],
     )?;
     r.register(Box::new(peer.clone()))?;
-    for cs in crate::accounting::CacheStatus::ALL {
+    for cs in zerocache_ledger::CacheStatus::ALL {
         let n = v.peer_responses.get(cs.as_str()).copied().unwrap_or(0);
         peer.with_label_values(&[cs.as_str()]).inc_by(n);
     }

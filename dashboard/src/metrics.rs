@@ -2,11 +2,11 @@
 //! `_total` counters) and every one has samples from start-up, so a scrape of an idle proxy is
 //! complete. Ratios are left to PromQL (see docs/dashboard-and-metrics.md); no per-connection labels.
 
-use crate::accounting::{CacheStatus, DataPath};
 use crate::server::DashboardState;
 use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use zerocache_ledger::{CacheStatus, DataPath};
 use zerocache_probe::kind;
 
 fn counter_vec(

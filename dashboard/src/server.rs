@@ -1,7 +1,6 @@
 //! The axum app and its background tasks: joining the probe's closed-fd records with the proxy's
 //! connections, and sampling the counters once a second for the charts.
 
-use crate::accounting::{Accounting, CacheStatus};
 use crate::guard::{self, HostPolicy};
 use crate::history::{History, Sample};
 use crate::{api, metrics};
@@ -16,6 +15,7 @@ use serde::Deserialize;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
+use zerocache_ledger::{Accounting, CacheStatus, SortKey};
 use zerocache_probe::Probe;
 
 /// The data-plane worker threads, as `/metrics` shows them.
@@ -59,6 +59,9 @@ pub struct DashboardState {
     pub health: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
     /// Access log lines dropped because the writer fell behind (0 without an access log).
     pub access_log_dropped: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The test hook behind `POST /api/debug/clock`; `None` (the route answers 404) unless
+    /// `debug.adjustable_clock` is on: see [`crate::clock`].
+    pub advance_clock: Option<crate::clock::AdvanceClockFn>,
     /// The fleet this node is a member of, if any (`/api/fleet`, fleet purges and metrics).
     pub fleet: Option<crate::fleet::FleetHooks>,
 }
@@ -141,6 +144,10 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/api/connections", get(connections))
         .route("/api/processes", get(processes))
         .route("/api/purge", axum::routing::post(purge))
+        .route(
+            "/api/debug/clock",
+            axum::routing::post(crate::clock::advance),
+        )
         .route("/api/fleet", get(crate::fleet::api))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)
@@ -335,7 +342,11 @@ async fn connections(
         &state,
         q.offset.unwrap_or(0),
         q.limit.unwrap_or(100).min(1000),
-        q.sort.as_deref().unwrap_or("id"),
+        // An unknown order is not an error worth a 400 on a dashboard: newest first.
+        q.sort
+            .as_deref()
+            .and_then(SortKey::from_name)
+            .unwrap_or(SortKey::Id),
         q.order.as_deref() == Some("asc"),
     ))
 }

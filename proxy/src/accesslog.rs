@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime};
 use zerocache_config::AccessLogFormat;
-use zerocache_dashboard::ResponseRecord;
+use zerocache_ledger::ResponseRecord;
 
 /// Lines queued before new ones are dropped.
 const QUEUE: usize = 65_536;
@@ -204,8 +204,8 @@ pub fn format_line(
     info: &RequestInfo,
 ) -> String {
     let path = match r.path {
-        zerocache_dashboard::DataPath::Zerocopy => "sendfile",
-        zerocache_dashboard::DataPath::Copy => "copy",
+        zerocache_ledger::DataPath::Zerocopy => "sendfile",
+        zerocache_ledger::DataPath::Copy => "copy",
     };
     let ended = if r.complete { "complete" } else { "aborted" };
     let proto = if info.http10 { "HTTP/1.0" } else { "HTTP/1.1" };
@@ -338,7 +338,7 @@ fn clf_time(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zerocache_dashboard::{CacheStatus, DataPath};
+    use zerocache_ledger::{CacheStatus, DataPath};
 
     #[test]
     fn lines_are_exact() {

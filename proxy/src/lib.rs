@@ -4,7 +4,9 @@
 
 pub mod accesslog;
 pub mod cache;
+pub(crate) mod clock;
 pub mod cpu;
+pub(crate) mod fd_limits;
 pub mod fleet;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

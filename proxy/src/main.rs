@@ -92,7 +92,7 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
     };
     let dir = &c.cache.path;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    match zerocache::cache::scrub::check_dir(dir, remove, &mut out, &mut err) {
+    match zerocache::cache::check::check_dir(dir, remove, &mut out, &mut err) {
         Ok(report) => {
             println!("{}", report.summary());
             if report.clean() {

@@ -4,9 +4,10 @@
 
 use crate::accesslog::AccessLog;
 use crate::cache::lock::FillLocks;
-use crate::cache::store::{Store, open_files_budget};
+use crate::cache::store::Store;
 use crate::cpu::affinity;
 use crate::cpu::placement::Placement;
+use crate::fd_limits::{connection_cap, open_files_for, raise_nofile, warn_if_clamped};
 use crate::http::request::Limits;
 use crate::routing::Routes;
 use crate::server::{self, Ctx, Shared};
@@ -16,52 +17,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
-use zerocache_config::{Config, Keyword, OpenFiles, WatchEntry};
+use zerocache_config::{Config, Keyword, WatchEntry};
 use zerocache_dashboard::WorkerStats;
-use zerocache_dashboard::{Accounting, CacheStats, DashboardState};
+use zerocache_dashboard::{CacheStats, DashboardState};
+use zerocache_ledger::Accounting;
 use zerocache_probe::{Probe, ProbeOptions, WatchTarget};
 
 /// Closed connections kept for the dashboard.
 const CLOSED_KEPT: usize = 10_000;
-
-/// Raises RLIMIT_NOFILE's soft limit to the hard limit: every connection and every cached open
-/// file is an fd.
-pub fn raise_nofile() -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return 0;
-    };
-    if soft < hard {
-        // Refused or not, the hard limit is what was asked for; the caller reads the limit back.
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        return hard;
-    }
-    soft
-}
-
-/// The open-file cache's size for `cache.open_files` under a soft RLIMIT_NOFILE of `nofile`
-/// (see [`open_files_budget`]), logged since it depends on the environment and not only on the
-/// config.
-fn open_files_for(setting: OpenFiles, nofile: u64) -> usize {
-    let requested = match setting {
-        OpenFiles::Auto => None,
-        OpenFiles::Max(n) => Some(n),
-    };
-    let (open_files, clamped) = open_files_budget(requested, nofile);
-    if clamped {
-        tracing::warn!(
-            requested,
-            open_files,
-            nofile,
-            "cache.open_files is above half of RLIMIT_NOFILE; clamped so connections keep the other half"
-        );
-    }
-    match requested {
-        None => tracing::info!(open_files, nofile, "cache.open_files: auto"),
-        Some(_) => tracing::info!(open_files, nofile, "cache.open_files"),
-    }
-    open_files
-}
 
 fn watch_targets(config: &Config) -> Vec<WatchTarget> {
     config
@@ -74,26 +37,6 @@ fn watch_targets(config: &Config) -> Vec<WatchTarget> {
             WatchEntry::Comm { comm } => WatchTarget::Comm(comm.clone()),
         })
         .collect()
-}
-
-/// The most client connections RLIMIT_NOFILE could ever hold: each needs at least its own socket,
-/// so a `limits.max_connections` above the fd limit is a limit that can never act, and the
-/// operator who wrote it believes in a capacity the process does not have. Below it, running out
-/// of fds (a connection also holds an upstream socket and a cache file) is still answered with
-/// the canned 503 (see `server::workers`).
-fn connection_cap(nofile: u64) -> usize {
-    usize::try_from(nofile).unwrap_or(usize::MAX).max(1)
-}
-
-fn warn_if_clamped(config: &Config, cap: usize, nofile: u64) {
-    if config.limits.max_connections > cap {
-        tracing::warn!(
-            max_connections = config.limits.max_connections,
-            nofile,
-            clamped_to = cap,
-            "limits.max_connections is above what RLIMIT_NOFILE allows; clamped"
-        );
-    }
 }
 
 /// The parts of a context that survive reloads.
@@ -195,6 +138,13 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
 
 /// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
+    if config.debug.adjustable_clock && !crate::clock::enabled_by_environment() {
+        anyhow::bail!(
+            "{}: debug.adjustable_clock is a test hook and needs {}=1 in the environment as well; remove it from a production config",
+            path.display(),
+            crate::clock::ENABLE_ENV
+        );
+    }
     // Handlers first: the rebuild below may take minutes, and a signal arriving meanwhile (a
     // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
     // action (tokio keeps it until `recv`).
@@ -325,6 +275,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
             purge: Box::new(move |p| crate::purge::purge(&purge_store, p)),
+            advance_clock: config.debug.adjustable_clock.then(|| {
+                Box::new(crate::clock::advance) as zerocache_dashboard::clock::AdvanceClockFn
+            }),
             access_log_dropped: {
                 let log = access_log.clone();
                 Box::new(move || {
@@ -361,6 +314,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         fleet,
     };
     let shared = Shared::new(build_ctx(&config, &kept));
+    if config.debug.adjustable_clock {
+        tracing::warn!(
+            "debug.adjustable_clock is on: POST /api/debug/clock ages every cached response (test hook)"
+        );
+    }
     if config.debug.copy_hits {
         tracing::warn!(
             "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"

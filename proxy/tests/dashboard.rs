@@ -195,7 +195,7 @@ fn the_page_turns_red_with_the_request_on_the_planted_bug() {
         origin.addr(),
         Opts {
             probe: true,
-            extra_yaml: "debug:\n  copy_hits: true\n".into(),
+            debug_yaml: "  copy_hits: true\n".into(),
             ..Opts::default()
         },
     );

@@ -107,7 +107,7 @@ fn forced_hash_collisions_never_serve_another_urls_body() {
     let proxy = Proxy::start(
         origin.addr(),
         Opts {
-            extra_yaml: "debug:\n  key_hash_bits: 1\n".into(),
+            debug_yaml: "  key_hash_bits: 1\n".into(),
             ..Opts::default()
         },
     );

@@ -148,7 +148,7 @@ fn rfc9111_4_2_3_age_is_carried_and_grows() {
     let age: u64 = r.header("age").and_then(|a| a.parse().ok()).expect("age");
     // Age 100 plus the response delay beats the apparent age of 50 s.
     assert!((100..=101).contains(&age), "age {age}");
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     let later: u64 = c
         .get("/aged", &[])
         .header("age")
@@ -188,7 +188,7 @@ fn rfc9111_4_3_4_a_304_updates_the_stored_fields_and_is_served_through_sendfile(
     let proxy = Proxy::start(origin.addr(), Opts::default());
     let mut c = proxy.client();
     assert_eq!(c.get("/val", &[]).x_cache(), "MISS");
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     origin.script(
         "/val",
         not_modified(&[
@@ -242,7 +242,7 @@ fn rfc9111_3_2_the_updated_fields_survive_a_restart() {
     let dir = tmp.path().join("cache");
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
     proxy.get("/val");
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     origin.script(
         "/val",
         not_modified(&[("Cache-Control", "max-age=600"), ("X-Version", "2")]),
@@ -270,7 +270,7 @@ fn rfc9111_4_3_3_a_200_to_a_revalidation_replaces_the_entry() {
     let proxy = Proxy::start(origin.addr(), Opts::default());
     let mut c = proxy.client();
     c.get("/rep", &[]);
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     origin.script("/rep", reply("new", &[("Cache-Control", "max-age=60")]));
     let r = c.get("/rep", &[]);
     assert_eq!((r.x_cache(), r.body.as_slice()), ("EXPIRED", &b"new"[..]));
@@ -355,7 +355,7 @@ fn rfc9111_5_2_1_1_request_max_age_and_5_2_1_4_no_cache_revalidate() {
         "/rq",
         not_modified(&[("ETag", "\"r\""), ("Cache-Control", "max-age=600")]),
     );
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     for (name, value) in [
         ("Cache-Control", "max-age=0"),
         ("Cache-Control", "no-cache"),
@@ -406,7 +406,7 @@ fn rfc9111_5_2_1_3_min_fresh_and_5_2_1_2_max_stale() {
         c.get("/mf", &[("Cache-Control", "min-fresh=30")]).x_cache(),
         "REVALIDATED"
     );
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     // Stale, but the client accepts up to 100 s of staleness: served without asking the origin.
     let hits = origin.hits("/mf");
     let before = zero_copy_bytes(&proxy);

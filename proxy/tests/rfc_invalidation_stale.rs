@@ -95,7 +95,7 @@ fn rfc5861_stale_while_revalidate_serves_stale_and_refreshes_once() {
     let proxy = Proxy::start(origin.addr(), Opts::default());
     let mut c = proxy.client();
     c.get("/swr", &[]);
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     origin.script(
         "/swr",
         reply("v2", &[("Cache-Control", "max-age=600")]).delay(Duration::from_millis(500)),
@@ -137,7 +137,7 @@ fn stale_then(
         },
     );
     proxy.get("/s");
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     origin_failure(&origin);
     let r = proxy.get("/s");
     (r, proxy, origin, rt)
@@ -182,7 +182,7 @@ fn rfc5861_stale_on_connection_refused() {
     origin.script("/s", reply("old", &[("Cache-Control", "max-age=1")]));
     let proxy = Proxy::start(origin.addr(), Opts::default());
     proxy.get("/s");
-    std::thread::sleep(Duration::from_millis(1100));
+    proxy.advance_clock(2);
     drop(origin); // The listener is gone: connections are refused.
     drop(rt);
     let r = proxy.get("/s");

@@ -176,7 +176,13 @@ fn the_planted_copy_bug_is_reported_as_violations() {
         return;
     }
     let (origin, _rt) = origin();
-    let proxy = Proxy::start(origin.addr(), probe_opts("debug:\n  copy_hits: true\n"));
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            debug_yaml: "  copy_hits: true\n".into(),
+            ..probe_opts("")
+        },
+    );
     let mut c = proxy.client();
     c.get("/obj/70000", &[]);
     for _ in 0..3 {

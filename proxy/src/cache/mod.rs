@@ -2,6 +2,7 @@
 //! become entries only when complete, the locks that coalesce concurrent misses, and the HTTP
 //! caching rules (RFC 9111) that decide what is stored, for how long, and how it is reused.
 
+pub mod check;
 pub mod conditional;
 pub mod directives;
 pub mod entry;

@@ -16,6 +16,7 @@
 //! the fields not on the target list, so hiding the ones on it is an operator's choice:
 //! `cache.targeted_fields_forward: false`).
 
+use crate::http::stored_fields::StoredFields;
 use std::borrow::Cow;
 
 use sfv::{BareItem, Dictionary, ListEntry, Parser};
@@ -75,10 +76,9 @@ impl Targeted {
             return Cow::Borrowed(fields);
         }
         let mut out = Vec::with_capacity(fields.len());
-        for line in fields.split_inclusive(|b| *b == b'\n') {
-            let name = line.split(|b| *b == b':').next().unwrap_or(b"");
-            if !self.hides(String::from_utf8_lossy(name).trim()) {
-                out.extend_from_slice(line);
+        for line in StoredFields(fields).lines() {
+            if !self.hides(line.name) {
+                out.extend_from_slice(line.raw);
             }
         }
         Cow::Owned(out)

@@ -5,6 +5,7 @@ use super::entry::Entry;
 use super::policy;
 use crate::http::headers;
 use crate::http::response::ResponseHead;
+use crate::http::stored_fields::StoredFields;
 
 /// The validators to send for `e`: `If-None-Match` with its ETag and `If-Modified-Since` with
 /// its Last-Modified, whichever it has.
@@ -39,21 +40,14 @@ pub fn merge_304(stored: &[u8], not_modified: &ResponseHead) -> Vec<u8> {
         .filter(|(k, _)| !headers::is_hop_by_hop(k, &tokens) && !never_updated(k))
         .collect();
     let mut out = Vec::with_capacity(stored.len() + 128);
-    for line in stored.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            continue;
-        }
-        let name = line.split(|b| *b == b':').next().unwrap_or(b"");
-        let name = String::from_utf8_lossy(name);
+    for line in StoredFields(stored).lines() {
         if updated
             .iter()
-            .any(|(k, _)| k.eq_ignore_ascii_case(name.trim()))
+            .any(|(k, _)| k.eq_ignore_ascii_case(line.name))
         {
             continue;
         }
-        out.extend_from_slice(line);
-        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(line.raw);
     }
     for (k, v) in updated {
         headers::put(&mut out, k, v);

@@ -75,7 +75,7 @@ pub(crate) enum Went {
 }
 
 /// An exchange's result: the connection it answered on and the response head.
-type Exchanged = Result<(UpstreamConn, ResponseHead), UpstreamError>;
+pub(crate) type Exchanged = Result<(UpstreamConn, ResponseHead), UpstreamError>;
 
 /// `request` with the hop header `line` after its request line.
 fn with_hop(request: &[u8], line: &str) -> Vec<u8> {

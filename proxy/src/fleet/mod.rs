@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use zerocache_config::Config;
 use zerocache_config::fleet::{FleetConfig, OnOwnerDown};
-use zerocache_dashboard::CacheStatus;
+use zerocache_ledger::CacheStatus;
 
 /// This node's membership of a fleet; kept across reloads (a change of `fleet:` needs a
 /// restart), its routing hash updated on each.

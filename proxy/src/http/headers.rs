@@ -76,6 +76,20 @@ pub fn connection_tokens<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) 
     out
 }
 
+/// This proxy's `Via` member (RFC 9110 §7.6.3), by the protocol version of the message it
+/// received: what a hit or a generated answer says, where nothing came before it.
+pub const VIA_SELF: &str = "1.1 zerocache";
+
+/// The `Via` value to send on: `received` (the message's own `Via`, every line joined), then this
+/// proxy as a member named by the version of the message it received (`http10`).
+pub fn via(received: Option<&str>, http10: bool) -> String {
+    let me = if http10 { "1.0 zerocache" } else { VIA_SELF };
+    match received {
+        Some(prev) if !prev.is_empty() => format!("{prev}, {me}"),
+        _ => me.to_string(),
+    }
+}
+
 /// Appends `name: value\r\n`.
 pub fn put(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(name.as_bytes());

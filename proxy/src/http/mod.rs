@@ -7,5 +7,7 @@ pub mod framing;
 pub mod headers;
 pub mod range;
 pub mod request;
+mod request_line;
 pub mod response;
+pub(crate) mod stored_fields;
 pub mod target;

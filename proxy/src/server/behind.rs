@@ -7,8 +7,8 @@ use crate::cache::growing::{Growing, Progress, Reader};
 use crate::http::headers::{put, put_num};
 use crate::http::request::RequestHead;
 use crate::sendfile::{self, SendfileError};
-use std::time::{Duration, Instant, SystemTime};
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use std::time::{Duration, Instant};
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 impl Conn {
     /// Sends the body of `g` as it grows, chunk-framed when `chunked` (the length is unknown and
@@ -119,7 +119,7 @@ impl Conn {
             None if chunked => h.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
             None => {}
         }
-        put_num(h, "Age", e.age(SystemTime::now()).as_secs());
+        put_num(h, "Age", e.age(crate::clock::now()).as_secs());
         // It sent nothing to the origin itself: a hit, as nginx counts requests that waited on
         // `proxy_cache_lock`; `Cache-Status` says how (RFC 9211 §2.7).
         h.extend_from_slice(b"X-Cache: HIT\r\n");

@@ -21,11 +21,11 @@ use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use zerocache_dashboard::accounting::ConnId;
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use zerocache_ledger::ConnId;
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
@@ -442,7 +442,7 @@ impl Conn {
         let mut status = CacheStatus::Miss;
         let mut stale: Option<Arc<Entry>> = None;
         if let Some(e) = lookup().filter(|e| !crate::fleet::Fleet::drops(&ctx, e)) {
-            let now = SystemTime::now();
+            let now = crate::clock::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
                 Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
                     HitOutcome::Served(keep) => return Ok(keep),
@@ -526,7 +526,7 @@ impl Conn {
         // Fresh enough for this request, for a follower of another request's fill.
         let fresh = |e: &Entry| {
             freshness::decide(
-                e.age(SystemTime::now()),
+                e.age(crate::clock::now()),
                 e.meta.lifetime,
                 e.reuse,
                 &directives,

@@ -9,10 +9,11 @@ use crate::cache::entry::Entry;
 use crate::http::headers::{put, put_digits, put_num};
 use crate::http::range::{self, RangeAnswer};
 use crate::http::request::RequestHead;
+use crate::http::stored_fields::StoredFields;
 use crate::sendfile::{self, SendfileError};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
-use zerocache_dashboard::{CacheStatus, DataPath, ResponseRecord};
+use std::time::Instant;
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// Why a stored response is being served, for `X-Cache` and `Cache-Status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +56,7 @@ impl Conn {
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
         let ctx = self.ctx.clone();
-        let now = SystemTime::now();
+        let now = crate::clock::now();
         let age = e.age(now).as_secs();
         let ttl = e.meta.lifetime.as_secs() as i64 - age as i64;
         // Conditional requests are answered from the stored validators (RFC 9110 §13.2.2).
@@ -82,15 +83,12 @@ impl Conn {
                 let h = &mut self.head;
                 h.clear();
                 h.extend_from_slice(b"HTTP/1.1 304 Not Modified\r\n");
-                for line in e.meta.fields.split(|b| *b == b'\n') {
-                    let name = line.split(|b| *b == b':').next().unwrap_or(b"");
-                    let name = String::from_utf8_lossy(name);
+                for line in StoredFields(&e.meta.fields).lines() {
                     if conditional::NOT_MODIFIED_FIELDS
                         .iter()
-                        .any(|f| name.trim().eq_ignore_ascii_case(f))
+                        .any(|f| line.name.eq_ignore_ascii_case(f))
                     {
-                        h.extend_from_slice(line);
-                        h.push(b'\n');
+                        h.extend_from_slice(line.raw);
                     }
                 }
                 self.dynamic_fields(kind, age, ttl, req.close);
@@ -274,7 +272,7 @@ impl Conn {
         }
         put_digits(h, ttl.unsigned_abs());
         h.extend_from_slice(after);
-        h.extend_from_slice(b"Via: 1.1 zerocache\r\n");
+        put(h, "Via", crate::http::headers::VIA_SELF.as_bytes());
         if close {
             h.extend_from_slice(b"Connection: close\r\n");
         }

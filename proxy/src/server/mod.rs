@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
-use zerocache_dashboard::Accounting;
+use zerocache_ledger::Accounting;
 
 /// Everything a request needs; replaced whole on reload.
 pub struct Ctx {

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use zerocache_dashboard::RejectReason;
+use zerocache_ledger::RejectReason;
 
 /// A connection handed from the worker that accepted it to the one that will serve it.
 type Handoff = (std::net::TcpStream, SocketAddr);

@@ -40,6 +40,9 @@ pub struct Proxy {
 #[derive(Clone, Default)]
 pub struct Opts {
     pub extra_yaml: String,
+    /// Keys of `debug:` (indented 2 spaces). `debug.adjustable_clock` is always on, so a test
+    /// can age entries with [`Proxy::advance_clock`] instead of sleeping.
+    pub debug_yaml: String,
     pub cache_yaml: String,
     pub upstream_yaml: String,
     pub dashboard_yaml: String,
@@ -80,7 +83,7 @@ impl Proxy {
         let dport = free_port();
         let config = config_dir.join(format!("zerocache-{port}.yaml"));
         let yaml = format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\n{extra}",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\ndebug:\n  adjustable_clock: true\n{debug}{extra}",
             dir = dir.display(),
             cache = opts.cache_yaml,
             up = opts.upstream_yaml,
@@ -88,6 +91,7 @@ impl Proxy {
             extra = opts.extra_yaml,
             dash = opts.dashboard_yaml,
             route = opts.route_yaml,
+            debug = opts.debug_yaml,
         );
         std::fs::write(&config, yaml).expect("write config");
         let bin = env!("CARGO_BIN_EXE_zerocache");
@@ -130,6 +134,7 @@ impl Proxy {
         let child = cmd
             .args(["run", "--config"])
             .arg(&config)
+            .env("ZEROCACHE_TEST_CLOCK", "1")
             .env(
                 "RUST_LOG",
                 std::env::var("ZEROCACHE_TEST_LOG").unwrap_or_else(|_| "error".into()),
@@ -238,6 +243,29 @@ impl Proxy {
             r.status,
             serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null),
         )
+    }
+
+    /// Ages every cached response by `secs` seconds (`POST /api/debug/clock`), so a test of
+    /// freshness need not sleep. Returns the clock's whole offset.
+    pub fn advance_clock(&self, secs: u64) -> u64 {
+        let mut c = Client::connect_dashboard(self.dashboard);
+        let r = c.send_with_body(
+            "POST",
+            "/api/debug/clock",
+            &[
+                ("Content-Type", "application/json"),
+                ("Connection", "close"),
+            ],
+            format!("{{\"advance_secs\": {secs}}}").as_bytes(),
+        );
+        assert_eq!(
+            r.status,
+            200,
+            "advance the clock: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
+        v["offset_secs"].as_u64().expect("offset_secs")
     }
 
     /// `/metrics` text.

@@ -1,0 +1,295 @@
+//! The configuration's types and defaults. The keys fixed by the data-plane issue (`listen`,
+//! `cache.path`, `cache.max_size`, `upstreams.<name>.servers`, `routes`) are the only required ones.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+mod cache;
+mod dashboard;
+mod limits;
+mod route;
+mod upstream;
+
+pub use cache::*;
+pub use dashboard::*;
+pub use limits::*;
+pub use route::*;
+pub use upstream::*;
+
+/// For `#[serde(default = ...)]` of switches that are on unless turned off.
+pub(crate) fn default_true() -> bool {
+    true
+}
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the proxy listens: one `host:port` or a list of them. A host may be a name
+    /// (`localhost:8080`, every address it resolves to) or an IPv6 literal (`[::]:8080`).
+    pub listen: Listen,
+    /// The listen backlog of each listening socket (nginx's `backlog=`, 511 by default, as
+    /// nginx's); the kernel caps it at `net.core.somaxconn`.
+    #[serde(default = "default_backlog")]
+    pub backlog: u32,
+    /// The disk cache.
+    pub cache: CacheConfig,
+    /// Named upstream groups.
+    pub upstreams: BTreeMap<String, Upstream>,
+    /// Routes, first match wins.
+    pub routes: Vec<Route>,
+    /// The dashboard and metrics listener.
+    #[serde(default)]
+    pub dashboard: DashboardConfig,
+    /// The eBPF probe.
+    #[serde(default)]
+    pub probe: ProbeConfig,
+    /// Limits on client requests.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The data-plane worker threads.
+    #[serde(default)]
+    pub workers: WorkersConfig,
+    /// Log level and access log.
+    #[serde(default)]
+    pub logging: LoggingConfig,
+    /// What the proxy does to requests it forwards.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    /// Switches for demonstrations and tests; never on in production.
+    #[serde(default)]
+    pub debug: DebugConfig,
+    /// Several nodes acting as one cache (see `fleet.rs`); absent: this node is alone.
+    #[serde(default)]
+    pub fleet: Option<crate::fleet::FleetConfig>,
+}
+
+impl Config {
+    /// Every size in the config, by key path, in bytes: what `check` prints beside their binary
+    /// form, so nobody is surprised by what `1g` or `10MB` became.
+    pub fn sizes(&self) -> Vec<(&'static str, u64)> {
+        let (c, l) = (&self.cache, &self.limits);
+        vec![
+            ("cache.max_size", c.max_size.as_u64()),
+            ("cache.sendfile_max_chunk", c.sendfile_max_chunk.as_u64()),
+            ("cache.range_fill_max", c.range_fill_max.as_u64()),
+            ("cache.abandoned_fill_max", c.abandoned_fill_max.as_u64()),
+            ("cache.scrub_rate", c.scrub_rate.as_u64()),
+            ("limits.max_header_bytes", l.max_header_bytes.as_u64()),
+            ("limits.max_uri_bytes", l.max_uri_bytes.as_u64()),
+            ("limits.max_body_bytes", l.max_body_bytes.as_u64()),
+        ]
+    }
+}
+
+fn default_backlog() -> u32 {
+    511
+}
+
+/// `listen`: one address or a list, as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// `listen: 127.0.0.1:8080`.
+    One(String),
+    /// `listen: [127.0.0.1:8080, "[::1]:8080"]`.
+    Many(Vec<String>),
+}
+
+impl Listen {
+    /// Every `host:port` written, in order.
+    pub fn entries(&self) -> Vec<&str> {
+        match self {
+            Listen::One(s) => vec![s.as_str()],
+            Listen::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+
+    /// Every socket address to bind: each entry resolved (names to all their addresses),
+    /// duplicates removed, in order.
+    pub fn addrs(&self) -> Result<Vec<std::net::SocketAddr>, String> {
+        use std::net::ToSocketAddrs;
+        let mut out = Vec::new();
+        for e in self.entries() {
+            let resolved = e
+                .to_socket_addrs()
+                .map_err(|err| format!("`{e}` is not an address (host:port): {err}"))?;
+            for a in resolved {
+                if !out.contains(&a) {
+                    out.push(a);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err("no address to listen on".into());
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.entries().join(", "))
+    }
+}
+
+impl Serialize for Listen {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Listen::One(a) => s.serialize_str(a),
+            Listen::Many(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Listen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Listen, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Listen;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an address (`host:port`) or a list of them")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Listen, E> {
+                Ok(Listen::One(v.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Listen, A::Error> {
+                let mut v = Vec::new();
+                while let Some(a) = seq.next_element::<String>()? {
+                    v.push(a);
+                }
+                Ok(Listen::Many(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What the proxy does to the requests it forwards upstream.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Request fields never forwarded: each lets a client change what the origin answers without
+    /// being part of the cache key (unkeyed-input cache poisoning). Replaces the default list.
+    #[serde(default = "default_strip_request_fields")]
+    pub strip_request_fields: Vec<String>,
+    /// Peers (CIDRs or addresses) whose `X-Forwarded-For`, `Forwarded: for=`, `X-Real-IP` and
+    /// `True-Client-IP` are believed and appended to. From any other peer those fields are
+    /// replaced by the peer's own address, so a client cannot pick the address an origin
+    /// geolocates or rate-limits on.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// A `\` in a request path: `reject` (400, the default: IIS and some Java containers take
+    /// it as `/`, others don't, so no key can say what it names) or `keep` (an ordinary byte).
+    #[serde(default = "default_reject")]
+    pub path_backslash: PathSpelling,
+    /// A `;` path parameter: `keep` (the default: opaque, part of the key like any byte) or
+    /// `reject` (400). A dot-segment with parameters (`..;`) is refused either way.
+    #[serde(default = "default_keep")]
+    pub path_parameters: PathSpelling,
+}
+
+/// What to do with a path spelling that origins read differently.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PathSpelling {
+    /// Keep it, as an opaque part of the path.
+    Keep,
+    /// Answer 400.
+    Reject,
+}
+
+fn default_reject() -> PathSpelling {
+    PathSpelling::Reject
+}
+
+fn default_keep() -> PathSpelling {
+    PathSpelling::Keep
+}
+
+/// The fields `proxy.strip_request_fields` lists by default.
+pub fn default_strip_request_fields() -> Vec<String> {
+    [
+        "X-Forwarded-Host",
+        "X-Forwarded-Proto",
+        "X-Forwarded-Scheme",
+        "X-Forwarded-Port",
+        "X-Forwarded-Prefix",
+        "X-Forwarded-Server",
+        "X-Forwarded-Uri",
+        "X-Original-Host",
+        "X-Host",
+        "X-Original-URL",
+        "X-Rewrite-URL",
+        "X-HTTP-Method-Override",
+        "X-HTTP-Method",
+        "X-Method-Override",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            strip_request_fields: default_strip_request_fields(),
+            trusted_proxies: Vec::new(),
+            path_backslash: default_reject(),
+            path_parameters: default_keep(),
+        }
+    }
+}
+
+/// Logging.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// `error`, `warn`, `info`, `debug` or `trace` (or a tracing filter); `RUST_LOG` overrides it.
+    #[serde(default = "default_level")]
+    pub level: String,
+    /// Where the access log goes: a file path, `stdout`, `stderr`, or unset for none.
+    #[serde(default)]
+    pub access_log: Option<String>,
+    /// Access log line format.
+    #[serde(default)]
+    pub access_log_format: AccessLogFormat,
+    /// The request-id field: sent upstream with every forwarded request, and in every access log
+    /// line. A valid value from a `proxy.trusted_proxies` peer is kept; otherwise one is generated.
+    #[serde(default = "default_request_id_header")]
+    pub request_id_header: String,
+}
+
+fn default_request_id_header() -> String {
+    "X-Request-Id".into()
+}
+
+fn default_level() -> String {
+    "info".into()
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            level: default_level(),
+            access_log: None,
+            access_log_format: AccessLogFormat::default(),
+            request_id_header: default_request_id_header(),
+        }
+    }
+}
+
+/// Access log line formats.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// One space-separated line.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+    /// Apache/nginx "combined", with the cache status appended, for existing log tooling.
+    Combined,
+}

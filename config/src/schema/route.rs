@@ -1,0 +1,107 @@
+//! `routes:`: which requests go to which upstream, and how each route's responses are keyed,
+//! bypassed and kept.
+
+use super::default_true;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// A route: which requests go to which upstream.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// What the request must look like.
+    #[serde(rename = "match")]
+    pub matcher: RouteMatch,
+    /// Name of an entry of `upstreams`.
+    pub upstream: String,
+    /// Whether responses on this route may be cached.
+    #[serde(default = "default_true")]
+    pub cache: bool,
+    /// Freshness lifetime for responses that carry none (like nginx `proxy_cache_valid`); unset:
+    /// such responses are not stored. Never overrides `no-store`, `private` or explicit freshness.
+    #[serde(default, with = "crate::units::opt_duration")]
+    pub default_ttl: Option<Duration>,
+    /// What goes into the cache key beyond method, scheme, host and path.
+    #[serde(default)]
+    pub cache_key: CacheKeyConfig,
+    /// How long past expiry a stored response may be served when the upstream fails (refused,
+    /// closed, timed out, 5xx) and the response has no `stale-if-error`. Never past
+    /// `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    #[serde(default = "default_stale_grace", with = "crate::units::duration")]
+    pub stale_grace: Duration,
+    /// Requests that must never be served from, or stored in, the cache (`X-Cache: BYPASS`).
+    #[serde(default)]
+    pub bypass: BypassRules,
+    /// Forward `TRACE` (which echoes the request, cookies and credentials included); otherwise
+    /// it is answered 405.
+    #[serde(default)]
+    pub allow_trace: bool,
+    /// Store responses that carry `Set-Cookie` and explicit freshness, replaying the cookie to
+    /// every client (RFC 9111 allows it; nginx and Varnish don't by default). `false` never
+    /// stores them.
+    #[serde(default = "default_true")]
+    pub store_set_cookie: bool,
+}
+
+fn default_stale_grace() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// Per-route rules that bypass the cache; any one matching is enough.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BypassRules {
+    /// Names of cookies whose presence bypasses the cache (e.g. a session cookie).
+    #[serde(default)]
+    pub cookies: Vec<String>,
+    /// Request header fields whose presence bypasses the cache.
+    #[serde(default)]
+    pub headers: Vec<String>,
+    /// Methods that bypass the cache (GET and HEAD otherwise use it).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefixes that bypass the cache.
+    #[serde(default)]
+    pub paths: Vec<String>,
+}
+
+/// Cache key options of a route.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheKeyConfig {
+    /// Include the query string (as received). Turning it off makes `/a?x=1` and `/a?x=2` one
+    /// entry: only for origins that ignore the query.
+    #[serde(default = "default_true")]
+    pub query: bool,
+    /// Request header fields whose values are part of the key (e.g. `Accept-Encoding`).
+    #[serde(default)]
+    pub headers: Vec<String>,
+}
+
+impl Default for CacheKeyConfig {
+    fn default() -> Self {
+        CacheKeyConfig {
+            query: true,
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// A route's request matcher.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteMatch {
+    /// Host (without port, case-insensitive), or `*` for any.
+    #[serde(default = "default_any_host")]
+    pub host: String,
+    /// Path prefix the request target must start with.
+    #[serde(default = "default_prefix")]
+    pub path_prefix: String,
+}
+
+fn default_any_host() -> String {
+    "*".into()
+}
+fn default_prefix() -> String {
+    "/".into()
+}

@@ -1,0 +1,99 @@
+//! The dashboard's token: a blank one is refused at start-up rather than taken as "no
+//! authentication", and a bearer is compared in time that depends only on the token's length, so
+//! response timing tells an attacker nothing about how much of a guess was right.
+
+use axum::http::Uri;
+
+/// `dashboard.token` set but empty or only whitespace: that is no token, and serving with it
+/// would either lock everyone out or, worse, accept an empty bearer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlankToken;
+
+impl std::fmt::Display for BlankToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "dashboard.token is empty or only whitespace, which is no token: set a real token, \
+             or remove `dashboard.token` to serve without one (loopback only)",
+        )
+    }
+}
+
+impl std::error::Error for BlankToken {}
+
+/// The dashboard's token as configured, refused if it is set but blank; `None` stays `None` (no
+/// authentication).
+pub fn check_token(token: Option<String>) -> Result<Option<String>, BlankToken> {
+    match token {
+        Some(t) if is_blank(&t) => Err(BlankToken),
+        t => Ok(t),
+    }
+}
+
+fn is_blank(s: &str) -> bool {
+    s.trim().is_empty()
+}
+
+/// Whether a presented bearer `given` is `token`. An empty or all-whitespace `given` never
+/// matches (nor does anything match a blank `token`); otherwise the time taken depends only on
+/// `token`'s length, not on where `given` first differs or how long it is.
+pub fn bearer_matches(given: &str, token: &str) -> bool {
+    if is_blank(given) || is_blank(token) {
+        return false;
+    }
+    let (given, token) = (given.as_bytes(), token.as_bytes());
+    let mut diff = given.len() ^ token.len();
+    for (i, t) in token.iter().enumerate() {
+        diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ t);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The credentials of an `Authorization: Bearer …` value (scheme case-insensitive).
+pub fn bearer(authorization: &str) -> Option<&str> {
+    let (scheme, rest) = authorization.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_matches(' '))
+}
+
+/// The `token` query parameter of `uri`, if any.
+pub fn query_token(uri: &Uri) -> Option<&str> {
+    uri.query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("token="))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blank_tokens_are_no_tokens() {
+        assert_eq!(check_token(None), Ok(None));
+        assert_eq!(
+            check_token(Some("s3cret".into())),
+            Ok(Some("s3cret".into()))
+        );
+        for blank in ["", " ", "\t \n"] {
+            assert_eq!(check_token(Some(blank.into())), Err(BlankToken));
+            assert!(!bearer_matches(blank, blank));
+            assert!(!bearer_matches(blank, "s3cret"));
+        }
+        assert!(BlankToken.to_string().contains("dashboard.token"));
+    }
+
+    #[test]
+    fn bearer_comparison() {
+        assert!(bearer_matches("s3cret", "s3cret"));
+        for wrong in ["s3cre", "s3cret!", "S3cret", "x", "s3cret\0"] {
+            assert!(!bearer_matches(wrong, "s3cret"), "{wrong}");
+        }
+        assert_eq!(bearer("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer("bearer  s3cret "), Some("s3cret"));
+        assert_eq!(bearer("Basic s3cret"), None);
+        assert_eq!(bearer("Bearer"), None);
+        assert_eq!(bearer("Bearer "), Some(""));
+        let uri: Uri = "/?a=1&token=s3cret".parse().expect("uri");
+        assert_eq!(query_token(&uri), Some("s3cret"));
+    }
+}

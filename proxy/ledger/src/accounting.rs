@@ -1,0 +1,241 @@
+//! The process-wide counters: responses by cache status, data path and status code, upstream
+//! answers and errors, rejected connections, reloads, and the two latency histograms. The data
+//! plane updates them with relaxed atomics (one per response, no lock on a hit); `/metrics`, the
+//! JSON API and the dashboard read them.
+
+use crate::join::ConnState;
+use crate::records::ResponseRecord;
+use crate::vocabulary::{CacheStatus, ConnId, DataPath, REJECT_REASONS, RejectReason};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The accounting shared by the data plane and the dashboard.
+pub struct Accounting {
+    requests: [AtomicU64; 7],
+    body_bytes: [[AtomicU64; 2]; 7],
+    pub(crate) violations: AtomicU64,
+    pub(crate) violation_bytes: AtomicU64,
+    cold_offloads: AtomicU64,
+    corrupt_entries: AtomicU64,
+    pub(crate) next_conn: AtomicU64,
+    upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
+    /// Upstream response heads received, by (group, server, status code).
+    upstream_responses: Mutex<HashMap<(String, String, u16), u64>>,
+    /// `zerocache_upstream_response_seconds`: request sent to response head, by group.
+    upstream_seconds: prometheus::HistogramVec,
+    /// Responses by status code (100-599) and cache status: `(code - 100) * 7 + cache status`.
+    by_code: Box<[AtomicU64]>,
+    /// Connections answered 503 at accept, by [`REJECT_REASONS`] index.
+    rejected: [AtomicU64; 2],
+    /// Config reloads: accepted, rejected.
+    reloads: [AtomicU64; 2],
+    /// `zerocache_request_duration_seconds`, by cache status; `duration_children` are its
+    /// children in [`CacheStatus::ALL`] order, so recording needs no label lookup.
+    durations: prometheus::HistogramVec,
+    duration_children: Vec<prometheus::Histogram>,
+    pub(crate) state: Mutex<ConnState>,
+    pub(crate) closed_capacity: usize,
+    pub(crate) probe_attached: bool,
+}
+
+impl Accounting {
+    /// New, empty accounting. `probe_attached`: whether kernel records will arrive to join.
+    pub fn new(closed_capacity: usize, probe_attached: bool) -> Accounting {
+        let durations = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new(
+                "zerocache_request_duration_seconds",
+                "Time from a complete request head to the last response byte, by cache status.",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["cache_status"],
+        )
+        .expect("static histogram options are valid");
+        let upstream_seconds = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new(
+                "zerocache_upstream_response_seconds",
+                "Time from sending a request upstream to its response head, by upstream group.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ]),
+            &["upstream"],
+        )
+        .expect("static histogram options are valid");
+        let duration_children = CacheStatus::ALL
+            .iter()
+            .map(|cs| durations.with_label_values(&[cs.as_str()]))
+            .collect();
+        Accounting {
+            requests: Default::default(),
+            body_bytes: Default::default(),
+            violations: AtomicU64::new(0),
+            violation_bytes: AtomicU64::new(0),
+            cold_offloads: AtomicU64::new(0),
+            corrupt_entries: AtomicU64::new(0),
+            next_conn: AtomicU64::new(1),
+            upstream_errors: Mutex::new(HashMap::new()),
+            upstream_responses: Mutex::new(HashMap::new()),
+            upstream_seconds,
+            rejected: Default::default(),
+            reloads: Default::default(),
+            by_code: (0..500 * CacheStatus::ALL.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            durations,
+            duration_children,
+            state: Mutex::new(ConnState::default()),
+            closed_capacity,
+            probe_attached,
+        }
+    }
+
+    /// A response was sent completely (or as far as it went) on connection `id`.
+    pub fn response(&self, id: ConnId, r: &ResponseRecord<'_>) {
+        let cs = r.cache_status.index();
+        self.requests[cs].fetch_add(1, Ordering::Relaxed);
+        let p = if r.path == DataPath::Zerocopy { 0 } else { 1 };
+        self.body_bytes[cs][p].fetch_add(r.body_bytes, Ordering::Relaxed);
+        self.duration_children[cs].observe(r.duration.as_secs_f64());
+        if (100..600).contains(&r.status) {
+            let i = usize::from(r.status - 100) * CacheStatus::ALL.len() + cs;
+            self.by_code[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.conn_response(id, r);
+    }
+
+    /// A hit's pages were not in the page cache and were read in on the blocking pool.
+    pub fn cold_offload(&self) {
+        self.cold_offloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Hits whose pages had to be read in first.
+    pub fn cold_offloads(&self) -> u64 {
+        self.cold_offloads.load(Ordering::Relaxed)
+    }
+
+    /// `n` cache entries were found corrupt (their body no longer had its checksum) and discarded.
+    pub fn corrupt_entries_found(&self, n: u64) {
+        self.corrupt_entries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Cache entries found corrupt and discarded since start.
+    pub fn corrupt_entries(&self) -> u64 {
+        self.corrupt_entries.load(Ordering::Relaxed)
+    }
+
+    /// Server `server` of group `upstream` answered with a response head of status `code`,
+    /// `time` after the request was sent.
+    pub fn upstream_response(&self, upstream: &str, server: &str, code: u16, time: Duration) {
+        *self
+            .upstream_responses
+            .lock()
+            .entry((upstream.to_string(), server.to_string(), code))
+            .or_insert(0) += 1;
+        self.upstream_seconds
+            .with_label_values(&[upstream])
+            .observe(time.as_secs_f64());
+    }
+
+    /// Upstream response heads so far, by (group, server, status code).
+    pub fn upstream_responses(&self) -> Vec<((String, String, u16), u64)> {
+        self.upstream_responses
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// The upstream response-time histogram.
+    pub fn upstream_seconds(&self) -> &prometheus::HistogramVec {
+        &self.upstream_seconds
+    }
+
+    /// A failed upstream exchange of group `upstream`, by kind.
+    pub fn upstream_error(&self, upstream: &str, kind: &'static str) {
+        *self
+            .upstream_errors
+            .lock()
+            .entry((upstream.to_string(), kind))
+            .or_insert(0) += 1;
+    }
+
+    /// Requests answered with `cs`.
+    pub fn requests(&self, cs: CacheStatus) -> u64 {
+        self.requests[cs.index()].load(Ordering::Relaxed)
+    }
+
+    /// Body bytes sent with `cs` on `path`.
+    pub fn body_bytes(&self, cs: CacheStatus, path: DataPath) -> u64 {
+        let p = if path == DataPath::Zerocopy { 0 } else { 1 };
+        self.body_bytes[cs.index()][p].load(Ordering::Relaxed)
+    }
+
+    /// Violations (responses) so far.
+    pub fn violations(&self) -> u64 {
+        self.violations.load(Ordering::Relaxed)
+    }
+
+    /// Body bytes involved in violations so far.
+    pub fn violation_bytes(&self) -> u64 {
+        self.violation_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Upstream errors by (upstream, kind).
+    pub fn upstream_errors(&self) -> Vec<((String, &'static str), u64)> {
+        let mut v: Vec<_> = self
+            .upstream_errors
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The request-duration histogram.
+    pub fn durations(&self) -> &prometheus::HistogramVec {
+        &self.durations
+    }
+
+    /// `n` connections were answered 503 at accept for `reason` (one of [`REJECT_REASONS`]).
+    pub fn connections_rejected(&self, reason: RejectReason, n: u64) {
+        self.rejected[reason as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Connections rejected so far, by reason.
+    pub fn rejected(&self) -> [(RejectReason, u64); 2] {
+        REJECT_REASONS.map(|r| (r, self.rejected[r as usize].load(Ordering::Relaxed)))
+    }
+
+    /// A SIGHUP reload was accepted (`true`) or rejected (`false`, the running config kept).
+    pub fn config_reload(&self, accepted: bool) {
+        self.reloads[usize::from(!accepted)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reloads so far: (accepted, rejected).
+    pub fn reloads(&self) -> (u64, u64) {
+        (
+            self.reloads[0].load(Ordering::Relaxed),
+            self.reloads[1].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Responses sent so far by status code and cache status, those with at least one.
+    pub fn responses_by_code(&self) -> Vec<(u16, CacheStatus, u64)> {
+        let n = CacheStatus::ALL.len();
+        self.by_code
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let v = c.load(Ordering::Relaxed);
+                (v > 0).then(|| ((i / n) as u16 + 100, CacheStatus::ALL[i % n], v))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,162 @@
+//! One stored response in memory: what the index holds and a hit needs without reading the file
+//! (the prebuilt hit head, validators, the reuse rules of its directives), and its slot in the
+//! open-file cache. The file itself is [`format`].
+
+mod format;
+
+pub use format::*;
+
+use crate::cache::targeted::Targeted;
+use crate::http::stored_fields::StoredFields;
+use bytes::Bytes;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// A stored response as the index holds it: everything a hit needs without touching the file's
+/// header (no read(2) on the hit path).
+#[derive(Debug)]
+pub struct Entry {
+    /// Hash (index key and file name).
+    pub hash: u128,
+    /// The stored metadata.
+    pub meta: Meta,
+    /// Where the file is.
+    pub path: PathBuf,
+    /// Body offset in the file.
+    pub body_offset: u64,
+    /// Body length.
+    pub body_len: u64,
+    /// xxh3-64 of the body as the fill wrote it (set by [`Entry::with_body_checksum`]; 0 in a
+    /// preview, whose body is not complete). Kept in memory for the scrub, never used by a hit.
+    pub body_checksum: u64,
+    /// Status line, stored fields and Content-Length for a full-body hit, built once at insert.
+    pub hit_head: Bytes,
+    /// Open-file cache: the file stays open while the entry is indexed, so a hot hit costs no
+    /// open(2). Replaced when the file turns out to be deleted underneath.
+    pub file: parking_lot::Mutex<Option<OpenFile>>,
+    /// Milliseconds since the process epoch of the last hit; an entry hit within the last second
+    /// is taken as resident in the page cache without asking the kernel.
+    pub last_hit_ms: std::sync::atomic::AtomicU64,
+    /// What the stored response's directives demand of its reuse.
+    pub reuse: crate::cache::freshness::Reuse,
+    /// Stored `ETag`, for validation and conditional requests.
+    pub etag: Option<String>,
+    /// Stored `Last-Modified`.
+    pub last_modified: Option<String>,
+    /// Stored `Date`: what `If-Modified-Since` is compared with when there is no
+    /// `Last-Modified`.
+    pub date: Option<String>,
+    /// `stale-if-error` of the stored response.
+    pub stale_if_error: Option<Duration>,
+    /// `stale-while-revalidate` of the stored response.
+    pub stale_while_revalidate: Option<Duration>,
+}
+
+/// An open entry file and when its link count was last checked.
+#[derive(Debug)]
+pub struct OpenFile {
+    /// The file.
+    pub file: Arc<File>,
+    /// When `st_nlink` was last checked.
+    pub checked: std::time::Instant,
+    /// This file's place in the open-file cache's count, given back on drop.
+    pub _slot: OpenSlot,
+}
+
+/// One unit of the open-file cache's count; dropping it frees the slot.
+#[derive(Debug)]
+pub struct OpenSlot(pub Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Entry {
+    /// Builds the in-memory entry, with a body checksum of 0 until
+    /// [`Entry::with_body_checksum`] gives the real one. `targeted` decides which stored field
+    /// governs reuse (RFC 9213) and whether targeted fields are in the hit head.
+    pub fn new(
+        hash: u128,
+        meta: Meta,
+        path: PathBuf,
+        body_offset: u64,
+        body_len: u64,
+        targeted: &Targeted,
+    ) -> Entry {
+        let mut head = Vec::with_capacity(64 + meta.fields.len());
+        head.extend_from_slice(b"HTTP/1.1 ");
+        head.extend_from_slice(meta.status.to_string().as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(meta.reason.as_bytes());
+        head.extend_from_slice(b"\r\n");
+        head.extend_from_slice(&targeted.visible(&meta.fields));
+        crate::http::headers::put_num(&mut head, "Content-Length", body_len);
+        let stored = StoredFields(&meta.fields);
+        let field = |name: &str| stored.get(name).map(str::to_string);
+        let joined = |name: &str| stored.joined(name);
+        // The field that governed storage governs reuse too: a valid CDN-Cache-Control replaces
+        // Cache-Control's no-cache, must-revalidate and stale-* directives as well (RFC 9213 §2.2).
+        let (d, _) = targeted.governing(joined);
+        Entry {
+            reuse: crate::cache::freshness::Reuse::of(&d),
+            etag: field("etag"),
+            last_modified: field("last-modified"),
+            date: field("date"),
+            stale_if_error: d.stale_if_error.map(Duration::from_secs),
+            stale_while_revalidate: d.stale_while_revalidate.map(Duration::from_secs),
+            hash,
+            hit_head: Bytes::from(head),
+            meta,
+            path,
+            body_offset,
+            body_len,
+            body_checksum: 0,
+            file: parking_lot::Mutex::new(None),
+            last_hit_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The entry with the checksum of its complete body.
+    pub fn with_body_checksum(mut self, body_checksum: u64) -> Entry {
+        self.body_checksum = body_checksum;
+        self
+    }
+
+    /// Bytes the entry occupies on disk.
+    pub fn disk_size(&self) -> u64 {
+        self.body_offset + self.body_len
+    }
+
+    /// Current age (§4.2.3): corrected initial age plus resident time.
+    pub fn age(&self, now: SystemTime) -> Duration {
+        self.meta
+            .initial_age
+            .saturating_add(now.duration_since(self.meta.stored_at).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format::tests::meta;
+    use super::*;
+
+    #[test]
+    fn hit_head_is_prebuilt() {
+        let e = Entry::new(
+            1,
+            meta(),
+            PathBuf::from("/x"),
+            4096,
+            1024,
+            &Targeted::default(),
+        );
+        assert_eq!(
+            &e.hit_head[..],
+            b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nContent-Length: 1024\r\n"
+        );
+    }
+}

@@ -1,0 +1,306 @@
+//! The in-memory index of the cache: entries by hash, the bytes they take on disk, the request
+//! fields each URL's responses vary on (RFC 9111 §4.1), and each URL's entries (every variant),
+//! so invalidation and purge find them without a scan. It does no I/O: whatever leaves it is
+//! returned to the caller, which deletes files outside the lock. Which entry leaves when the cache
+//! is full is the [`Eviction`] policy's choice.
+
+use super::eviction::Eviction;
+use crate::cache::entry::Entry;
+use crate::cache::key::CacheKey;
+use crate::cache::variance::primary_text;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The index, under the store's one mutex.
+pub(crate) struct Index<E: Eviction> {
+    entries: HashMap<u128, Arc<Entry>>,
+    policy: E,
+    bytes: u64,
+    /// Per primary key text: the request fields its stored responses vary on.
+    vary: HashMap<String, Vec<String>>,
+    /// Per URL (`Meta::url`): the hashes of its entries, every variant included.
+    by_url: HashMap<String, Vec<u128>>,
+}
+
+impl<E: Eviction> Index<E> {
+    /// An empty index evicting by `policy`.
+    pub(crate) fn new(policy: E) -> Index<E> {
+        Index {
+            entries: HashMap::new(),
+            policy,
+            bytes: 0,
+            vary: HashMap::new(),
+            by_url: HashMap::new(),
+        }
+    }
+
+    /// The entry a request should get for `primary`: when the URL's responses vary, under the
+    /// secondary key `variant` builds from the fields they vary on. A use, for eviction. The full
+    /// key is compared, so a hash collision is a miss, never another URL's body.
+    pub(crate) fn lookup_varying(
+        &mut self,
+        primary: &CacheKey,
+        variant: impl FnOnce(&[String]) -> CacheKey,
+    ) -> Option<Arc<Entry>> {
+        let secondary = self.vary.get(&primary.text).map(|names| variant(names));
+        let key = secondary.as_ref().unwrap_or(primary);
+        let e = self.entries.get(&key.hash)?;
+        if e.meta.key != key.text {
+            return None;
+        }
+        let e = e.clone();
+        self.policy.used(key.hash);
+        Some(e)
+    }
+
+    /// The entry under `hash`, without counting a use.
+    pub(crate) fn peek(&self, hash: u128) -> Option<&Arc<Entry>> {
+        self.entries.get(&hash)
+    }
+
+    /// Every indexed hash.
+    pub(crate) fn hashes(&self) -> Vec<u128> {
+        self.policy.hashes()
+    }
+
+    /// Whether `e` is the entry indexed under its hash (not replaced, purged or evicted).
+    pub(crate) fn is_current(&self, e: &Arc<Entry>) -> bool {
+        self.entries
+            .get(&e.hash)
+            .is_some_and(|cur| Arc::ptr_eq(cur, e))
+    }
+
+    /// Indexes `e`, replacing (and returning) any entry with the same hash.
+    pub(crate) fn insert(&mut self, e: Arc<Entry>) -> Option<Arc<Entry>> {
+        let primary = primary_text(&e.meta.key);
+        if !e.meta.vary.is_empty() {
+            self.vary.insert(primary.to_string(), e.meta.vary.clone());
+        } else if primary.len() == e.meta.key.len() {
+            // A response without Vary for this URL: it no longer varies.
+            self.vary.remove(primary);
+        }
+        self.bytes += e.disk_size();
+        self.url_add(&e.meta.url, e.hash);
+        self.policy.inserted(e.hash, e.disk_size());
+        let old = self.entries.insert(e.hash, e.clone())?;
+        self.bytes -= old.disk_size();
+        if old.meta.url != e.meta.url {
+            self.url_remove(&old.meta.url, old.hash);
+        }
+        Some(old)
+    }
+
+    /// Puts `updated` in `old`'s place if the index still holds `old` itself.
+    pub(crate) fn replace_if_same(&mut self, old: &Arc<Entry>, updated: Arc<Entry>) {
+        if let Some(cur) = self.entries.get_mut(&old.hash)
+            && Arc::ptr_eq(cur, old)
+        {
+            self.bytes = self.bytes - cur.disk_size() + updated.disk_size();
+            *cur = updated;
+        }
+    }
+
+    /// Unindexes `hash`; returns the entry if it was there.
+    pub(crate) fn take(&mut self, hash: u128) -> Option<Arc<Entry>> {
+        let e = self.entries.remove(&hash)?;
+        self.policy.removed(hash);
+        self.bytes -= e.disk_size();
+        self.url_remove(&e.meta.url, hash);
+        Some(e)
+    }
+
+    /// Unindexes `e` if the index still holds this very entry.
+    pub(crate) fn take_if_same(&mut self, e: &Arc<Entry>) -> Option<Arc<Entry>> {
+        if self.is_current(e) {
+            self.take(e.hash)
+        } else {
+            None
+        }
+    }
+
+    /// Unindexes the policy's victims until `extra` more bytes fit under `max_size` and the
+    /// entries number at most `max_entries`; returns them.
+    pub(crate) fn evict_to_fit(
+        &mut self,
+        extra: u64,
+        max_size: u64,
+        max_entries: usize,
+    ) -> Vec<Arc<Entry>> {
+        let mut victims = Vec::new();
+        while self.bytes + extra > max_size || self.entries.len() > max_entries {
+            let Some(h) = self.policy.victim() else { break };
+            if let Some(e) = self.entries.remove(&h) {
+                self.bytes -= e.disk_size();
+                self.url_remove(&e.meta.url, h);
+                victims.push(e);
+            }
+        }
+        victims
+    }
+
+    /// Unindexes every entry of the URL key text `url` (all its variants); returns them.
+    pub(crate) fn purge_url(&mut self, url: &str) -> Vec<Arc<Entry>> {
+        let hashes = self.by_url.get(url).cloned().unwrap_or_default();
+        let gone: Vec<Arc<Entry>> = hashes.into_iter().filter_map(|h| self.take(h)).collect();
+        // The Vary map is keyed by primary key text, which is the URL's only on routes without
+        // `cache_key.headers`: forget the fields each purged entry's primary key varied on.
+        self.vary.remove(url);
+        for e in &gone {
+            self.vary.remove(primary_text(&e.meta.key));
+        }
+        gone
+    }
+
+    /// The URL key texts that start with `prefix`.
+    pub(crate) fn urls_with_prefix(&self, prefix: &str) -> Vec<String> {
+        self.by_url
+            .keys()
+            .filter(|u| u.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
+    /// (bytes on disk, entries).
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        (self.bytes, self.entries.len() as u64)
+    }
+
+    /// The fields the responses under primary key text `primary` vary on, if they do.
+    #[cfg(test)]
+    pub(crate) fn varies_on(&self, primary: &str) -> Option<&[String]> {
+        self.vary.get(primary).map(Vec::as_slice)
+    }
+
+    fn url_add(&mut self, url: &str, hash: u128) {
+        let v = self.by_url.entry(url.to_string()).or_default();
+        if !v.contains(&hash) {
+            v.push(hash);
+        }
+    }
+
+    fn url_remove(&mut self, url: &str, hash: u128) {
+        if let Some(v) = self.by_url.get_mut(url) {
+            v.retain(|h| *h != hash);
+            if v.is_empty() {
+                self.by_url.remove(url);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::entry::Meta;
+    use crate::cache::store::eviction::Lru;
+    use crate::cache::targeted::Targeted;
+    use crate::cache::variance::SEPARATOR;
+    use std::time::{Duration, SystemTime};
+
+    /// An entry of `body_len` body bytes (plus a 4 KiB header) for `key`, indexed under `url`; the
+    /// index never touches its file, so the path is made up.
+    fn entry(key: &str, url: &str, vary: &[&str], body_len: u64) -> Arc<Entry> {
+        let k = CacheKey::from_text(key.to_string(), 128);
+        let meta = Meta {
+            key: k.text.clone(),
+            stored_at: SystemTime::now(),
+            initial_age: Duration::ZERO,
+            lifetime: Duration::from_secs(60),
+            status: 200,
+            reason: "OK".into(),
+            fields: Vec::new(),
+            vary: vary.iter().map(|s| s.to_string()).collect(),
+            url: url.to_string(),
+        };
+        Arc::new(Entry::new(
+            k.hash,
+            meta,
+            format!("/nonexistent/{key}").into(),
+            4096,
+            body_len,
+            &Targeted::default(),
+        ))
+    }
+
+    #[test]
+    fn insert_counts_bytes_and_replacing_does_not_double_them() {
+        let mut ix = Index::new(Lru::new());
+        let a = entry("GET http://h/a", "GET http://h/a", &[], 100);
+        assert!(ix.insert(a.clone()).is_none());
+        assert_eq!(ix.usage(), (4196, 1));
+        let a2 = entry("GET http://h/a", "GET http://h/a", &[], 10);
+        let old = ix.insert(a2.clone()).expect("replaced");
+        assert!(Arc::ptr_eq(&old, &a));
+        assert_eq!(ix.usage(), (4106, 1));
+        assert!(ix.is_current(&a2) && !ix.is_current(&a));
+        assert!(
+            ix.take_if_same(&a).is_none(),
+            "a replaced entry is not taken"
+        );
+        assert!(ix.take_if_same(&a2).is_some());
+        assert_eq!(ix.usage(), (0, 0));
+    }
+
+    #[test]
+    fn eviction_follows_use_and_both_bounds() {
+        let mut ix = Index::new(Lru::new());
+        let keys = ["GET http://h/1", "GET http://h/2", "GET http://h/3"];
+        for k in keys {
+            ix.insert(entry(k, k, &[], 904)); // 5,000 bytes each on disk
+        }
+        let first = CacheKey::from_text(keys[0].to_string(), 128);
+        assert!(ix.lookup_varying(&first, |_| unreachable!()).is_some());
+        // Room for 6,000 more bytes under 20,000: one entry goes, the least recently used (/2).
+        let gone = ix.evict_to_fit(6000, 20_000, 10);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].meta.key, keys[1]);
+        // At most one entry: /3 (older than the used /1) goes.
+        let gone = ix.evict_to_fit(0, u64::MAX, 1);
+        assert_eq!(
+            gone.iter().map(|e| e.meta.key.as_str()).collect::<Vec<_>>(),
+            [keys[2]]
+        );
+        assert_eq!(ix.usage(), (5000, 1));
+        assert_eq!(
+            ix.urls_with_prefix("GET http://h/"),
+            vec![keys[0].to_string()]
+        );
+    }
+
+    #[test]
+    fn a_varying_url_is_found_by_its_variant_and_purged_whole() {
+        let mut ix = Index::new(Lru::new());
+        let url = "GET http://h/v";
+        for lang in ["en", "fr"] {
+            let key = format!("{url}{SEPARATOR}accept-language={lang}");
+            ix.insert(entry(&key, url, &["accept-language"], 1));
+        }
+        let primary = CacheKey::from_text(url.to_string(), 128);
+        let fr = ix
+            .lookup_varying(&primary, |names| {
+                assert_eq!(names, ["accept-language"]);
+                CacheKey::from_text(format!("{url}{SEPARATOR}accept-language=fr"), 128)
+            })
+            .expect("the fr variant");
+        assert!(fr.meta.key.ends_with("=fr"));
+        // A variant nobody stored is a miss, not the primary.
+        let de = ix.lookup_varying(&primary, |_| {
+            CacheKey::from_text(format!("{url}{SEPARATOR}accept-language=de"), 128)
+        });
+        assert!(de.is_none());
+        assert_eq!(ix.purge_url(url).len(), 2);
+        assert_eq!(ix.usage(), (0, 0));
+        assert!(ix.varies_on(url).is_none());
+    }
+
+    #[test]
+    fn a_hash_collision_is_a_miss() {
+        let mut ix = Index::new(Lru::new());
+        let stored = entry("GET http://h/a", "GET http://h/a", &[], 1);
+        ix.insert(stored.clone());
+        // Another key text that (as a forged collision) carries the same hash.
+        let mut other = CacheKey::from_text("GET http://h/b".to_string(), 128);
+        other.hash = stored.hash;
+        assert!(ix.lookup_varying(&other, |_| unreachable!()).is_none());
+    }
+}

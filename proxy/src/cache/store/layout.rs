@@ -1,0 +1,102 @@
+//! Where the cache's files live: entries under `levels` of shard directories named by hash
+//! (`dir/ab/<32 hex digits>` for one level), fills in `dir/tmp/` until they are committed by a
+//! rename on the same filesystem, so a reader never sees a half-written entry under its final
+//! name and a crash leaves only temp files, which the rebuild deletes.
+
+use crate::cache::key::CacheKey;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The directory layout of one store.
+pub(crate) struct Layout {
+    dir: PathBuf,
+    levels: u8,
+    tmp_seq: AtomicU64,
+}
+
+impl Layout {
+    /// The layout under `dir` with `levels` shard levels; creates `dir/tmp`.
+    pub(crate) fn create(dir: &Path, levels: u8) -> io::Result<Layout> {
+        fs::create_dir_all(dir.join("tmp"))?;
+        Ok(Layout {
+            dir: dir.to_path_buf(),
+            levels,
+            tmp_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// The cache directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory of fills in progress.
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
+        self.dir.join("tmp")
+    }
+
+    /// Path of the final file for `hash`, creating its shard directories.
+    pub(crate) fn entry_path(&self, hash: u128) -> io::Result<PathBuf> {
+        let path = self.entry_path_unchecked(hash);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        Ok(path)
+    }
+
+    /// Path of the final file for `hash` under the current `levels`, without creating anything.
+    pub(crate) fn entry_path_unchecked(&self, hash: u128) -> PathBuf {
+        self.dir
+            .join(CacheKey::shard(hash, self.levels))
+            .join(CacheKey::file_name(hash))
+    }
+
+    /// A fresh temp file path (same filesystem, so the commit is a rename). Unique per process
+    /// and fill: the pid keeps a restarted proxy from colliding with its predecessor's leftovers.
+    pub(crate) fn temp_path(&self) -> PathBuf {
+        let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        self.tmp_dir()
+            .join(format!("{}-{n}.tmp", std::process::id()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_sharded_by_hash_and_fills_go_to_tmp() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let l = Layout::create(tmp.path(), 2).expect("layout");
+        assert!(tmp.path().join("tmp").is_dir());
+        let hash = 0x0123_4567_89ab_cdef_0011_2233_4455_6677u128;
+        let p = l.entry_path(hash).expect("path");
+        assert_eq!(p, l.entry_path_unchecked(hash));
+        assert!(
+            p.parent().is_some_and(Path::is_dir),
+            "shard directories are created"
+        );
+        assert_eq!(
+            p.strip_prefix(tmp.path())
+                .expect("under dir")
+                .components()
+                .count(),
+            3,
+            "two shard levels, then the file"
+        );
+        assert_eq!(
+            p.file_name().and_then(|n| n.to_str()),
+            Some(CacheKey::file_name(hash).as_str())
+        );
+        let (a, b) = (l.temp_path(), l.temp_path());
+        assert_ne!(a, b);
+        assert_eq!(a.parent(), Some(l.tmp_dir().as_path()));
+        let pid = std::process::id();
+        assert_eq!(
+            a.file_name().and_then(|n| n.to_str()),
+            Some(format!("{pid}-0.tmp").as_str())
+        );
+    }
+}

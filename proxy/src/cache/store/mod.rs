@@ -1,0 +1,335 @@
+//! The disk cache: one [`Store`] made of an in-memory [`index`] (with its [`eviction`] policy),
+//! the files on disk ([`layout`], and the [`rebuild`] that reads them back at start-up), and the
+//! open-file cache ([`open_files`]). `Store` keeps the promises that span them: a file is deleted
+//! only after its entry left the index (outside the lock), an entry is dropped only when its file
+//! is really gone (ENOENT), and a write failure degrades the cache to pass-through instead of
+//! serving a torn entry.
+//!
+//! The index is one mutex. A lookup holds it for a hash probe and an LRU splice, far shorter than
+//! anything else on the request path, and on 2 cores a sharded or lock-free map would buy nothing
+//! measurable (see docs/benchmark.md). Files are deleted outside the lock.
+
+mod eviction;
+mod index;
+mod layout;
+mod open_files;
+mod rebuild;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use open_files::{OpenFailure, open_files_budget};
+
+use super::entry::{self, Entry};
+use super::key::CacheKey;
+use super::targeted::Targeted;
+use eviction::Lru;
+use index::Index;
+use layout::Layout;
+use open_files::OpenFiles;
+use parking_lot::Mutex;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The disk cache.
+pub struct Store {
+    layout: Layout,
+    max_size: u64,
+    max_entries: usize,
+    index: Mutex<Index<Lru>>,
+    files: OpenFiles,
+    /// False after a write failure: the cache degrades to pass-through until a write works again.
+    writable: AtomicBool,
+    /// Writes that failed (disk full, permissions).
+    pub write_errors: AtomicU64,
+    /// Entries evicted to make room (size or entry limit), since start.
+    pub evictions: AtomicU64,
+    /// Entries discarded because their body no longer had its checksum (start-up verification,
+    /// scrub), since start.
+    pub corrupt_entries: AtomicU64,
+    /// Where corrupt entries are also counted for `/metrics`, once the ledger exists (it is
+    /// created after the rebuild); a mutex so no count is lost or doubled while it is attached.
+    corrupt_sink: Mutex<Option<Arc<zerocache_ledger::Accounting>>>,
+    /// The target list (RFC 9213) under which entries are read: which stored field governs
+    /// reuse, and whether targeted fields reach clients. Fixed for the process's life, like the
+    /// rest of `cache:` (a change takes effect on restart).
+    targeted: Targeted,
+}
+
+/// Sizes and shape of the store.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreLimits {
+    /// Bytes of all files.
+    pub max_size: u64,
+    /// Entries in the index.
+    pub max_entries: usize,
+    /// Shard directory levels.
+    pub levels: u8,
+    /// Files kept open (already bounded by the fd limit: see [`open_files_budget`]).
+    pub open_files: usize,
+}
+
+/// Counts from a start-up rebuild.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Entries indexed.
+    pub entries: u64,
+    /// Files deleted because they were corrupt, torn or left by an interrupted fill (including
+    /// `corrupt`).
+    pub discarded: u64,
+    /// Entries whose bodies were verified.
+    pub verified: u64,
+    /// Verified entries whose body did not have its checksum: deleted, and counted in
+    /// [`Store::corrupt_entries`].
+    pub corrupt: u64,
+}
+
+impl Store {
+    /// Opens (creating) the cache directory; call [`Store::rebuild`] next.
+    pub fn open(dir: &Path, limits: StoreLimits) -> io::Result<Store> {
+        Ok(Store {
+            layout: Layout::create(dir, limits.levels)?,
+            max_size: limits.max_size,
+            max_entries: limits.max_entries.max(1),
+            index: Mutex::new(Index::new(Lru::new())),
+            files: OpenFiles::new(limits.open_files),
+            writable: AtomicBool::new(true),
+            write_errors: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            corrupt_entries: AtomicU64::new(0),
+            corrupt_sink: Mutex::new(None),
+            targeted: Targeted::default(),
+        })
+    }
+
+    /// Sets the target list (`cache.targeted_fields`, `cache.targeted_fields_forward`); call
+    /// before the rebuild, which builds entries under it.
+    pub fn with_targeted(mut self, targeted: Targeted) -> Store {
+        self.targeted = targeted;
+        self
+    }
+
+    /// The target list entries are read under.
+    pub fn targeted(&self) -> &Targeted {
+        &self.targeted
+    }
+
+    /// The hashes of every indexed entry, in no particular order: what the scrub walks, looking
+    /// each up again with [`Store::peek`] when its turn comes (so entries evicted meanwhile are
+    /// neither kept alive nor read).
+    pub fn hashes(&self) -> Vec<u128> {
+        self.index.lock().hashes()
+    }
+
+    /// The entry indexed under `hash`, without making it more recently used (a scrub is not a use).
+    pub fn peek(&self, hash: u128) -> Option<Arc<Entry>> {
+        self.index.lock().peek(hash).cloned()
+    }
+
+    /// Discards `e`, found corrupt, with [`Store::remove_if_same`] (a transfer in flight keeps its
+    /// open file), and counts it. The index may hold a newer version of the same body (its
+    /// header rewritten by a revalidation): that one goes too, since its body is these bytes; an
+    /// entry refilled since keeps its place. True if an entry was removed.
+    pub fn remove_corrupt(&self, e: &Arc<Entry>) -> bool {
+        let Some(cur) = self.peek(e.hash) else {
+            return false;
+        };
+        let same_body = cur.path == e.path
+            && cur.body_offset == e.body_offset
+            && cur.body_len == e.body_len
+            && cur.body_checksum == e.body_checksum;
+        if !same_body || !self.remove_if_same(&cur) {
+            return false;
+        }
+        self.corrupt_found(1);
+        true
+    }
+
+    /// Counts `n` corrupt entries, in [`Store::corrupt_entries`] and the attached accounting.
+    pub fn corrupt_found(&self, n: u64) {
+        let sink = self.corrupt_sink.lock();
+        self.corrupt_entries.fetch_add(n, Ordering::Relaxed);
+        if let Some(acc) = sink.as_ref() {
+            acc.corrupt_entries_found(n);
+        }
+    }
+
+    /// Counts corrupt entries in `acc` (`zerocache_cache_corrupt_entries_total`) from now on,
+    /// starting with those the rebuild already found.
+    pub fn attach_accounting(&self, acc: Arc<zerocache_ledger::Accounting>) {
+        let mut sink = self.corrupt_sink.lock();
+        acc.corrupt_entries_found(self.corrupt_entries.load(Ordering::Relaxed));
+        *sink = Some(acc);
+    }
+
+    /// The entry a request should get for the URL key `primary`: when the URL's responses vary,
+    /// under the secondary key `variant` builds from the fields they vary on. One lock for both
+    /// steps, since this runs on every lookup.
+    pub fn lookup_varying(
+        &self,
+        primary: &CacheKey,
+        variant: impl FnOnce(&[String]) -> CacheKey,
+    ) -> Option<Arc<Entry>> {
+        self.index.lock().lookup_varying(primary, variant)
+    }
+
+    /// Rewrites `e`'s metadata (after a 304 updated its header fields) and indexes the updated
+    /// entry in its place. The header is rewritten in the file when it still fits before the body
+    /// (it nearly always does: the body starts at the next 4 KiB boundary); otherwise only the
+    /// index is updated and the file keeps its older fields until the next fill.
+    ///
+    /// An entry the index no longer holds is left alone (returned as it is): its path may already
+    /// belong to a newer fill's file, which the old header must never be written into. Callers
+    /// hold the URL's fill lock, so no fill can replace the file between this check and the write.
+    pub fn replace_meta(&self, e: &Arc<Entry>, meta: entry::Meta) -> Arc<Entry> {
+        if !self.is_current(e) {
+            return e.clone();
+        }
+        let encoded = meta.encode();
+        if entry::FIXED + encoded.len() <= e.body_offset as usize {
+            let header =
+                entry::encode_header_at(&encoded, e.body_len, e.body_offset, e.body_checksum);
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&e.path)
+                .and_then(|f| {
+                    use std::os::unix::fs::FileExt;
+                    f.write_all_at(&header, 0)
+                });
+            if let Err(err) = written {
+                tracing::warn!(path = %e.path.display(), error = %err, "could not rewrite cache header after revalidation");
+            }
+        }
+        let updated = Arc::new(
+            Entry::new(
+                e.hash,
+                meta,
+                e.path.clone(),
+                e.body_offset,
+                e.body_len,
+                &self.targeted,
+            )
+            .with_body_checksum(e.body_checksum),
+        );
+        self.index.lock().replace_if_same(e, updated.clone());
+        updated
+    }
+
+    /// An open handle on the entry's file, from the open-file cache when possible. Detects a file
+    /// deleted underneath (`st_nlink == 0`, then ENOENT) and drops the entry; any other error
+    /// leaves the entry indexed (see [`OpenFailure::of`] to tell them apart). Out of fds, it closes
+    /// the open-file cache's idle files and tries once more before giving up.
+    pub fn open_file(&self, e: &Arc<Entry>) -> io::Result<Arc<File>> {
+        self.files.open(e).inspect_err(|err| {
+            // Only a missing file means the entry is gone: out of fds, or denied, or an I/O
+            // error, the file is most likely intact and the entry must survive.
+            if OpenFailure::of(err) == OpenFailure::Gone {
+                self.remove_if_same(e);
+            }
+        })
+    }
+
+    /// Path of the final file for `hash`, creating its shard directories.
+    pub fn entry_path(&self, hash: u128) -> io::Result<PathBuf> {
+        self.layout.entry_path(hash)
+    }
+
+    /// Files currently held open by the open-file cache.
+    pub fn open_files(&self) -> usize {
+        self.files.count()
+    }
+
+    /// A fresh temp file path (same filesystem, so the commit is a rename).
+    pub fn temp_path(&self) -> PathBuf {
+        self.layout.temp_path()
+    }
+
+    /// Indexes a committed entry, replacing any entry with the same hash, and evicts to fit.
+    pub fn insert_entry(&self, e: Arc<Entry>) {
+        let replaced = self.index.lock().insert(e);
+        // The old entry's file was replaced by rename; nothing to delete unless paths differ.
+        if let Some(old) = replaced
+            && old.path != self.layout.entry_path_unchecked(old.hash)
+        {
+            let _ = fs::remove_file(&old.path);
+        }
+        self.evict_to_fit(0);
+    }
+
+    /// Evicts entries (the policy's choice) until `extra` more bytes fit under `max_size`.
+    pub fn evict_to_fit(&self, extra: u64) {
+        let victims = self
+            .index
+            .lock()
+            .evict_to_fit(extra, self.max_size, self.max_entries);
+        self.evictions
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        for v in victims {
+            // A transfer in flight keeps its open fd; unlinking never cuts it short.
+            let _ = fs::remove_file(&v.path);
+        }
+    }
+
+    /// Whether `e` is the entry the index holds for its hash (not replaced, purged or evicted).
+    pub fn is_current(&self, e: &Arc<Entry>) -> bool {
+        self.index.lock().is_current(e)
+    }
+
+    /// Removes `e` from the index (and its file) if the index still holds this very entry;
+    /// true if it did.
+    pub fn remove_if_same(&self, e: &Arc<Entry>) -> bool {
+        let removed = self.index.lock().take_if_same(e).is_some();
+        if removed {
+            let _ = fs::remove_file(&e.path);
+        }
+        removed
+    }
+
+    /// Removes every entry of the URL key text `url` (all its variants) and deletes their files;
+    /// returns how many went. Transfers in flight keep their open file and finish intact.
+    pub fn purge_url(&self, url: &str) -> usize {
+        let gone = self.index.lock().purge_url(url);
+        for e in &gone {
+            let _ = fs::remove_file(&e.path);
+        }
+        gone.len()
+    }
+
+    /// Removes every entry whose URL key text starts with `prefix`; returns how many went.
+    pub fn purge_prefix(&self, prefix: &str) -> usize {
+        let urls = self.index.lock().urls_with_prefix(prefix);
+        urls.iter().map(|u| self.purge_url(u)).sum()
+    }
+
+    /// (bytes on disk, entries).
+    pub fn usage(&self) -> (u64, u64) {
+        self.index.lock().usage()
+    }
+
+    /// The configured bound on bytes (`cache.max_size`).
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// Whether fills are attempted.
+    pub fn is_writable(&self) -> bool {
+        self.writable.load(Ordering::Relaxed)
+    }
+
+    /// Records a failed write: warn once per transition, degrade to pass-through.
+    pub fn write_failed(&self, e: &io::Error) {
+        self.write_errors.fetch_add(1, Ordering::Relaxed);
+        if self.writable.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = %e, dir = %self.layout.dir().display(), "cache write failed; serving pass-through until a write succeeds");
+        }
+    }
+
+    /// Records a successful commit.
+    pub fn write_ok(&self) {
+        if !self.writable.swap(true, Ordering::Relaxed) {
+            tracing::info!("cache writable again");
+        }
+    }
+}

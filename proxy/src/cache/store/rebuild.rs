@@ -1,0 +1,125 @@
+//! The rebuild at start-up: every file under the cache directory is read back into the index
+//! (its header checked: magic, version, lengths), temp files of fills interrupted by a crash are
+//! deleted, and a random sample of bodies is verified against their checksums.
+
+use super::{Rebuilt, Store};
+use crate::cache::entry::{self, Entry};
+use std::fs::{self, File};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+impl Store {
+    /// Indexes every valid entry file and deletes the rest (temp files of fills interrupted by a
+    /// crash or `kill -9`, torn or corrupt entries). Verifies no body: see
+    /// [`Store::rebuild_verifying`].
+    pub fn rebuild(&self) -> io::Result<Rebuilt> {
+        self.rebuild_verifying(0)
+    }
+
+    /// [`Store::rebuild`], then verifies the bodies of at most `verify` indexed entries, chosen at
+    /// random (`cache.verify_on_start`): an entry whose body does not have its checksum is
+    /// deleted and counted. Random rather than a fixed choice, so successive restarts cover
+    /// different entries; the scrub covers them all in time. This reads up to `verify` whole
+    /// bodies before the proxy listens, which is why it is a sample.
+    pub fn rebuild_verifying(&self, verify: usize) -> io::Result<Rebuilt> {
+        let mut out = Rebuilt::default();
+        for t in fs::read_dir(self.layout.tmp_dir())? {
+            let t = t?;
+            let _ = fs::remove_file(t.path());
+            out.discarded += 1;
+        }
+        // Walk every directory but tmp: a changed `levels` still finds the old entries.
+        let mut dirs = vec![self.layout.dir().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in fs::read_dir(&d)? {
+                let e = e?;
+                let path = e.path();
+                if e.file_type()?.is_dir() {
+                    if path != self.layout.tmp_dir() {
+                        dirs.push(path);
+                    }
+                    continue;
+                }
+                match self.index_file(&path) {
+                    Ok(()) => out.entries += 1,
+                    Err(err) => {
+                        tracing::warn!(path = %path.display(), error = %err, "discarding cache file");
+                        let _ = fs::remove_file(&path);
+                        out.discarded += 1;
+                    }
+                }
+            }
+        }
+        self.evict_to_fit(0);
+        let mut buf = Vec::new();
+        for hash in self.sample(verify) {
+            let Some(e) = self.peek(hash) else { continue };
+            let verdict = File::open(&e.path)
+                .map_err(entry::CorruptEntry::from)
+                .and_then(|f| {
+                    crate::cache::scrub::verify_body(
+                        &f,
+                        e.body_offset,
+                        e.body_len,
+                        e.body_checksum,
+                        &mut buf,
+                    )
+                });
+            out.verified += 1;
+            match verdict {
+                Ok(()) => {}
+                Err(err @ entry::CorruptEntry::Body { .. }) => {
+                    tracing::warn!(path = %e.path.display(), key = %e.meta.key, error = %err, "discarding corrupt cache entry");
+                    if self.remove_corrupt(&e) {
+                        out.entries = out.entries.saturating_sub(1);
+                        out.discarded += 1;
+                        out.corrupt += 1;
+                    }
+                }
+                // An I/O error says nothing of the bytes: the entry stays, the scrub tries again.
+                Err(err) => {
+                    tracing::warn!(path = %e.path.display(), error = %err, "could not verify cache entry at start-up");
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// At most `n` hashes of indexed entries, chosen at random.
+    pub(super) fn sample(&self, n: usize) -> Vec<u128> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut hashes = self.hashes();
+        if hashes.len() > n {
+            // A random order without a random-number crate: rank by a hash keyed with the clock.
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()).rotate_left(32);
+            let rank = |h: &u128| xxhash_rust::xxh3::xxh3_64_with_seed(&h.to_le_bytes(), seed);
+            hashes.select_nth_unstable_by_key(n, rank);
+            hashes.truncate(n);
+        }
+        hashes
+    }
+
+    fn index_file(&self, path: &Path) -> Result<(), entry::CorruptEntry> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let hash = u128::from_str_radix(name, 16).map_err(|_| entry::CorruptEntry::Magic)?;
+        let file = File::open(path)?;
+        let h = entry::read_entry_header(&file)?;
+        let e = Entry::new(
+            hash,
+            h.meta,
+            path.to_path_buf(),
+            h.body_offset,
+            h.body_len,
+            &self.targeted,
+        )
+        .with_body_checksum(h.body_checksum);
+        self.insert_entry(Arc::new(e));
+        Ok(())
+    }
+}

@@ -1,0 +1,294 @@
+//! The store's own tests: real fills into a temporary directory, real files deleted, corrupted
+//! and failed to open underneath it.
+
+use super::open_files::injected::{self, fail_next_opens};
+use super::*;
+use crate::cache::entry::Meta;
+use crate::cache::fill::Fill;
+use std::time::{Duration, SystemTime};
+
+fn store(dir: &Path, open_files: usize) -> Arc<Store> {
+    let limits = StoreLimits {
+        max_size: 1 << 30,
+        max_entries: 1000,
+        levels: 1,
+        open_files,
+    };
+    Arc::new(Store::open(dir, limits).expect("store"))
+}
+
+/// Stores `body` for `target` through a real fill, as the proxy does.
+fn put(store: &Arc<Store>, target: &str, body: &[u8]) -> Arc<Entry> {
+    let key = CacheKey::new("GET", "http", "h", target, 128);
+    let url = key.text.clone();
+    fill(
+        store,
+        &key,
+        &url,
+        b"Cache-Control: max-age=600\r\n",
+        Vec::new(),
+        body,
+    )
+}
+
+/// Stores `body` under `key` (for `url`) through a real fill, fresh for 10 minutes.
+fn fill(
+    store: &Arc<Store>,
+    key: &CacheKey,
+    url: &str,
+    fields: &[u8],
+    vary: Vec<String>,
+    body: &[u8],
+) -> Arc<Entry> {
+    let meta = Meta {
+        key: key.text.clone(),
+        stored_at: SystemTime::now(),
+        initial_age: Duration::ZERO,
+        lifetime: Duration::from_secs(600),
+        status: 200,
+        reason: "OK".into(),
+        fields: fields.to_vec(),
+        vary,
+        url: url.to_string(),
+    };
+    let mut fill = Fill::create(store.clone(), key.hash, meta).expect("fill");
+    fill.write(body).expect("write");
+    fill.commit().expect("commit")
+}
+
+fn indexed(store: &Store, e: &Arc<Entry>) -> bool {
+    let key = CacheKey::from_text(e.meta.key.clone(), 128);
+    store
+        .lookup_varying(&key, |_| key.clone())
+        .is_some_and(|found| Arc::ptr_eq(&found, e))
+}
+
+#[test]
+fn purging_a_url_forgets_what_its_keyed_primary_varied_on() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    // A route with `cache_key.headers`: the primary key is the URL's plus a key field.
+    let url = CacheKey::new("GET", "http", "h", "/v", 128);
+    let primary = url
+        .clone()
+        .with_headers(&["x-tenant".to_string()], |_| Some("a".into()), 128);
+    assert_ne!(primary.text, url.text);
+    for lang in ["en", "fr"] {
+        let key = CacheKey::from_text(
+            format!(
+                "{}{}accept-language={lang}",
+                primary.text,
+                crate::cache::variance::SEPARATOR
+            ),
+            128,
+        );
+        fill(
+            &s,
+            &key,
+            &url.text,
+            b"Vary: Accept-Language\r\n",
+            vec!["accept-language".into()],
+            lang.as_bytes(),
+        );
+    }
+    assert!(s.index.lock().varies_on(&primary.text).is_some());
+    assert_eq!(s.purge_url(&url.text), 2);
+    assert_eq!(s.usage(), (0, 0));
+    assert!(
+        s.index.lock().varies_on(&primary.text).is_none(),
+        "the primary's Vary names outlived its entries"
+    );
+}
+
+#[test]
+fn a_deleted_file_drops_its_entry() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let e = put(&s, "/gone", b"body");
+    fs::remove_file(&e.path).expect("rm");
+    let err = s.open_file(&e).expect_err("file is gone");
+    assert_eq!(OpenFailure::of(&err), OpenFailure::Gone);
+    assert!(!indexed(&s, &e));
+    assert_eq!(s.usage(), (0, 0));
+}
+
+#[test]
+fn a_file_deleted_while_cached_drops_its_entry_at_the_recheck() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let e = put(&s, "/gone-later", b"body");
+    s.open_file(&e).expect("open");
+    assert_eq!(s.open_files(), 1);
+    fs::remove_file(&e.path).expect("rm");
+    // Age the cached handle past the link-count recheck.
+    if let Some(of) = e.file.lock().as_mut() {
+        of.checked -= Duration::from_secs(1);
+    }
+    let err = s.open_file(&e).expect_err("file is gone");
+    assert_eq!(OpenFailure::of(&err), OpenFailure::Gone);
+    assert!(!indexed(&s, &e));
+    assert_eq!(s.open_files(), 0);
+}
+
+#[test]
+fn out_of_fds_gives_back_idle_files_and_retries() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let a = put(&s, "/a", b"aaaa");
+    let b = put(&s, "/b", b"bbbb");
+    s.open_file(&a).expect("open a");
+    assert_eq!(s.open_files(), 1);
+    fail_next_opens(&[libc::EMFILE]);
+    let f = s
+        .open_file(&b)
+        .expect("the retry after giving back a's fd works");
+    let mut got = [0u8; 4];
+    std::os::unix::fs::FileExt::read_exact_at(&*f, &mut got, b.body_offset).expect("read");
+    assert_eq!(&got, b"bbbb");
+    // a's idle handle went, b's took its place; both entries stay.
+    assert!(a.file.lock().is_none());
+    assert!(b.file.lock().is_some());
+    assert_eq!(s.open_files(), 1);
+    assert!(indexed(&s, &a) && indexed(&s, &b));
+    // a opens again on its next hit.
+    s.open_file(&a).expect("reopen a");
+    assert_eq!(s.open_files(), 2);
+}
+
+#[test]
+fn emfile_or_any_other_error_keeps_the_entry() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let e = put(&s, "/kept", b"kept");
+    for (errnos, want) in [
+        (&[libc::EMFILE, libc::EMFILE][..], OpenFailure::NoFds),
+        (&[libc::ENFILE, libc::ENFILE][..], OpenFailure::NoFds),
+        (&[libc::EACCES][..], OpenFailure::Other),
+        (&[libc::EIO][..], OpenFailure::Other),
+    ] {
+        fail_next_opens(errnos);
+        let err = s.open_file(&e).expect_err("injected failure");
+        assert_eq!(OpenFailure::of(&err), want, "{errnos:?}");
+        assert!(indexed(&s, &e), "{errnos:?} must not drop the entry");
+        assert!(e.path.exists(), "{errnos:?} must not delete the file");
+        assert_eq!(injected::next(), None, "{errnos:?}: one retry at most");
+    }
+    assert_eq!(s.usage().1, 1);
+    s.open_file(&e).expect("opens once fds are back");
+}
+
+#[test]
+fn the_held_list_stays_bounded() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 4);
+    for i in 0..500 {
+        // Each entry is replaced before the next: its slot goes with it.
+        let e = put(&s, "/churn", format!("{i}").as_bytes());
+        s.open_file(&e).expect("open");
+    }
+    assert!(s.files.held_len() <= 2 * 32 + 1);
+    assert!(s.open_files() <= 4);
+}
+
+/// Flips one byte of `e`'s body in place, as a bad sector or a stray write would.
+fn flip_body_byte(e: &Entry, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&e.path)
+        .expect("open");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, e.body_offset + at).expect("read");
+    f.write_all_at(&[b[0] ^ 0x20], e.body_offset + at)
+        .expect("write");
+}
+
+#[test]
+fn a_fill_stores_its_body_checksum() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let body: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    let e = put(&s, "/sum", &body);
+    assert_eq!(e.body_checksum, entry::body_checksum(&body));
+    let h = entry::read_entry_header(&File::open(&e.path).expect("open")).expect("header");
+    assert_eq!(h.body_checksum, e.body_checksum);
+    // A revalidation rewrites the header and keeps the checksum.
+    let mut meta = e.meta.clone();
+    meta.fields = b"Cache-Control: max-age=900\r\n".to_vec();
+    let updated = s.replace_meta(&e, meta);
+    assert_eq!(updated.body_checksum, e.body_checksum);
+    let h = entry::read_entry_header(&File::open(&e.path).expect("open")).expect("header");
+    assert_eq!(h.body_checksum, e.body_checksum);
+    assert_eq!(h.meta.fields, b"Cache-Control: max-age=900\r\n");
+}
+
+#[test]
+fn start_up_verification_discards_a_corrupt_body() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let good = put(&s, "/good", &[7u8; 5000]);
+    let bad = put(&s, "/bad", &[9u8; 5000]);
+    flip_body_byte(&bad, 500);
+    drop(s);
+    // Without verification the corrupt entry is indexed (a hit never reads the body).
+    let s = store(tmp.path(), 10);
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!((r.entries, r.verified, r.corrupt), (2, 0, 0));
+    drop(s);
+    let s = store(tmp.path(), 10);
+    let r = s.rebuild_verifying(64).expect("rebuild");
+    assert_eq!(
+        r,
+        Rebuilt {
+            entries: 1,
+            discarded: 1,
+            verified: 2,
+            corrupt: 1
+        }
+    );
+    assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 1);
+    assert!(!bad.path.exists());
+    assert!(good.path.exists());
+    assert_eq!(s.usage().1, 1);
+    assert!(s.peek(good.hash).is_some() && s.peek(bad.hash).is_none());
+    // Counted for /metrics once the accounting exists, and after.
+    let acc = Arc::new(zerocache_ledger::Accounting::new(8, false));
+    s.attach_accounting(acc.clone());
+    assert_eq!(acc.corrupt_entries(), 1);
+    s.corrupt_found(2);
+    assert_eq!(acc.corrupt_entries(), 3);
+    assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 3);
+}
+
+#[test]
+fn start_up_verification_reads_at_most_its_sample() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    for i in 0..6 {
+        put(&s, &format!("/e{i}"), format!("body {i}").as_bytes());
+    }
+    drop(s);
+    let s = store(tmp.path(), 10);
+    let r = s.rebuild_verifying(2).expect("rebuild");
+    assert_eq!((r.entries, r.verified, r.corrupt), (6, 2, 0));
+    assert_eq!(s.sample(6).len(), 6);
+    assert_eq!(s.sample(10).len(), 6);
+    assert_eq!(s.sample(0).len(), 0);
+}
+
+#[test]
+fn remove_corrupt_spares_a_newer_fill() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let old = put(&s, "/k", b"old body");
+    let new = put(&s, "/k", b"new body");
+    assert!(!s.remove_corrupt(&old), "the index holds a newer fill");
+    assert!(indexed(&s, &new) && new.path.exists());
+    assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 0);
+    // The same body with its header rewritten after a revalidation goes, though.
+    let revalidated = s.replace_meta(&new, new.meta.clone());
+    assert!(s.remove_corrupt(&new));
+    assert!(!indexed(&s, &revalidated) && !new.path.exists());
+    assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 1);
+}

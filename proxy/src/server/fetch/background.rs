@@ -1,0 +1,189 @@
+//! The background refresh (stale-while-revalidate, and the whole-object fill after a Range miss):
+//! the same exchange as a fetch with no client waiting; the fill lock it holds keeps it to one
+//! refresh per entry at a time.
+
+use crate::cache::entry::Entry;
+use crate::cache::fill::Fill;
+use crate::cache::growing::Growing;
+use crate::cache::key::CacheKey;
+use crate::cache::lock::LeaderGuard;
+use crate::cache::policy;
+use crate::cache::stored_meta::{fill_meta, revalidated_meta};
+use crate::http::request::RequestHead;
+use crate::server::upload::RequestBody;
+use crate::upstream::Group;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use zerocache_ledger::CacheStatus;
+
+use super::Fetch;
+use super::stream::{drain, heuristics, pump, upstream_closes};
+
+/// A background refresh for stale-while-revalidate: the same exchange as a fetch, with no
+/// client waiting; the fill lock it holds keeps it to one refresh per entry at a time.
+pub struct Background {
+    req: RequestHead,
+    upstream: Arc<Group>,
+    primary: CacheKey,
+    url: String,
+    /// The entry being refreshed; `None` for the first fill after a Range miss.
+    stale: Option<Arc<Entry>>,
+    default_ttl: Option<std::time::Duration>,
+    guard: LeaderGuard,
+    store_set_cookie: bool,
+}
+
+impl Background {
+    /// The route's `store_set_cookie`.
+    pub fn store_set_cookie(mut self, store: bool) -> Self {
+        self.store_set_cookie = store;
+        self
+    }
+
+    /// Revalidates (or refetches) the stale entry with no client waiting: a 304 updates it, a
+    /// storable response replaces it, a failure leaves it as it was.
+    pub async fn refresh(self, ctx: Arc<crate::server::Ctx>, peer: IpAddr) {
+        let f = Fetch::new(
+            &self.req,
+            RequestBody::Whole(Vec::new()),
+            self.upstream.clone(),
+            CacheStatus::Expired,
+            "stale",
+            None,
+            Instant::now(),
+        )
+        .revalidating(self.stale.clone());
+        let request = f.upstream_request(peer, &ctx);
+        let request_time = SystemTime::now();
+        let (up, head) = match self
+            .upstream
+            .exchange(&request, true, &self.primary.text, &mut Vec::new())
+            .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(upstream = %self.upstream.name, target = %self.req.target, error = %e, "background fetch failed; keeping what is stored");
+                ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                return;
+            }
+        };
+        let response_time = SystemTime::now();
+        ctx.accounting.upstream_response(
+            &self.upstream.name,
+            self.upstream.server_of(&up),
+            head.status,
+            response_time
+                .duration_since(request_time)
+                .unwrap_or_default(),
+        );
+        let Ok(framing) = head.framing(false) else {
+            return;
+        };
+        let h = heuristics(&ctx, self.default_ttl);
+        if head.status == 304 {
+            drain(up, &head, framing, &self.upstream).await;
+            if let Some(stale) = &self.stale {
+                let (meta, storable) = revalidated_meta(
+                    stale,
+                    &head,
+                    request_time,
+                    response_time,
+                    h,
+                    self.store_set_cookie,
+                    ctx.store.targeted(),
+                );
+                if storable {
+                    ctx.store.replace_meta(stale, meta);
+                } else {
+                    ctx.store.remove_if_same(stale);
+                }
+            }
+            return;
+        }
+        if head.status >= 500 {
+            return; // Keep serving what we have.
+        }
+        let st = match policy::storable(
+            &self.req,
+            &head,
+            request_time,
+            response_time,
+            h,
+            policy::Rules {
+                store_5xx: ctx.store_5xx,
+                store_set_cookie: self.store_set_cookie,
+                targeted: ctx.store.targeted(),
+            },
+        ) {
+            Ok(st) => st,
+            Err(why) => {
+                // The resource is no longer storable: stop serving the old copy. A refusal the
+                // request caused (its no-store, its Authorization) says nothing about the
+                // resource, and must not let a client evict what others are served.
+                if why.caused_by_response()
+                    && let Some(stale) = &self.stale
+                {
+                    ctx.store.remove_if_same(stale);
+                }
+                return;
+            }
+        };
+        let (key, meta) = fill_meta(
+            &self.primary,
+            st,
+            &self.req,
+            &head,
+            response_time,
+            &self.url,
+            ctx.hash_bits,
+        );
+        let fill = match Fill::create(ctx.store.clone(), key.hash, meta) {
+            Ok(f) => f,
+            Err(e) => {
+                ctx.store.write_failed(&e);
+                return;
+            }
+        };
+        let upstream_close = upstream_closes(&head);
+        let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
+        self.guard.publish(g);
+        pump(
+            ctx.clone(),
+            up,
+            framing,
+            self.upstream.clone(),
+            fill,
+            w,
+            Some(self.guard),
+            !upstream_close,
+            false,
+        )
+        .await;
+        tracing::debug!(target = %self.req.target, "filled in the background");
+    }
+}
+
+impl Fetch<'_> {
+    /// Prepares a background refresh of `stale` (stale-while-revalidate).
+    pub fn background(
+        req: RequestHead,
+        upstream: Arc<Group>,
+        primary: CacheKey,
+        url: String,
+        stale: Option<Arc<Entry>>,
+        default_ttl: Option<std::time::Duration>,
+        guard: LeaderGuard,
+    ) -> Background {
+        Background {
+            req,
+            upstream,
+            primary,
+            url,
+            stale,
+            default_ttl,
+            guard,
+            store_set_cookie: true,
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The request sent upstream, built from the one normalised request the route and the cache key
+//! were computed from: hop-by-hop fields and the operator's stripped fields removed, `Host`
+//! regenerated, the client's claims about its own address dropped unless its peer is a trusted
+//! proxy, `X-Forwarded-For`, `Forwarded` and `Via` appended, and the request id added.
+
+use super::Fetch;
+use crate::cache::key::CacheKey;
+use crate::cache::validation;
+use crate::http::headers::{self, put, put_num};
+use crate::server::upload::{Remaining, RequestBody};
+use std::net::IpAddr;
+
+/// Fields in which a client states its own address, as origins read them for geolocation and
+/// rate limits: forwarded only from a trusted proxy.
+const CLIENT_ADDRESS_FIELDS: &[&str] = &[
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
+/// The `for=` pairs of a trusted proxy's `Forwarded` field, one element each: `host=`, `proto=`
+/// and `by=` describe the request as the client framed it, and none of them is in the cache key,
+/// so they are never passed on (RFC 7239 §5).
+fn forwarded_for_only(v: &str) -> String {
+    v.split(',')
+        .filter_map(|element| {
+            element.split(';').map(str::trim).find(|pair| {
+                pair.len() > 4
+                    && pair
+                        .get(..4)
+                        .is_some_and(|p| p.eq_ignore_ascii_case("for="))
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Fetch<'_> {
+    /// What the group's `hash` balancing hashes, so one object reaches one server: the primary
+    /// key being filled, or for a fetch that fills none (a bypass, a HEAD, a Range miss) the URL
+    /// key, which is the primary key of a route with no `cache_key.headers`.
+    pub(super) fn balance_key(&self) -> std::borrow::Cow<'_, str> {
+        if let Some((k, _)) = &self.fill {
+            return std::borrow::Cow::Borrowed(&k.text);
+        }
+        if let Some(r) = &self.range_fill {
+            return std::borrow::Cow::Borrowed(&r.primary.text);
+        }
+        let req = self.req;
+        std::borrow::Cow::Owned(
+            CacheKey::new(&req.method, "http", &req.host, &req.target, 128).text,
+        )
+    }
+
+    /// The request sent upstream: the client's, minus hop-by-hop fields, the fields the operator
+    /// strips, and the client's own claims about where it came from (unless its peer is a trusted
+    /// proxy); `Host` regenerated from the one normalised authority the key and the route used,
+    /// or the group's `host` (which never changes the key: that was computed from the client's).
+    pub(super) fn upstream_request(&self, peer: IpAddr, ctx: &crate::server::Ctx) -> Vec<u8> {
+        let req = self.req;
+        let mut out = Vec::with_capacity(1024);
+        out.extend_from_slice(req.method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(req.target.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let host = self.upstream.host.as_deref().unwrap_or(&req.host);
+        put(&mut out, "Host", host.as_bytes());
+        let tokens =
+            headers::connection_tokens(req.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+        let trusted = ctx.trusted_proxies.iter().any(|c| c.contains(peer));
+        let mut xff: Option<String> = None;
+        let mut forwarded: Option<String> = None;
+        let mut via: Option<String> = None;
+        // A fetch that may be stored asks for the whole, unconditional representation: the
+        // client's preconditions and Range are answered from it afterwards (locally, or from the
+        // entry), so the origin's 206, 304, 412 or 416 to one client can never become what every
+        // client gets. When revalidating, the cache's own validators go instead.
+        let whole = self.fill.is_some() || self.revalidating.is_some();
+        let validators = self
+            .revalidating
+            .as_ref()
+            .map(|e| validation::conditional_fields(e))
+            .unwrap_or_default();
+        for (name, value) in &req.fields {
+            let n = name.as_str();
+            if headers::is_hop_by_hop(n, &tokens)
+                || ctx.strip_fields.iter().any(|s| n.eq_ignore_ascii_case(s))
+                || n.eq_ignore_ascii_case("host")
+                || n.eq_ignore_ascii_case("content-length")
+                || n.eq_ignore_ascii_case("expect")
+                || n.eq_ignore_ascii_case(&ctx.request_id_header)
+                || (whole && headers::is_range_or_condition(n))
+            {
+                continue;
+            }
+            let v = String::from_utf8_lossy(value);
+            if n.eq_ignore_ascii_case("x-forwarded-for") {
+                if trusted {
+                    xff = Some(match xff {
+                        Some(p) => format!("{p}, {v}"),
+                        None => v.into_owned(),
+                    });
+                }
+            } else if n.eq_ignore_ascii_case("forwarded") {
+                if trusted {
+                    let nodes = forwarded_for_only(&v);
+                    if !nodes.is_empty() {
+                        forwarded = Some(match forwarded {
+                            Some(p) => format!("{p}, {nodes}"),
+                            None => nodes,
+                        });
+                    }
+                }
+            } else if CLIENT_ADDRESS_FIELDS
+                .iter()
+                .any(|f| n.eq_ignore_ascii_case(f))
+            {
+                if trusted {
+                    put(&mut out, n, value);
+                }
+            } else if n.eq_ignore_ascii_case("via") {
+                via = Some(v.into_owned());
+            } else {
+                put(&mut out, n, value);
+            }
+        }
+        for (k, v) in &validators {
+            put(&mut out, k, v.as_bytes());
+        }
+        let ip = peer.to_string();
+        let append = |prev: Option<String>, new: String| match prev {
+            Some(p) => format!("{p}, {new}"),
+            None => new,
+        };
+        put(
+            &mut out,
+            "X-Forwarded-For",
+            append(xff, ip.clone()).as_bytes(),
+        );
+        let node = if peer.is_ipv6() {
+            format!("for=\"[{ip}]\"")
+        } else {
+            format!("for={ip}")
+        };
+        put(&mut out, "Forwarded", append(forwarded, node).as_bytes());
+        put(
+            &mut out,
+            "Via",
+            headers::via(via.as_deref(), req.http10).as_bytes(),
+        );
+        // Made when the request was read if an access log line needs it; otherwise here, where it
+        // is first needed.
+        let id = if req.id.is_empty() {
+            std::borrow::Cow::Owned(crate::request_id::of(req, peer, ctx))
+        } else {
+            std::borrow::Cow::Borrowed(req.id.as_str())
+        };
+        put(&mut out, &ctx.request_id_header, id.as_bytes());
+        match &self.body {
+            RequestBody::Whole(b) => {
+                if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
+                    put_num(&mut out, "Content-Length", b.len() as u64);
+                }
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(b);
+            }
+            RequestBody::Streaming {
+                rest: Remaining::Length { total, .. },
+                ..
+            } => {
+                put_num(&mut out, "Content-Length", *total);
+                out.extend_from_slice(b"\r\n");
+            }
+            RequestBody::Streaming { .. } => {
+                out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+            }
+        }
+        out
+    }
+}

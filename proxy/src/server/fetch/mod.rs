@@ -1,0 +1,286 @@
+//! Forwarding a request upstream and streaming the response to the client, filling the cache on
+//! the way when the response may be stored (a miss or an expired entry) or not (a bypass).
+//!
+//! The order of the last steps is the promise the cache makes: the entry is committed (renamed
+//! into place and indexed) before the last body byte goes to the client, so a client that has read
+//! a whole MISS and asks again gets a HIT. An upstream that fails mid-body leaves no entry and the
+//! client connection closed, never a short response followed by keep-alive.
+
+use super::hit::HitKind;
+use super::upload::{BodyError, RequestBody};
+use crate::cache::entry::Entry;
+use crate::cache::entry::Meta;
+use crate::cache::growing::{Growing, Reader};
+use crate::cache::key::CacheKey;
+use crate::cache::lock::LeaderGuard;
+use crate::cache::policy;
+use crate::cache::stored_meta::revalidated_meta;
+use crate::http::request::RequestHead;
+use crate::http::response::ResponseHead;
+use crate::upstream::{Group, UpstreamConn, UpstreamError};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use zerocache_ledger::CacheStatus;
+
+mod background;
+mod fleet;
+mod forward;
+mod run;
+mod stream;
+
+pub use background::Background;
+
+/// One upstream fetch for one client request.
+pub struct Fetch<'a> {
+    req: &'a RequestHead,
+    body: RequestBody,
+    upstream: Arc<Group>,
+    status: CacheStatus,
+    detail: &'static str,
+    /// The key to fill and the coalescing guard, when the response may be stored.
+    fill: Option<(CacheKey, Option<LeaderGuard>)>,
+    started: Instant,
+    default_ttl: Option<std::time::Duration>,
+    /// The stored response being revalidated: its validators go upstream, and a 304 serves it.
+    revalidating: Option<Arc<Entry>>,
+    /// The URL key text of the entry being filled (see `Meta::url`).
+    url: String,
+    /// For unsafe methods: invalidate stored URLs on a non-error response, keeping the query in
+    /// the key or not (the route's `cache_key.query`).
+    invalidate: Option<bool>,
+    /// How long past expiry the revalidated entry may be served if the upstream fails.
+    stale_grace: std::time::Duration,
+    /// Why the response will not be stored, decided before it arrives (a fat GET, a Range miss).
+    not_stored: Option<&'static str>,
+    /// A Range miss: the whole object to fill in the background once its size is known.
+    range_fill: Option<RangeFill>,
+    /// The route's `store_set_cookie`.
+    store_set_cookie: bool,
+    /// The origin answered before the whole request body was sent: its connection is not
+    /// pooled.
+    no_pool: bool,
+    /// ...and the client's body was not read to its end: its connection closes.
+    body_unfinished: bool,
+    /// A HEAD's stale stored GET response and its URL's primary key hash, updated or made
+    /// stale by a 200 (§4.3.5).
+    head_update: Option<(Arc<Entry>, u128)>,
+    /// The fleet members to ask before the origin (this node does not own the key).
+    fleet: Option<crate::fleet::forward::Plan>,
+    /// The peer whose answer is being relayed (see `fleet::forward`).
+    via_peer: Option<crate::fleet::forward::Relay>,
+    /// `false`: the answer is not stored here (an owner's, or `on_owner_down: origin`).
+    store_here: bool,
+}
+
+/// How a response body reaches the client.
+enum Body {
+    /// Stored: a fill task writes it to the cache file, the client reads behind it.
+    Behind(Arc<Growing>, Reader),
+    /// Not stored: streamed from the upstream connection through the proxy.
+    Stream(UpstreamConn),
+}
+
+/// Why a streamed request failed.
+enum StreamError {
+    /// The upstream failed (502/504).
+    Upstream(UpstreamError),
+    /// The client's body failed (408/400/413, or the client went away).
+    Body(BodyError),
+}
+
+impl From<UpstreamError> for StreamError {
+    fn from(e: UpstreamError) -> StreamError {
+        StreamError::Upstream(e)
+    }
+}
+
+/// What a Range miss needs to fill the whole object in the background.
+pub struct RangeFill {
+    /// The primary key of the object.
+    pub primary: CacheKey,
+    /// The URL key text (see `Meta::url`).
+    pub url: String,
+    /// The route's `default_ttl`.
+    pub default_ttl: Option<std::time::Duration>,
+}
+
+/// What a fetch leaves to the connection: the fetch exchanges with the upstream and streams what
+/// it relays, but never calls back into the connection to serve an entry or a generated answer.
+/// Returning those instead keeps the data flow one way (request → fetch → outcome → response) and
+/// drops the fetch, with its fill lock, before the connection serves anything.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The response went out (relayed, or answered from the fetched head); `true` keeps the
+    /// connection.
+    Done(bool),
+    /// Serve this stored entry: stale in place of a failed upstream, or just revalidated.
+    ServeStored {
+        /// The entry.
+        entry: Arc<Entry>,
+        /// How it is served (`STALE`, `REVALIDATED`).
+        kind: HitKind,
+        /// Remove it from the cache once this client has it (its new directives forbid storing).
+        then_remove: bool,
+    },
+    /// Answer with a short generated response (an upstream that failed or misframed).
+    Reply {
+        /// Status code.
+        status: u16,
+        /// The `X-Cache` the client sees (what the cache did); the accounting records `ERROR`.
+        x_cache: Option<CacheStatus>,
+    },
+    /// The client's body could not be read to its end: refuse it.
+    RefuseBody(BodyError),
+}
+
+impl Outcome {
+    /// A stored entry served stale in place of a failed upstream answer.
+    fn stale(entry: Arc<Entry>) -> Outcome {
+        Outcome::ServeStored {
+            entry,
+            kind: HitKind::Stale,
+            then_remove: false,
+        }
+    }
+}
+
+impl<'a> Fetch<'a> {
+    /// Prepares a fetch.
+    pub fn new(
+        req: &'a RequestHead,
+        body: RequestBody,
+        upstream: Arc<Group>,
+        status: CacheStatus,
+        detail: &'static str,
+        fill: Option<(CacheKey, Option<LeaderGuard>)>,
+        started: Instant,
+    ) -> Fetch<'a> {
+        Fetch {
+            req,
+            body,
+            upstream,
+            status,
+            detail,
+            fill,
+            started,
+            default_ttl: None,
+            revalidating: None,
+            url: String::new(),
+            invalidate: None,
+            stale_grace: std::time::Duration::ZERO,
+            not_stored: None,
+            range_fill: None,
+            store_set_cookie: true,
+            no_pool: false,
+            body_unfinished: false,
+            head_update: None,
+            fleet: None,
+            via_peer: None,
+            store_here: true,
+        }
+    }
+
+    /// The request being fetched for.
+    pub fn request(&self) -> &'a RequestHead {
+        self.req
+    }
+
+    /// When the request's head was complete.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// A HEAD forwarded while `stored` (a GET response it could have been answered from) is
+    /// stale: a 200 updates or invalidates it, under the fill lock of `primary_hash`.
+    pub fn head_update(mut self, stored: Arc<Entry>, primary_hash: u128) -> Self {
+        self.head_update = Some((stored, primary_hash));
+        self
+    }
+
+    /// `stored` updated by `head` (a 304 to a revalidation, a 200 to a HEAD) under this route's
+    /// rules, and whether it may stay stored.
+    fn updated_meta(
+        &self,
+        ctx: &crate::server::Ctx,
+        stored: &Entry,
+        head: &ResponseHead,
+        request_time: SystemTime,
+        response_time: SystemTime,
+    ) -> (Meta, bool) {
+        revalidated_meta(
+            stored,
+            head,
+            request_time,
+            response_time,
+            self.heuristics(ctx),
+            self.store_set_cookie,
+            ctx.store.targeted(),
+        )
+    }
+
+    /// The route's `store_set_cookie`: whether responses that set cookies may be stored.
+    pub fn store_set_cookie(mut self, store: bool) -> Self {
+        self.store_set_cookie = store;
+        self
+    }
+
+    fn rules<'c>(&self, ctx: &'c crate::server::Ctx) -> policy::Rules<'c> {
+        policy::Rules {
+            store_5xx: ctx.store_5xx,
+            store_set_cookie: self.store_set_cookie,
+            targeted: ctx.store.targeted(),
+        }
+    }
+
+    /// The response will not be stored, for this reason (`Cache-Status: detail=`).
+    pub fn not_stored(mut self, why: &'static str) -> Self {
+        self.not_stored = Some(why);
+        self
+    }
+
+    /// A Range miss: after a 206 whose complete length is at most `cache.range_fill_max`, fill
+    /// the whole object in the background.
+    pub fn range_fill(mut self, r: RangeFill) -> Self {
+        self.range_fill = Some(r);
+        self
+    }
+
+    /// How long past expiry the entry being revalidated may be served if the upstream fails.
+    pub fn stale_grace(mut self, grace: std::time::Duration) -> Self {
+        self.stale_grace = grace;
+        self
+    }
+
+    /// The entry being revalidated, if it may be served stale now that the upstream failed
+    /// (RFC 5861 stale-if-error, or the route's grace without it), never past
+    /// must-revalidate/proxy-revalidate/no-cache.
+    fn stale_on_error(&self) -> Option<Arc<Entry>> {
+        let e = self.revalidating.as_ref()?;
+        crate::cache::stale::if_error(e, self.stale_grace, crate::clock::now()).then(|| e.clone())
+    }
+
+    /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
+    /// response (RFC 9111 §4.4).
+    pub fn invalidating(mut self, keep_query: Option<bool>) -> Self {
+        self.invalidate = keep_query;
+        self
+    }
+
+    /// The URL key text the filled entry is indexed under for invalidation and purge.
+    pub fn url(mut self, url: String) -> Self {
+        self.url = url;
+        self
+    }
+
+    /// Revalidate `stale` instead of fetching unconditionally (RFC 9111 §4.3.1).
+    pub fn revalidating(mut self, stale: Option<Arc<Entry>>) -> Self {
+        self.revalidating = stale;
+        self
+    }
+
+    /// The route's `default_ttl`: freshness for storable responses that carry none.
+    pub fn default_ttl(mut self, ttl: Option<std::time::Duration>) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+}

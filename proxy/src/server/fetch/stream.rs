@@ -1,0 +1,313 @@
+//! Streaming pieces of a fetch: a request body too large to hold sent as it arrives, a client's
+//! precondition answered from a fresh response, the background fill after a Range miss, the pump
+//! that writes a stored body to its cache file, and the accounting of what a fetch relayed.
+
+use crate::cache::conditional::{self, Precondition};
+use crate::cache::fill::Fill;
+use crate::cache::freshness::Heuristics;
+use crate::cache::growing::Writer;
+use crate::cache::lock::{LeaderGuard, Role};
+use crate::http::headers::{self, put, put_num};
+use crate::http::response::BodyFraming;
+use crate::http::response::{ResponseHead, reason};
+use crate::server::conn::{Conn, ConnError};
+use crate::server::upload::{BUFFERED_MAX, Remaining};
+use crate::upstream::body::BodyReader;
+use crate::upstream::{Group, UpstreamConn, UpstreamError};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::AsyncWriteExt;
+use zerocache_ledger::{DataPath, ResponseRecord};
+
+use super::{Fetch, RangeFill, StreamError};
+
+impl Fetch<'_> {
+    /// Sends a request whose body is too large to hold: the head, then the body as it arrives from
+    /// the client (re-framed as it came: Content-Length or chunked), then reads the response head.
+    /// Always on a fresh connection: a pooled one that turned out dead could not be retried, the
+    /// body being gone. An origin that answers before the whole body is sent (a 413, say) has its
+    /// answer relayed; that connection is never pooled and the client's is closed afterwards,
+    /// since neither side's framing can be trusted any more.
+    pub(super) async fn exchange_streaming(
+        &mut self,
+        conn: &mut Conn,
+        head: &[u8],
+        first: Vec<u8>,
+        mut rest: Remaining,
+        interim: &mut Vec<ResponseHead>,
+    ) -> Result<(UpstreamConn, ResponseHead), StreamError> {
+        let key = self.balance_key().into_owned();
+        let mut up = self.upstream.connect_fresh(&key).await?;
+        let chunked = matches!(rest, Remaining::Chunked { .. });
+        up.stream
+            .write_all(head)
+            .await
+            .map_err(UpstreamError::from)?;
+        let mut piece = first;
+        let mut framed = Vec::with_capacity(BUFFERED_MAX + 32);
+        let mut done = false;
+        loop {
+            framed.clear();
+            if chunked && !piece.is_empty() {
+                framed.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                framed.extend_from_slice(&piece);
+                framed.extend_from_slice(b"\r\n");
+            } else if !chunked {
+                framed.extend_from_slice(&piece);
+            }
+            if done && chunked {
+                framed.extend_from_slice(b"0\r\n\r\n");
+            }
+            // An origin that has answered already is not reading: stop sending, read its answer.
+            let answered = matches!(up.stream.try_read_buf(&mut up.buf), Ok(n) if n > 0);
+            if answered || up.stream.write_all(&framed).await.is_err() {
+                self.body_unfinished = !done;
+                self.no_pool = true;
+                break;
+            }
+            if done {
+                break;
+            }
+            piece.clear();
+            done = conn
+                .body_piece(&mut rest, &mut piece)
+                .await
+                .map_err(StreamError::Body)?;
+        }
+        conn.must_close = self.body_unfinished;
+        let head = self
+            .upstream
+            .response_head(&mut up, interim, !self.body_unfinished)
+            .await?;
+        Ok((up, head))
+    }
+
+    /// Answers the client's precondition (304 or 412) from the response just received. A body
+    /// being stored goes on into the cache without this client; any other is not read at all
+    /// (dropping the upstream connection closes it).
+    pub(super) async fn answer_precondition(
+        self,
+        conn: &mut Conn,
+        p: Precondition,
+        head: &ResponseHead,
+        interim_bytes: u64,
+    ) -> Result<bool, ConnError> {
+        let req = self.req;
+        let status = if p == Precondition::NotModified {
+            304
+        } else {
+            412
+        };
+        let h = &mut conn.head;
+        h.clear();
+        h.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+        if status == 304 {
+            for (k, v) in &head.fields {
+                if conditional::NOT_MODIFIED_FIELDS
+                    .iter()
+                    .any(|f| k.eq_ignore_ascii_case(f))
+                {
+                    put(h, k, v);
+                }
+            }
+        } else {
+            put_num(h, "Content-Length", 0);
+        }
+        put(h, "X-Cache", self.status.as_str().as_bytes());
+        put(h, "Cache-Status", b"zerocache; fwd=miss");
+        put(h, "Via", headers::VIA_SELF.as_bytes());
+        if req.close {
+            h.extend_from_slice(b"Connection: close\r\n");
+        }
+        h.extend_from_slice(b"\r\n");
+        let sent = conn.send_head().await;
+        self.record(
+            conn,
+            status,
+            conn.head.len() as u64 + interim_bytes,
+            0,
+            sent.is_ok(),
+        );
+        sent?;
+        Ok(!req.close)
+    }
+
+    /// Starts the background fill of the whole object after a Range miss, unless a fill of it is
+    /// under way already.
+    pub(super) fn spawn_range_fill(
+        &self,
+        ctx: &Arc<crate::server::Ctx>,
+        r: RangeFill,
+        peer: IpAddr,
+    ) {
+        let Role::Leader(guard) = ctx.locks.acquire(r.primary.hash) else {
+            return;
+        };
+        let mut whole = self.req.clone();
+        whole
+            .fields
+            .retain(|(k, _)| !headers::is_range_or_condition(k));
+        let bg = Fetch::background(
+            whole,
+            self.upstream.clone(),
+            r.primary,
+            r.url,
+            None,
+            r.default_ttl,
+            guard,
+        )
+        .store_set_cookie(self.store_set_cookie);
+        tokio::spawn(bg.refresh(ctx.clone(), peer));
+    }
+
+    pub(super) fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics {
+        heuristics(ctx, self.default_ttl)
+    }
+
+    pub(super) fn record(
+        &self,
+        conn: &Conn,
+        status: u16,
+        head_bytes: u64,
+        body_bytes: u64,
+        complete: bool,
+    ) {
+        if let Some(r) = &self.via_peer {
+            r.relayed(body_bytes);
+        }
+        self.record_path(
+            conn,
+            status,
+            head_bytes,
+            body_bytes,
+            DataPath::Copy,
+            complete,
+        );
+    }
+
+    pub(super) fn record_path(
+        &self,
+        conn: &Conn,
+        status: u16,
+        head_bytes: u64,
+        body_bytes: u64,
+        path: DataPath,
+        complete: bool,
+    ) {
+        conn.record(&ResponseRecord {
+            method: &self.req.method,
+            target: &self.req.target,
+            status,
+            cache_status: self.status,
+            head_bytes,
+            body_bytes,
+            path,
+            duration: self.started.elapsed(),
+            complete,
+        });
+    }
+}
+
+pub(super) fn heuristics(
+    ctx: &crate::server::Ctx,
+    default_ttl: Option<std::time::Duration>,
+) -> Heuristics {
+    Heuristics {
+        max: ctx.heuristic_max,
+        default_ttl,
+    }
+}
+
+/// Pumps an upstream body into the cache file at the origin's speed, publishing its progress to
+/// the clients reading behind it, then commits the entry, returns the connection to the pool and
+/// lets the followers go. `abandon`: a fill begun for clients stops once none has been reading for
+/// `cache.abandoned_fill_timeout` or it passes `cache.abandoned_fill_max` bytes with none, so
+/// connect-and-disconnect cannot make the origin stream huge objects for nobody.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn pump(
+    ctx: Arc<crate::server::Ctx>,
+    mut up: UpstreamConn,
+    framing: BodyFraming,
+    group: Arc<Group>,
+    mut fill: Fill,
+    mut w: Writer,
+    guard: Option<LeaderGuard>,
+    reusable: bool,
+    abandon: bool,
+) {
+    let mut reader = BodyReader::new(framing, group.read_timeout);
+    let mut piece = Vec::with_capacity(64 * 1024);
+    let mut alone_since: Option<Instant> = None;
+    while !reader.is_done() {
+        if let Err(e) = reader.next(&mut up, &mut piece).await {
+            tracing::warn!(upstream = %group.name, error = %e, received = fill.written(), "upstream body failed; nothing stored, its readers aborted");
+            ctx.accounting.upstream_error(&group.name, e.kind());
+            return; // Dropping the writer fails the readers; dropping the fill deletes its file.
+        }
+        if let Err(e) = fill.write(&piece) {
+            ctx.store.write_failed(&e);
+            return;
+        }
+        if reader.is_done() {
+            break;
+        }
+        w.advance(fill.written());
+        if abandon && w.readers() == 0 {
+            let since = *alone_since.get_or_insert_with(Instant::now);
+            if fill.written() > ctx.abandoned_fill_max
+                || since.elapsed() > ctx.abandoned_fill_timeout
+            {
+                tracing::debug!(
+                    bytes = fill.written(),
+                    "fill abandoned by every client; stopped"
+                );
+                return;
+            }
+        } else {
+            alone_since = None;
+        }
+    }
+    let n = fill.written();
+    // Committed before the last bytes are published: a client that has read the whole MISS and
+    // asks again gets a HIT. A commit that fails leaves every byte in the open file, so the
+    // readers still finish.
+    if let Err(e) = fill.commit() {
+        ctx.store.write_failed(&e);
+    }
+    w.finish(n);
+    if reusable && reader.reusable() {
+        group.release(up);
+    }
+    drop(guard);
+}
+
+/// Whether the upstream said this connection ends after the response (HTTP/1.0, or
+/// `Connection: close`): it must not go back to the pool.
+pub(super) fn upstream_closes(head: &ResponseHead) -> bool {
+    head.http10
+        || headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+            .iter()
+            .any(|t| t == "close")
+}
+
+/// Reads and discards a (304's) body, then returns the connection to the pool when its framing
+/// and its `Connection` allow. The client fetch and the background refresh both end a 304 here,
+/// so they cannot drift apart on when a connection is reused.
+pub(super) async fn drain(
+    mut up: UpstreamConn,
+    head: &ResponseHead,
+    framing: BodyFraming,
+    group: &Group,
+) {
+    let mut reader = BodyReader::new(framing, group.read_timeout);
+    let mut sink = Vec::new();
+    while !reader.is_done() {
+        if reader.next(&mut up, &mut sink).await.is_err() {
+            return;
+        }
+    }
+    if reader.reusable() && !upstream_closes(head) {
+        group.release(up);
+    }
+}
