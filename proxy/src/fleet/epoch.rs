@@ -7,11 +7,14 @@
 
 use parking_lot::Mutex;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The epoch and the moment before which stored entries count as purged.
 pub(crate) struct Epoch {
     state: Mutex<(u64, SystemTime)>,
+    /// `state.1` in milliseconds since the Unix epoch, read on every lookup without the lock.
+    stale_before_ms: AtomicU64,
     file: PathBuf,
 }
 
@@ -28,6 +31,7 @@ impl Epoch {
             .unwrap_or((0, 0));
         Epoch {
             state: Mutex::new((epoch, UNIX_EPOCH + Duration::from_millis(ms))),
+            stale_before_ms: AtomicU64::new(ms),
             file,
         }
     }
@@ -67,20 +71,19 @@ impl Epoch {
             "missed a fleet purge: entries stored until now are treated as purged"
         );
         *s = (theirs, SystemTime::now());
+        self.stale_before_ms.store(millis(s.1), Ordering::Relaxed);
         self.save(&s);
         true
     }
 
     /// Whether an entry stored at `stored_at` predates a purge this node missed.
     pub(crate) fn is_stale(&self, stored_at: SystemTime) -> bool {
-        stored_at < self.state.lock().1
+        let before = self.stale_before_ms.load(Ordering::Relaxed);
+        before != 0 && millis(stored_at) < before
     }
 
     fn save(&self, s: &(u64, SystemTime)) {
-        let ms =
-            s.1.duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis();
+        let ms = millis(s.1);
         let tmp = self.file.with_extension("tmp");
         let written = std::fs::write(&tmp, format!("{} {ms}\n", s.0))
             .and_then(|()| std::fs::rename(&tmp, &self.file));
@@ -88,6 +91,11 @@ impl Epoch {
             tracing::warn!(file = %self.file.display(), error = %e, "cannot save the fleet purge epoch");
         }
     }
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+fn millis(t: SystemTime) -> u64 {
+    u64::try_from(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
