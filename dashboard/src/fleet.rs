@@ -32,6 +32,8 @@ pub struct PeerView {
     pub purge_epoch: u64,
     /// Misses forwarded to it, by result, in [`FORWARD_RESULTS`] order.
     pub forwarded: [u64; 3],
+    /// Its forwarded requests this node answered (as their owner).
+    pub answered: u64,
     /// Why it was last marked down.
     pub last_error: Option<String>,
 }

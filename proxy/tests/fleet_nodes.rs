@@ -401,6 +401,8 @@ fn metrics_count_forwards_and_peer_requests_and_a_member_whose_keys_differ_gets_
     let peer = |cs: &str| format!("zerocache_fleet_peer_requests_total{{cache_status=\"{cs}\"}}");
     assert_eq!(metric(&m1, &peer("MISS")), of1);
     assert_eq!(metric(&m1, &peer("HIT")), 2 * of1);
+    let v1 = f.api_fleet(1);
+    assert_eq!(v1["peers"][0]["answered"], 3 * of1, "{v1}");
     // Relayed bytes: node 0 relayed node 1's objects three times.
     let relayed: u64 = items
         .iter()

@@ -205,5 +205,6 @@ pub(crate) async fn intake(
         return Ok(Intake::Answered(keep));
     }
     conn.from_peer = true;
+    fleet.answering(&hop.from);
     Ok(Intake::Peer)
 }

@@ -205,6 +205,7 @@ impl Fleet {
                         routing_matches: cfg == 0 || cfg == ours,
                         purge_epoch: p.epoch.load(Ordering::Relaxed),
                         forwarded: p.forwarded(),
+                        answered: p.answered.load(Ordering::Relaxed),
                         last_error: p.last_error(),
                     }
                 })
@@ -230,6 +231,13 @@ impl Fleet {
             && let Some(i) = CacheStatus::ALL.iter().position(|s| *s == status)
         {
             f.peer_responses[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a forwarded request from member `from` that this node answers.
+    pub(crate) fn answering(&self, from: &str) {
+        if let Some(p) = self.known.lock().get(from) {
+            p.answered.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -24,6 +24,8 @@ pub(crate) struct PeerState {
     /// The purge epoch it last reported.
     pub(crate) epoch: AtomicU64,
     forwarded: [AtomicU64; 3],
+    /// Requests it forwarded here that this node answered.
+    pub(crate) answered: AtomicU64,
     /// Why it was last marked down, for the dashboard.
     last_error: Mutex<Option<String>>,
 }
@@ -50,6 +52,7 @@ impl PeerState {
             cfg: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             forwarded: Default::default(),
+            answered: AtomicU64::new(0),
             last_error: Mutex::new(None),
         }
     }
