@@ -89,3 +89,48 @@ pub(crate) async fn resolve_all(cfg: &FleetConfig) -> Result<(String, Vec<(Strin
     }
     Ok((me, all.into_iter().collect()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(yaml: &str) -> FleetConfig {
+        serde_yaml::from_str(yaml).expect("fleet config")
+    }
+
+    #[tokio::test]
+    async fn self_is_deduplicated_from_the_peers_and_names_resolve() {
+        let (me, all) = resolve_all(&cfg(
+            "self: 127.0.0.2:8080\npeers: [\"127.0.0.2:8080\", \"127.0.0.3:8080\", {addr: \"127.0.0.4:8080\", weight: 3}]\nsecret: s\n",
+        ))
+        .await
+        .expect("resolved");
+        assert_eq!(me, "127.0.0.2:8080");
+        assert_eq!(
+            all,
+            [
+                ("127.0.0.2:8080".to_string(), 1),
+                ("127.0.0.3:8080".to_string(), 1),
+                ("127.0.0.4:8080".to_string(), 3)
+            ]
+        );
+        // A DNS name: every address record is a member, this node's own among them once.
+        let (me, all) = resolve_all(&cfg(
+            "self: 127.0.0.1:8080\npeers_dns: localhost:8080\nsecret: s\n",
+        ))
+        .await
+        .expect("resolved");
+        assert_eq!(me, "127.0.0.1:8080");
+        assert_eq!(all.iter().filter(|(id, _)| *id == me).count(), 1);
+        assert!(all.iter().all(|(id, _)| id.ends_with(":8080")), "{all:?}");
+        let e = resolve_all(&cfg(
+            "self: 127.0.0.1:8080\npeers_dns: no-such-name.invalid:8080\nsecret: s\n",
+        ))
+        .await
+        .expect_err("unresolvable");
+        assert!(
+            e.starts_with("fleet.peers_dns `no-such-name.invalid:8080`"),
+            "{e}"
+        );
+    }
+}
