@@ -1,12 +1,14 @@
-//! zerocache's window on itself: the ledger (the proxy's accounting joined with the probe's kernel
-//! records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and Prometheus `/metrics` by one axum app.
+//! zerocache's window on itself: the ledger (the proxy's accounting joined with the probe's
+//! kernel records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and
+//! Prometheus `/metrics` by one axum app. It only reads the ledger and the probe; what it changes
+//! goes through functions the proxy hands it: the purge, and in tests the cache clock.
 
-pub mod api;
+pub(crate) mod api;
 pub mod clock;
 pub mod fleet;
 pub mod guard;
-pub mod history;
-pub mod metrics;
-pub mod server;
+pub(crate) mod history;
+pub(crate) mod metrics;
+pub(crate) mod server;
 
-pub use server::{CacheStats, DashboardState, Purge, WorkerStats, serve};
+pub use server::{CacheStats, DashboardState, Purge, PurgeFn, WorkerStats, serve};

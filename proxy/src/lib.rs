@@ -2,22 +2,23 @@
 //! with an eBPF probe. This crate is the data plane and the process around it; the probe, the
 //! dashboard and the config schema live in their own crates.
 
-pub mod accesslog;
-pub mod cache;
+pub(crate) mod accesslog;
+pub(crate) mod cache;
 pub(crate) mod clock;
-pub mod cpu;
+pub(crate) mod cpu;
+pub mod exports;
 pub(crate) mod fd_limits;
-pub mod fleet;
+pub(crate) mod fleet;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod http;
-pub mod notify;
+pub(crate) mod http;
+pub(crate) mod notify;
 pub(crate) mod purge;
-pub mod request_id;
-pub mod residency;
-pub mod routing;
+pub(crate) mod request_id;
+pub(crate) mod residency;
+pub(crate) mod routing;
 pub mod run;
-pub mod sendfile;
-pub mod server;
-pub mod upstream;
-pub mod worker_id;
+pub(crate) mod sendfile;
+pub(crate) mod server;
+pub(crate) mod upstream;
+pub(crate) mod worker_id;

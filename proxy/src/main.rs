@@ -92,7 +92,7 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
     };
     let dir = &c.cache.path;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    match zerocache::cache::check::check_dir(dir, remove, &mut out, &mut err) {
+    match zerocache::exports::check_dir(dir, remove, &mut out, &mut err) {
         Ok(report) => {
             println!("{}", report.summary());
             if report.clean() {
@@ -109,7 +109,14 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
 }
 
 fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
-    match zerocache_config::load_and_check_dirs(config) {
+    let loaded = zerocache_config::load_and_check_dirs(config);
+    if let Ok(c) = &loaded
+        && let Some(why) = zerocache::exports::clock_refusal(c)
+    {
+        eprintln!("error: {}: {why}", config.display());
+        return ExitCode::FAILURE;
+    }
+    match loaded {
         Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(c) if json => match serde_json::to_string_pretty(&c) {
             // Sizes are numbers of bytes here (the schema serialises them so).

@@ -73,13 +73,11 @@ pub fn send_to(path: &str, state: &str) -> io::Result<()> {
 
 /// Microseconds of `CLOCK_MONOTONIC`, the clock systemd compares `MONOTONIC_USEC` with.
 pub fn monotonic_usec() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the local struct; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1_000
+    use nix::time::{ClockId, clock_gettime};
+    // CLOCK_MONOTONIC always exists on Linux; a zero would only make systemd's reload check fail.
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+        (ts.tv_sec() as u64) * 1_000_000 + (ts.tv_nsec() as u64) / 1_000
+    })
 }
 
 #[cfg(test)]

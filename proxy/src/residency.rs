@@ -67,12 +67,6 @@ pub async fn warm(file: std::sync::Arc<File>, off: u64, len: u64) {
     .await;
 }
 
-/// Drops a file's pages from the page cache (for tests and the cold-cache benchmark).
-pub fn evict(file: &File) {
-    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
-    let _ = posix_fadvise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,7 +81,12 @@ mod tests {
         f.sync_all().expect("sync");
         let f = File::open(&path).expect("open");
         assert!(resident(&f, 0, 1 << 20));
-        evict(&f);
+        let _ = nix::fcntl::posix_fadvise(
+            &f,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        );
         assert!(
             !resident(&f, 0, 1 << 20),
             "DONTNEED on a synced file evicts its pages"

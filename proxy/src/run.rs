@@ -138,12 +138,8 @@ fn build_ctx(config: &Config, kept: &Kept) -> Ctx {
 
 /// Runs the proxy until SIGINT or SIGTERM, reloading `path` on SIGHUP.
 pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
-    if config.debug.adjustable_clock && !crate::clock::enabled_by_environment() {
-        anyhow::bail!(
-            "{}: debug.adjustable_clock is a test hook and needs {}=1 in the environment as well; remove it from a production config",
-            path.display(),
-            crate::clock::ENABLE_ENV
-        );
+    if let Some(why) = crate::clock::refusal(&config) {
+        anyhow::bail!("{}: {why}", path.display());
     }
     // Handlers first: the rebuild below may take minutes, and a signal arriving meanwhile (a
     // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
@@ -392,7 +388,14 @@ fn reload(
     shared: &Shared,
     probe: &Probe,
 ) -> Option<Config> {
-    let new = match zerocache_config::load_and_check_dirs(path) {
+    let new = match zerocache_config::load_and_check_dirs(path).map_err(|e| e.to_string()) {
+        Ok(c) => match crate::clock::refusal(&c) {
+            Some(why) => Err(format!("{}: {why}", path.display())),
+            None => Ok(c),
+        },
+        Err(e) => Err(e),
+    };
+    let new = match new {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "reload rejected; keeping the running config");
@@ -410,6 +413,10 @@ fn reload(
         ("logging", new.logging != old.logging),
         ("probe.enabled", new.probe.enabled != old.probe.enabled),
         ("workers", new.workers != old.workers),
+        (
+            "debug.adjustable_clock",
+            new.debug.adjustable_clock != old.debug.adjustable_clock,
+        ),
         ("fleet", new.fleet != old.fleet),
     ] {
         if changed {

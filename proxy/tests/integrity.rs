@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use support::{Opts, Proxy, assert_eventually_eq, body, metric, origin};
-use zerocache::cache::entry;
+use zerocache::exports as entry;
 
 const CORRUPT: &str = "zerocache_cache_corrupt_entries_total";
 

@@ -8,7 +8,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use support::*;
-use zerocache::cpu::affinity::{allow_current_thread, allowed_cpus, pin_current_thread};
+use zerocache::exports::{allow_current_thread, allowed_cpus, pin_current_thread};
 
 /// `Cpus_allowed_list` text (`0-2,5`) as CPU numbers.
 fn cpu_list(text: &str) -> Vec<usize> {

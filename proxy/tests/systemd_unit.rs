@@ -95,7 +95,7 @@ impl Drop for Running {
 }
 
 fn monotonic_usec() -> u64 {
-    zerocache::notify::monotonic_usec()
+    zerocache::exports::monotonic_usec()
 }
 
 #[test]

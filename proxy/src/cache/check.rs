@@ -156,63 +156,14 @@ fn check_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::entry::{Entry, Meta};
-    use crate::cache::fill::Fill;
-    use crate::cache::key::CacheKey;
-    use crate::cache::store::{Store, StoreLimits};
+    use crate::cache::test_support::{body, flip, put, store};
+
     use std::os::unix::fs::FileExt;
-    use std::sync::Arc;
-    use std::time::{Duration, SystemTime};
-
-    fn store(dir: &Path) -> Arc<Store> {
-        let limits = StoreLimits {
-            max_size: 1 << 30,
-            max_entries: 1000,
-            levels: 1,
-            open_files: 10,
-        };
-        Arc::new(Store::open(dir, limits).expect("store"))
-    }
-
-    fn put(store: &Arc<Store>, target: &str, body: &[u8]) -> Arc<Entry> {
-        let key = CacheKey::new("GET", "http", "h", target, 128);
-        let meta = Meta {
-            key: key.text.clone(),
-            stored_at: SystemTime::now(),
-            initial_age: Duration::ZERO,
-            lifetime: Duration::from_secs(600),
-            status: 200,
-            reason: "OK".into(),
-            fields: Vec::new(),
-            vary: Vec::new(),
-            url: key.text.clone(),
-        };
-        let mut fill = Fill::create(store.clone(), key.hash, meta).expect("fill");
-        // In uneven pieces, as an upstream delivers them.
-        for piece in body.chunks(65_536 + 17) {
-            fill.write(piece).expect("write");
-        }
-        fill.commit().expect("commit")
-    }
-
-    fn body(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
-    }
-
-    fn flip(e: &Entry, at: u64) {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&e.path)
-            .expect("open");
-        f.write_all_at(b"\xff", e.body_offset + at).expect("flip");
-    }
 
     #[test]
     fn check_dir_reports_corrupt_entries_and_removes_them_on_request() {
         let tmp = tempfile::tempdir().expect("tmp");
-        let s = store(tmp.path());
+        let s = store(tmp.path(), 10);
         let good = put(&s, "/good", &body(100_000, 4));
         let bad = put(&s, "/bad", &body(100_000, 5));
         flip(&bad, 500);

@@ -88,11 +88,6 @@ impl Fill {
         self.file.clone()
     }
 
-    /// Where the body starts in the file.
-    pub fn body_offset(&self) -> u64 {
-        self.body_offset
-    }
-
     /// The entry as it will be indexed, with the body length not yet known (0).
     pub fn entry_preview(&self) -> Entry {
         Entry::new(

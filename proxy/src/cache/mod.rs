@@ -18,5 +18,7 @@ pub mod stale;
 pub mod store;
 pub mod stored_meta;
 pub mod targeted;
+#[cfg(test)]
+mod test_support;
 pub mod validation;
 pub mod variance;

@@ -21,7 +21,6 @@ use super::store::Store;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,15 +76,13 @@ fn read_piece(
     file.read_exact_at(piece, at)?;
     hasher.update(piece);
     if cold {
-        // SAFETY: a valid fd; advice only.
-        unsafe {
-            libc::posix_fadvise(
-                file.as_raw_fd(),
-                at as libc::off_t,
-                n as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
+        // Advice only: a failure costs page-cache space, never bytes.
+        let _ = nix::fcntl::posix_fadvise(
+            file,
+            at as libc::off_t,
+            n as libc::off_t,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        );
     }
     Ok(n as u64)
 }
@@ -304,61 +301,12 @@ async fn discard(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::entry::Meta;
-    use crate::cache::fill::Fill;
-    use crate::cache::key::CacheKey;
-    use crate::cache::store::StoreLimits;
-    use std::time::SystemTime;
-
-    fn store(dir: &Path) -> Arc<Store> {
-        let limits = StoreLimits {
-            max_size: 1 << 30,
-            max_entries: 1000,
-            levels: 1,
-            open_files: 10,
-        };
-        Arc::new(Store::open(dir, limits).expect("store"))
-    }
-
-    fn put(store: &Arc<Store>, target: &str, body: &[u8]) -> Arc<Entry> {
-        let key = CacheKey::new("GET", "http", "h", target, 128);
-        let meta = Meta {
-            key: key.text.clone(),
-            stored_at: SystemTime::now(),
-            initial_age: Duration::ZERO,
-            lifetime: Duration::from_secs(600),
-            status: 200,
-            reason: "OK".into(),
-            fields: Vec::new(),
-            vary: Vec::new(),
-            url: key.text.clone(),
-        };
-        let mut fill = Fill::create(store.clone(), key.hash, meta).expect("fill");
-        // In uneven pieces, as an upstream delivers them.
-        for piece in body.chunks(65_536 + 17) {
-            fill.write(piece).expect("write");
-        }
-        fill.commit().expect("commit")
-    }
-
-    fn body(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
-    }
-
-    fn flip(e: &Entry, at: u64) {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&e.path)
-            .expect("open");
-        f.write_all_at(b"\xff", e.body_offset + at).expect("flip");
-    }
+    use crate::cache::test_support::{body, flip, put, store};
 
     #[test]
     fn verify_body_tells_intact_from_corrupt() {
         let tmp = tempfile::tempdir().expect("tmp");
-        let s = store(tmp.path());
+        let s = store(tmp.path(), 10);
         let b = body(PIECE * 2 + 1000, 3);
         let e = put(&s, "/v", &b);
         let mut buf = Vec::new();
@@ -382,7 +330,7 @@ mod tests {
     #[tokio::test]
     async fn the_scrub_discards_a_flipped_body_and_keeps_the_rest() {
         let tmp = tempfile::tempdir().expect("tmp");
-        let s = store(tmp.path());
+        let s = store(tmp.path(), 10);
         let good = put(&s, "/good", &body(PIECE * 2 + 300, 1));
         let bad = put(&s, "/bad", &body(PIECE * 3, 2));
         let small = put(&s, "/small", b"small");
@@ -411,7 +359,7 @@ mod tests {
     #[tokio::test]
     async fn a_scrub_rate_of_0_starts_nothing_but_still_counts() {
         let tmp = tempfile::tempdir().expect("tmp");
-        let s = store(tmp.path());
+        let s = store(tmp.path(), 10);
         s.corrupt_found(1);
         let acc = Arc::new(Accounting::new(8, false));
         assert!(start(s.clone(), acc.clone(), ScrubConfig { rate: 0 }).is_none());

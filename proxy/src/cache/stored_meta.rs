@@ -30,7 +30,7 @@ pub(crate) fn fill_meta(
     };
     let meta = Meta {
         key: key.text.clone(),
-        stored_at: response_time,
+        stored_at: crate::clock::shifted(response_time),
         initial_age: st.initial_age,
         lifetime: st.lifetime,
         status: head.status,
@@ -80,7 +80,7 @@ pub(crate) fn revalidated_meta(
         .unwrap_or_default();
     let meta = Meta {
         key: stale.meta.key.clone(),
-        stored_at: response_time,
+        stored_at: crate::clock::shifted(response_time),
         initial_age: freshness::initial_age(head, request_time, response_time),
         lifetime,
         status: stale.meta.status,

@@ -47,11 +47,6 @@ impl Targeted {
         }
     }
 
-    /// Whether targeted fields are sent to clients.
-    pub fn forward(&self) -> bool {
-        self.forward
-    }
-
     /// The directives that govern zerocache's own caching of a response (§2.2): those of the
     /// first targeted field with a valid, non-empty value, in which case `Cache-Control` and
     /// `Expires` are ignored (`true`); otherwise `Cache-Control` (`false`). `get` returns a

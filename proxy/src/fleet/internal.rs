@@ -8,10 +8,8 @@
 //!   entries went.
 
 use super::Fleet;
-use super::hop::Hop;
 use super::peer::PeerState;
 use crate::http::response::reason;
-use crate::server::conn::{Conn, ConnError};
 use crate::server::upload::RequestBody;
 use crate::upstream::body::BodyReader;
 use serde::Deserialize;
@@ -29,19 +27,9 @@ struct PurgeRequest {
     epoch: u64,
 }
 
-/// Answers `req` if it is an internal request (`Some(keep_alive)`); `None` for a peer's
-/// forwarded request, which is served as any other.
-pub(crate) async fn answer(
-    conn: &mut Conn,
-    fleet: &Fleet,
-    hop: &Hop,
-    body: &RequestBody,
-    close: bool,
-) -> Result<Option<bool>, ConnError> {
-    let Some(op) = hop.op.as_deref() else {
-        return Ok(None);
-    };
-    let (status, json) = match op {
+/// The answer (status, JSON) to internal operation `op` with request body `body`.
+pub(crate) fn answer(fleet: &Fleet, op: &str, body: &RequestBody) -> (u16, serde_json::Value) {
+    match op {
         "health" => (
             200,
             serde_json::json!({
@@ -60,22 +48,21 @@ pub(crate) async fn answer(
             400,
             serde_json::json!({"error": format!("unknown fleet operation `{op}`")}),
         ),
-    };
+    }
+}
+
+/// An internal answer as a response: head and JSON body (`close`: the connection ends after).
+pub(crate) fn response(status: u16, json: &serde_json::Value, close: bool) -> Vec<u8> {
     let text = json.to_string();
-    conn.head.clear();
-    conn.head
-        .extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
-    conn.head.extend_from_slice(
-        format!(
-            "Content-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: {}\r\n{}\r\n",
-            text.len(),
-            if close { "Connection: close\r\n" } else { "" }
-        )
-        .as_bytes(),
-    );
-    conn.head.extend_from_slice(text.as_bytes());
-    conn.send_head().await?;
-    Ok(Some(!close))
+    let mut out = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: {}\r\n{}\r\n",
+        reason(status),
+        text.len(),
+        if close { "Connection: close\r\n" } else { "" }
+    )
+    .into_bytes();
+    out.extend_from_slice(text.as_bytes());
+    out
 }
 
 fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
@@ -175,36 +162,4 @@ pub(crate) async fn call(
     tokio::time::timeout(limit, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
-}
-
-/// What the start of a request's handling learns from its hop header.
-pub(crate) enum Intake {
-    /// An internal request, answered; `true` keeps the connection.
-    Answered(bool),
-    /// A peer's forwarded miss: served here, never forwarded again.
-    Peer,
-    /// A client's request (any hop header it carried is gone).
-    Client,
-}
-
-/// Takes the hop header out of `req` and answers it if it is internal: the one hook at the
-/// start of a request.
-pub(crate) async fn intake(
-    conn: &mut Conn,
-    req: &mut crate::http::request::RequestHead,
-    body: &RequestBody,
-) -> Result<Intake, ConnError> {
-    conn.from_peer = false;
-    let Some(fleet) = conn.ctx.fleet.clone() else {
-        return Ok(Intake::Client);
-    };
-    let Some(hop) = super::hop::take(req, &fleet.cfg.secret) else {
-        return Ok(Intake::Client);
-    };
-    if let Some(keep) = answer(conn, &fleet, &hop, body, req.close).await? {
-        return Ok(Intake::Answered(keep));
-    }
-    conn.from_peer = true;
-    fleet.answering(&hop.from);
-    Ok(Intake::Peer)
 }

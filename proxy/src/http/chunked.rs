@@ -99,7 +99,8 @@ impl ChunkedDecoder {
         }
     }
 
-    /// True once the whole body has been decoded.
+    /// True once the whole body has been decoded (the fuzz target's end-of-body property).
+    #[cfg(feature = "fuzzing")]
     pub fn is_done(&self) -> bool {
         self.state == State::Done
     }

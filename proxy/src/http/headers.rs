@@ -80,7 +80,7 @@ pub fn connection_tokens<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) 
 /// received: what a hit or a generated answer says, where nothing came before it.
 pub const VIA_SELF: &str = "1.1 zerocache";
 
-/// The `Via` value to send on: `received` (the message's own `Via`, every line joined), then this
+/// The `Via` value to send on: `received` (the message's own `Via`, its lines joined by the caller), then this
 /// proxy as a member named by the version of the message it received (`http10`).
 pub fn via(received: Option<&str>, http10: bool) -> String {
     let me = if http10 { "1.0 zerocache" } else { VIA_SELF };

@@ -80,15 +80,9 @@ impl ResponseHead {
 
     /// This head with its fields replaced by a stored `Name: value\r\n` block.
     pub fn with_stored_fields(mut self, block: &[u8]) -> ResponseHead {
-        self.fields = block
-            .split(|b| *b == b'\n')
-            .filter_map(|line| {
-                let line = line.strip_suffix(b"\r").unwrap_or(line);
-                let colon = line.iter().position(|b| *b == b':')?;
-                let name = String::from_utf8_lossy(&line[..colon]).trim().to_string();
-                let value = line[colon + 1..].trim_ascii().to_vec();
-                Some((name, value))
-            })
+        self.fields = super::stored_fields::StoredFields(block)
+            .lines()
+            .map(|l| (l.name.to_string(), l.value.to_vec()))
             .collect();
         self
     }

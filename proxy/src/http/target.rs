@@ -32,6 +32,7 @@ pub struct PathRules {
 
 impl PathRules {
     /// The defaults: backslashes refused, parameters kept opaque.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub const SAFE: PathRules = PathRules {
         reject_backslash: true,
         reject_parameters: false,

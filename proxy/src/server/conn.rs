@@ -30,29 +30,30 @@ use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 /// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
 
-/// A client connection's state.
+/// A client connection's state. Its fields are `server/`'s alone: the fetch, hit and read-behind
+/// paths are parts of one connection, and nothing outside `server/` reaches into one.
 pub struct Conn {
     /// The socket.
-    pub sock: TcpStream,
+    pub(super) sock: TcpStream,
     /// Client address.
-    pub peer: SocketAddr,
+    pub(super) peer: SocketAddr,
     /// Accounting id.
-    pub id: ConnId,
+    pub(super) id: ConnId,
     /// Bytes read and not yet consumed (pipelined requests wait here).
-    pub buf: BytesMut,
+    pub(super) buf: BytesMut,
     /// Reused buffer for response heads.
-    pub head: Vec<u8>,
+    pub(super) head: Vec<u8>,
     /// The context current when this request started.
-    pub ctx: Arc<Ctx>,
+    pub(super) ctx: Arc<Ctx>,
     /// What outlives reloads: the current context and the shutdown signal.
-    pub shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     /// Close after the current response: the request's body was not read to its end, so the
     /// next bytes on the connection are no request.
-    pub must_close: bool,
+    pub(super) must_close: bool,
     /// The current request's part of its access log line (left empty without an access log).
-    pub log_info: crate::accesslog::RequestInfo,
+    pub(super) log_info: crate::accesslog::RequestInfo,
     /// The current request is a fleet peer's (its responses are counted as such).
-    pub from_peer: bool,
+    pub(super) from_peer: bool,
 }
 
 /// Why a connection must end without (further) response.
@@ -354,8 +355,8 @@ impl Conn {
         // The streaming exchange clears this once it has read the body to its end.
         self.must_close = matches!(body, RequestBody::Streaming { .. });
         let ctx = self.ctx.clone();
-        use crate::fleet::internal::{Intake, intake};
-        let from_peer = match intake(self, &mut req, &body).await? {
+        use super::fleet_intake::Intake;
+        let from_peer = match self.fleet_intake(&mut req, &body).await? {
             Intake::Answered(keep) => return Ok(keep),
             Intake::Peer => true,
             Intake::Client => false,

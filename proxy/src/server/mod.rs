@@ -9,6 +9,7 @@
 pub mod behind;
 pub mod conn;
 pub mod fetch;
+mod fleet_intake;
 pub mod hit;
 pub mod listen;
 pub mod upload;

@@ -89,8 +89,6 @@ pub struct UpstreamConn {
     server: usize,
     /// The worker whose runtime polls `stream` ([`worker_id::current`]).
     worker: usize,
-    /// Came from the pool (may have been closed by the server meanwhile).
-    pub reused: bool,
     /// Counts this request in its server's in-flight requests (`least_conn`) while it lives.
     _in_flight: InFlight,
 }
@@ -174,7 +172,6 @@ impl Group {
                 buf: BytesMut::with_capacity(16 * 1024),
                 server: i,
                 worker: me,
-                reused: true,
                 _in_flight: peer.in_flight(),
             });
         }
@@ -194,7 +191,6 @@ impl Group {
                     buf: BytesMut::with_capacity(16 * 1024),
                     server: i,
                     worker: worker_id::current(),
-                    reused: false,
                     _in_flight: in_flight,
                 });
             }

@@ -171,6 +171,7 @@ fn checksum(fixed_tail: &[u8], meta: &[u8]) -> u32 {
     xxh3_64(&buf) as u32
 }
 
+#[cfg(test)]
 /// The body checksum of a body held in memory (what [`BodyHasher`] computes piece by piece).
 pub fn body_checksum(body: &[u8]) -> u64 {
     xxh3_64(body)
@@ -297,6 +298,7 @@ pub fn read_entry_header(file: &File) -> Result<Header, CorruptEntry> {
     })
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// [`read_entry_header`] as (meta, body_offset, body_len), for callers that do not verify bodies.
 pub fn read_header(file: &File) -> Result<(Meta, u64, u64), CorruptEntry> {
     let h = read_entry_header(file)?;

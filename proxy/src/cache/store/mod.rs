@@ -5,7 +5,8 @@
 //! is really gone (ENOENT), and a write failure degrades the cache to pass-through instead of
 //! serving a torn entry.
 //!
-//! The index is one mutex. A lookup holds it for a hash probe and an LRU splice, far shorter than
+//! The index is one mutex. A lookup holds it for two hash probes (the entry, then its place in the
+//! eviction order) and a list splice, far shorter than
 //! anything else on the request path, and on 2 cores a sharded or lock-free map would buy nothing
 //! measurable (see docs/benchmark.md). Files are deleted outside the lock.
 
@@ -87,7 +88,7 @@ pub struct Rebuilt {
 }
 
 impl Store {
-    /// Opens (creating) the cache directory; call [`Store::rebuild`] next.
+    /// Opens (creating) the cache directory; call [`Store::rebuild_verifying`] next.
     pub fn open(dir: &Path, limits: StoreLimits) -> io::Result<Store> {
         Ok(Store {
             layout: Layout::create(dir, limits.levels)?,

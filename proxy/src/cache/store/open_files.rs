@@ -114,7 +114,9 @@ impl OpenFiles {
                 if now.duration_since(of.checked) < NLINK_RECHECK {
                     return Ok(of.file.clone());
                 }
-                if of.file.metadata()?.nlink() > 0 {
+                // An fstat error says nothing of the path: never let it read as ENOENT (gone).
+                let nlink = of.file.metadata().map_err(io::Error::other)?.nlink();
+                if nlink > 0 {
                     of.checked = now;
                     return Ok(of.file.clone());
                 }

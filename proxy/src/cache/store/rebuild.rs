@@ -11,13 +11,7 @@ use std::sync::Arc;
 
 impl Store {
     /// Indexes every valid entry file and deletes the rest (temp files of fills interrupted by a
-    /// crash or `kill -9`, torn or corrupt entries). Verifies no body: see
-    /// [`Store::rebuild_verifying`].
-    pub fn rebuild(&self) -> io::Result<Rebuilt> {
-        self.rebuild_verifying(0)
-    }
-
-    /// [`Store::rebuild`], then verifies the bodies of at most `verify` indexed entries, chosen at
+    /// crash or `kill -9`, torn or corrupt entries), then verifies the bodies of at most `verify` indexed entries, chosen at
     /// random (`cache.verify_on_start`): an entry whose body does not have its checksum is
     /// deleted and counted. Random rather than a fixed choice, so successive restarts cover
     /// different entries; the scrub covers them all in time. This reads up to `verify` whole

@@ -3,58 +3,8 @@
 
 use super::open_files::injected::{self, fail_next_opens};
 use super::*;
-use crate::cache::entry::Meta;
-use crate::cache::fill::Fill;
-use std::time::{Duration, SystemTime};
-
-fn store(dir: &Path, open_files: usize) -> Arc<Store> {
-    let limits = StoreLimits {
-        max_size: 1 << 30,
-        max_entries: 1000,
-        levels: 1,
-        open_files,
-    };
-    Arc::new(Store::open(dir, limits).expect("store"))
-}
-
-/// Stores `body` for `target` through a real fill, as the proxy does.
-fn put(store: &Arc<Store>, target: &str, body: &[u8]) -> Arc<Entry> {
-    let key = CacheKey::new("GET", "http", "h", target, 128);
-    let url = key.text.clone();
-    fill(
-        store,
-        &key,
-        &url,
-        b"Cache-Control: max-age=600\r\n",
-        Vec::new(),
-        body,
-    )
-}
-
-/// Stores `body` under `key` (for `url`) through a real fill, fresh for 10 minutes.
-fn fill(
-    store: &Arc<Store>,
-    key: &CacheKey,
-    url: &str,
-    fields: &[u8],
-    vary: Vec<String>,
-    body: &[u8],
-) -> Arc<Entry> {
-    let meta = Meta {
-        key: key.text.clone(),
-        stored_at: SystemTime::now(),
-        initial_age: Duration::ZERO,
-        lifetime: Duration::from_secs(600),
-        status: 200,
-        reason: "OK".into(),
-        fields: fields.to_vec(),
-        vary,
-        url: url.to_string(),
-    };
-    let mut fill = Fill::create(store.clone(), key.hash, meta).expect("fill");
-    fill.write(body).expect("write");
-    fill.commit().expect("commit")
-}
+use crate::cache::test_support::{fill, flip, put, store};
+use std::time::Duration;
 
 fn indexed(store: &Store, e: &Arc<Entry>) -> bool {
     let key = CacheKey::from_text(e.meta.key.clone(), 128);
@@ -190,20 +140,6 @@ fn the_held_list_stays_bounded() {
     assert!(s.open_files() <= 4);
 }
 
-/// Flips one byte of `e`'s body in place, as a bad sector or a stray write would.
-fn flip_body_byte(e: &Entry, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&e.path)
-        .expect("open");
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, e.body_offset + at).expect("read");
-    f.write_all_at(&[b[0] ^ 0x20], e.body_offset + at)
-        .expect("write");
-}
-
 #[test]
 fn a_fill_stores_its_body_checksum() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -229,7 +165,7 @@ fn start_up_verification_discards_a_corrupt_body() {
     let s = store(tmp.path(), 10);
     let good = put(&s, "/good", &[7u8; 5000]);
     let bad = put(&s, "/bad", &[9u8; 5000]);
-    flip_body_byte(&bad, 500);
+    flip(&bad, 500);
     drop(s);
     // Without verification the corrupt entry is indexed (a hit never reads the body).
     let s = store(tmp.path(), 10);

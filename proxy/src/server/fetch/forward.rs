@@ -123,7 +123,11 @@ impl Fetch<'_> {
                     put(&mut out, n, value);
                 }
             } else if n.eq_ignore_ascii_case("via") {
-                via = Some(v.into_owned());
+                // Every line of a repeated Via is one list (RFC 9110 §5.3): keep every hop.
+                via = Some(match via {
+                    Some(p) => format!("{p}, {v}"),
+                    None => v.into_owned(),
+                });
             } else {
                 put(&mut out, n, value);
             }

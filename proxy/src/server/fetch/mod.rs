@@ -28,8 +28,6 @@ mod forward;
 mod run;
 mod stream;
 
-pub use background::Background;
-
 /// One upstream fetch for one client request.
 pub struct Fetch<'a> {
     req: &'a RequestHead,

@@ -343,7 +343,12 @@ impl Fetch<'_> {
                 continue;
             }
             if k.eq_ignore_ascii_case("via") {
-                via = Some(String::from_utf8_lossy(v).into_owned());
+                // Every line of a repeated Via is one list (RFC 9110 §5.3): keep every hop.
+                let v = String::from_utf8_lossy(v);
+                via = Some(match via {
+                    Some(p) => format!("{p}, {v}"),
+                    None => v.into_owned(),
+                });
                 continue;
             }
             if ctx.store.targeted().hides(k) {
