@@ -14,6 +14,9 @@ use crate::server::upload::RequestBody;
 use crate::upstream::body::BodyReader;
 use serde::Deserialize;
 
+/// Longest wait for one peer's answer to a fleet purge.
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Largest internal answer or request body read.
 const MAX_BODY: usize = 64 * 1024;
 
@@ -96,7 +99,8 @@ fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
 }
 
 /// Asks `peer` for operation `op` with JSON `body` (empty for none); answers its status and
-/// JSON, within the fleet's health timeout for a health check and its read timeout otherwise.
+/// JSON, within the fleet's health timeout for a health check, and within its read timeout but
+/// at most 5 s otherwise.
 pub(crate) async fn call(
     fleet: &Fleet,
     peer: &PeerState,
@@ -125,10 +129,12 @@ pub(crate) async fn call(
     }
     req.extend_from_slice(b"\r\n");
     req.extend_from_slice(body);
+    // A purge waits for a hung peer no longer than this: the operator is waiting for the answer,
+    // and the peer catches up by the epoch anyway.
     let limit = if op == "health" {
         fleet.cfg.health_timeout
     } else {
-        fleet.cfg.read_timeout
+        fleet.cfg.read_timeout.min(PURGE_WAIT)
     };
     let exchange = async {
         let (mut up, head) = peer
