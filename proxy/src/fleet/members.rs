@@ -10,6 +10,9 @@ use std::sync::Arc;
 use zerocache_config::UpstreamServer;
 use zerocache_config::fleet::FleetConfig;
 
+/// Longest wait for one name's addresses.
+const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One resolved membership.
 pub(crate) struct View {
     /// Every member, this node included, sorted by id.
@@ -42,10 +45,15 @@ async fn resolve(addr: &str) -> std::io::Result<Vec<String>> {
     if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
         return Ok(vec![a.to_string()]);
     }
-    let mut out: Vec<String> = tokio::net::lookup_host(addr)
-        .await?
-        .map(|a| a.to_string())
-        .collect();
+    let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host(addr))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no DNS answer within {LOOKUP_TIMEOUT:?}"),
+            )
+        })??;
+    let mut out: Vec<String> = lookup.map(|a| a.to_string()).collect();
     out.sort();
     out.dedup();
     Ok(out)
