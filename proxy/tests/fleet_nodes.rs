@@ -88,6 +88,10 @@ fn a_thousand_objects_over_three_nodes_reach_the_origin_once_each() {
         assert_eq!(origin.hits(&path(*i)), 1, "{} reached the origin", path(*i));
     }
     assert_eq!(origin.request_count(), OBJECTS as u64);
+    // Owners fetched for their peers: the hop header (with the secret) never reached the origin.
+    for got in origin.received() {
+        assert!(got.header("zerocache-fleet").is_none(), "{}", got.path);
+    }
     // Stored once in the fleet: on its owner only.
     let stored: Vec<u64> = (0..3).map(|n| f.objects(n)).collect();
     assert_eq!(stored.iter().sum::<u64>(), OBJECTS as u64, "{stored:?}");
