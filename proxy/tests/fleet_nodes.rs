@@ -527,3 +527,25 @@ fn store_remote_keeps_owners_objects_here_too_within_local_hot_max() {
     assert_eq!(f.objects(1), relayed.len() as u64);
     assert_eq!(origin.request_count(), items.len() as u64);
 }
+
+#[test]
+fn a_head_miss_asks_the_owner_which_answers_from_its_cache() {
+    let (origin, _rt) = origin();
+    let f = TestFleet::start(origin.addr(), 2, "", false);
+    let items: Vec<usize> = (0..20).collect();
+    fetch_all(&f, 1, &items);
+    let owner = owners(&f, &items);
+    let before = origin.request_count();
+    for &i in &items {
+        let r = f.client(0).request("HEAD", &path(i), &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.x_cache(), "HIT", "{:?}", r.headers);
+        assert_eq!(
+            r.header("content-length"),
+            Some((1000 + i).to_string().as_str())
+        );
+        let relayed = r.header("cache-status").is_some_and(|c| c.contains("detail=peer"));
+        assert_eq!(relayed, owner[&i] == 1, "{i}: {:?}", r.headers);
+    }
+    assert_eq!(origin.request_count(), before, "no HEAD reached the origin");
+}

@@ -520,7 +520,13 @@ impl Conn {
                 .store_set_cookie(route.store_set_cookie);
             let fetch = match stale {
                 Some(e) => fetch.head_update(e, primary.hash),
-                None => fetch,
+                // Not this node's key: its owner answers (from its cache, if it has it).
+                None => fetch.fleet(
+                    ctx.fleet
+                        .as_ref()
+                        .filter(|_| !from_peer)
+                        .and_then(|f| f.plan(&primary.text)),
+                ),
             };
             return self.fetch(fetch).await;
         }
