@@ -544,8 +544,31 @@ fn a_head_miss_asks_the_owner_which_answers_from_its_cache() {
             r.header("content-length"),
             Some((1000 + i).to_string().as_str())
         );
-        let relayed = r.header("cache-status").is_some_and(|c| c.contains("detail=peer"));
+        let relayed = r
+            .header("cache-status")
+            .is_some_and(|c| c.contains("detail=peer"));
         assert_eq!(relayed, owner[&i] == 1, "{i}: {:?}", r.headers);
     }
     assert_eq!(origin.request_count(), before, "no HEAD reached the origin");
+}
+
+#[test]
+fn a_range_miss_asks_the_owner_which_serves_it_from_its_cache() {
+    let (origin, _rt) = origin();
+    let f = TestFleet::start(origin.addr(), 2, "", false);
+    let items: Vec<usize> = (0..20).collect();
+    fetch_all(&f, 1, &items);
+    let owner = owners(&f, &items);
+    let theirs: Vec<usize> = items.iter().copied().filter(|i| owner[i] == 1).collect();
+    assert!(!theirs.is_empty());
+    let before = origin.request_count();
+    for &i in &theirs {
+        let r = f.client(0).get(&path(i), &[("Range", "bytes=100-199")]);
+        assert_eq!(r.status, 206, "{:?}", r.headers);
+        assert!(r.body == body(1000 + i)[100..200], "{i}: wrong bytes");
+        assert_eq!(r.x_cache(), "HIT", "{:?}", r.headers);
+        assert!(r.header("cache-status").is_some_and(|c| c.contains("detail=peer")));
+    }
+    assert_eq!(origin.request_count(), before, "no range reached the origin");
+    assert_eq!(f.objects(0), (items.len() - theirs.len()) as u64, "nothing stored here");
 }

@@ -498,18 +498,24 @@ impl Conn {
             // A Range miss: the size is unknown, so the range is forwarded and the 206 relayed,
             // never stored; the whole object is then filled in the background when it is small
             // enough (`cache.range_fill_max`), so the next request is a hit.
-            return self
-                .fetch(
-                    Fetch::new(&req, body, upstream, status, "miss", None, started)
-                        .not_stored("range")
-                        .store_set_cookie(route.store_set_cookie)
-                        .range_fill(RangeFill {
-                            primary,
-                            url: url.text,
-                            default_ttl,
-                        }),
-                )
-                .await;
+            // Not this node's key: the range goes to its owner, which fills the whole object.
+            let plan = ctx
+                .fleet
+                .as_ref()
+                .filter(|_| !from_peer)
+                .and_then(|f| f.plan(&primary.text));
+            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started)
+                .not_stored("range")
+                .store_set_cookie(route.store_set_cookie);
+            let fetch = match plan {
+                Some(p) => fetch.fleet(Some(p)),
+                None => fetch.range_fill(RangeFill {
+                    primary,
+                    url: url.text,
+                    default_ttl,
+                }),
+            };
+            return self.fetch(fetch).await;
         }
         if req.method == "HEAD" {
             // A HEAD cannot fill a GET entry; forward it without taking the fill lock. Its 200
