@@ -567,8 +567,44 @@ fn a_range_miss_asks_the_owner_which_serves_it_from_its_cache() {
         assert_eq!(r.status, 206, "{:?}", r.headers);
         assert!(r.body == body(1000 + i)[100..200], "{i}: wrong bytes");
         assert_eq!(r.x_cache(), "HIT", "{:?}", r.headers);
-        assert!(r.header("cache-status").is_some_and(|c| c.contains("detail=peer")));
+        assert!(
+            r.header("cache-status")
+                .is_some_and(|c| c.contains("detail=peer"))
+        );
     }
-    assert_eq!(origin.request_count(), before, "no range reached the origin");
-    assert_eq!(f.objects(0), (items.len() - theirs.len()) as u64, "nothing stored here");
+    assert_eq!(
+        origin.request_count(),
+        before,
+        "no range reached the origin"
+    );
+    assert_eq!(
+        f.objects(0),
+        (items.len() - theirs.len()) as u64,
+        "nothing stored here"
+    );
+}
+
+#[test]
+fn an_upstream_host_override_does_not_change_which_node_owns_a_key() {
+    let (origin, _rt) = origin();
+    // The origin is asked with its own name; keys and owners keep the client's host.
+    let f = TestFleet::start_with(
+        origin.addr(),
+        3,
+        "",
+        false,
+        "    host: bucket.origin.example\n",
+    );
+    let items: Vec<usize> = (0..60).collect();
+    for n in 0..3 {
+        fetch_all(&f, n, &items);
+    }
+    for i in &items {
+        assert_eq!(origin.hits(&path(*i)), 1, "{}", path(*i));
+    }
+    for got in origin.received() {
+        assert_eq!(got.header("host"), Some("bucket.origin.example"));
+    }
+    let stored: u64 = (0..3).map(|n| f.objects(n)).sum();
+    assert_eq!(stored, items.len() as u64, "each stored once, by its owner");
 }

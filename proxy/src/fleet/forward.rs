@@ -77,41 +77,53 @@ pub(crate) enum Went {
 /// An exchange's result: the connection it answered on and the response head.
 pub(crate) type Exchanged = Result<(UpstreamConn, ResponseHead), UpstreamError>;
 
-/// `request` with the hop header `line` after its request line.
-fn with_hop(request: &[u8], line: &str) -> Vec<u8> {
-    let at = request
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .map_or(request.len(), |i| i + 2);
-    let mut out = Vec::with_capacity(request.len() + line.len());
-    out.extend_from_slice(&request[..at]);
+/// `request` (built for the origin) as a peer gets it: the hop header `line` after the request
+/// line, and `Host` the client's (`host`), whatever the upstream group sends its origin
+/// (`upstreams.NAME.host`): the owner routes and keys the request by the client's host, as this
+/// node did. The request builder writes `Host` first.
+fn with_hop(request: &[u8], line: &str, host: &str) -> Vec<u8> {
+    let line_end = |from: usize| {
+        request[from..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map_or(request.len(), |i| from + i + 2)
+    };
+    let first = line_end(0);
+    let rest = if request[first..]
+        .get(..5)
+        .is_some_and(|h| h.eq_ignore_ascii_case(b"host:"))
+    {
+        line_end(first)
+    } else {
+        first
+    };
+    let mut out = Vec::with_capacity(request.len() + line.len() + host.len());
+    out.extend_from_slice(&request[..first]);
     out.extend_from_slice(line.as_bytes());
-    out.extend_from_slice(&request[at..]);
+    out.extend_from_slice(format!("Host: {host}\r\n").as_bytes());
+    out.extend_from_slice(&request[rest..]);
     out
 }
 
-/// Sends `request` (a GET without body, built for the origin) along `plan`; `origin` is the
-/// route's upstream group, for when this node must fetch itself. `key` is the primary key.
+/// Sends `request` (a GET or HEAD without body, built for the origin) along `plan`; `origin`
+/// is the route's upstream group, for when this node must fetch itself. `key` is the primary
+/// key, `host` the client's (normalised) host.
 pub(crate) async fn exchange(
     plan: Plan,
     origin: &Group,
     request: &[u8],
     key: &str,
+    host: &str,
     interim: &mut Vec<ResponseHead>,
 ) -> (Went, Exchanged) {
     let f = &plan.fleet;
     let ours = f.routing();
     let line = super::hop::line(&f.self_id().unwrap_or_default(), ours, &f.cfg.secret, None);
-    let hopped = with_hop(request, &line);
-    let to_origin = |store: bool| async move {
-        (
-            Went::Origin { store },
-            origin.exchange(request, true, key, &mut Vec::new()).await,
-        )
-    };
+    let hopped = with_hop(request, &line, host);
+    let mut store_at_origin = true;
     for &i in &plan.order {
         if Some(i) == plan.view.self_index {
-            return to_origin(true).await;
+            break;
         }
         let Some(peer) = plan.view.peers.get(i).cloned().flatten() else {
             continue;
@@ -119,7 +131,8 @@ pub(crate) async fn exchange(
         if !peer.usable(ours) {
             peer.count("refused");
             if f.on_owner_down() == OnOwnerDown::Origin {
-                return to_origin(false).await;
+                store_at_origin = false;
+                break;
             }
             continue;
         }
@@ -134,14 +147,22 @@ pub(crate) async fn exchange(
                 peer.count("error");
                 peer.mark_down(e.to_string());
                 if f.on_owner_down() == OnOwnerDown::Origin {
-                    return to_origin(false).await;
+                    store_at_origin = false;
+                    break;
                 }
             }
         }
     }
-    // The order holds every member, this node included, so this is reached only if this node
-    // left the membership meanwhile: fetch as if alone.
-    to_origin(true).await
+    // This node is next in the key's order (or, having left the membership meanwhile, fetches as
+    // if alone), or `on_owner_down: origin` sends the key to the origin unstored.
+    interim.clear();
+    let x = origin.exchange(request, true, key, interim).await;
+    (
+        Went::Origin {
+            store: store_at_origin,
+        },
+        x,
+    )
 }
 
 /// `X-Cache` and `Cache-Status` for a response relayed from a peer: what happened at the
@@ -166,14 +187,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_hop_header_goes_after_the_request_line() {
+    fn the_hop_header_goes_after_the_request_line_with_the_clients_host() {
         let r = with_hop(
-            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /a HTTP/1.1\r\nHost: bucket.s3.example\r\nVia: 1.1 zerocache\r\n\r\n",
             "Zerocache-Fleet: v1\r\n",
+            "www.example",
         );
         assert_eq!(
             r,
-            b"GET /a HTTP/1.1\r\nZerocache-Fleet: v1\r\nHost: x\r\n\r\n".to_vec()
+            b"GET /a HTTP/1.1\r\nZerocache-Fleet: v1\r\nHost: www.example\r\nVia: 1.1 zerocache\r\n\r\n".to_vec()
+        );
+        let r = with_hop(b"GET /a HTTP/1.1\r\nVia: x\r\n\r\n", "Z: 1\r\n", "h");
+        assert_eq!(
+            r,
+            b"GET /a HTTP/1.1\r\nZ: 1\r\nHost: h\r\nVia: x\r\n\r\n".to_vec()
         );
     }
 }

@@ -30,6 +30,18 @@ impl TestFleet {
     /// Starts `n` nodes in front of `origin`. `fleet_extra` is added to each node's `fleet:`
     /// section (indented 2 spaces); `probe` enables the probe on every node.
     pub fn start(origin: SocketAddr, n: usize, fleet_extra: &str, probe: bool) -> TestFleet {
+        TestFleet::start_with(origin, n, fleet_extra, probe, "")
+    }
+
+    /// [`TestFleet::start`] with `upstream_extra` added to the origin's upstream group
+    /// (indented 4 spaces).
+    pub fn start_with(
+        origin: SocketAddr,
+        n: usize,
+        fleet_extra: &str,
+        probe: bool,
+        upstream_extra: &str,
+    ) -> TestFleet {
         let dir = tempfile::tempdir().expect("tempdir");
         let addrs: Vec<SocketAddr> = (0..n)
             .map(|i| {
@@ -49,7 +61,7 @@ impl TestFleet {
             let cache = dir.path().join(format!("cache-{i}"));
             let config = dir.path().join(format!("node-{i}.yaml"));
             let yaml = format!(
-                "listen: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
+                "listen: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\n{upstream_extra}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
                 cache = cache.display(),
             );
             std::fs::write(&config, yaml).expect("write config");

@@ -23,8 +23,10 @@ impl Fetch<'_> {
         interim: &mut Vec<ResponseHead>,
     ) -> Exchanged {
         let key = self.balance_key().into_owned();
+        let host = self.req.host.as_str();
         let (went, x) =
-            crate::fleet::forward::exchange(plan, &self.upstream, request, &key, interim).await;
+            crate::fleet::forward::exchange(plan, &self.upstream, request, &key, host, interim)
+                .await;
         match went {
             Went::Peer(relay) => {
                 self.upstream = relay.peer.group.clone();
