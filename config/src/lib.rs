@@ -6,6 +6,7 @@
 
 pub mod cidr;
 pub mod error;
+pub mod fleet;
 pub mod schema;
 mod sections;
 pub mod tls;
@@ -68,5 +69,10 @@ pub fn apply_env(config: &mut Config, get: impl Fn(&str) -> Option<String>) {
     }
     if let Some(path) = get("ZEROCACHE_CACHE_PATH") {
         config.cache.path = path.into();
+    }
+    // One config for every member of a fleet (a Kubernetes ConfigMap or Secret): each member's
+    // own address comes from its environment (the pod's IP).
+    if let (Some(fleet), Some(me)) = (config.fleet.as_mut(), get("ZEROCACHE_FLEET_SELF")) {
+        fleet.self_addr = me;
     }
 }

@@ -24,6 +24,7 @@ pub const TOP_LEVEL: &[&str] = &[
     "proxy",
     "debug",
     "tls",
+    "fleet",
 ];
 
 /// The first error of each top-level section of `text`, beside `whole` (the whole file's first
@@ -45,6 +46,7 @@ pub(crate) fn errors(text: &str, file: &str, whole: ConfigError) -> ConfigError 
             "logging" => first_error::<LoggingConfig>(&block),
             "proxy" => first_error::<ProxyConfig>(&block),
             "debug" => first_error::<DebugConfig>(&block),
+            "fleet" => first_error::<crate::fleet::FleetConfig>(&block),
             _ => None,
         };
         if let Some(e) = e {

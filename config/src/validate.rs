@@ -34,6 +34,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<Invalid>> {
 
 fn checks(config: &Config, errs: &mut Vec<Invalid>) {
     crate::tls::checks(config, errs);
+    crate::fleet::check(config, errs);
     let listen: Vec<SocketAddr> = match config.listen.addrs() {
         Ok(a) => a,
         Err(e) => {

@@ -5,6 +5,7 @@
 
 pub(crate) mod api;
 pub mod clock;
+pub mod fleet;
 pub mod guard;
 pub(crate) mod history;
 pub(crate) mod metrics;

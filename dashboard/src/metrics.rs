@@ -280,6 +280,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     crate::process_metrics::register(&r, &snap, &["zerocache"], Some(std::process::id()))?;
 
     r.register(Box::new(acc.durations().clone()))?;
+    crate::fleet::render(&r, state)?;
     // The standard process_* families (CPU seconds, resident memory, open fds, start time), so
     // the usual alerts and dashboards work unchanged.
     r.register(Box::new(

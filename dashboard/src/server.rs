@@ -62,6 +62,8 @@ pub struct DashboardState {
     /// The test hook behind `POST /api/debug/clock`; `None` (the route answers 404) unless
     /// `debug.adjustable_clock` is on: see [`crate::clock`].
     pub advance_clock: Option<crate::clock::AdvanceClockFn>,
+    /// The fleet this node is a member of, if any (`/api/fleet`, fleet purges and metrics).
+    pub fleet: Option<crate::fleet::FleetHooks>,
 }
 
 /// The proxy's purge: removes what a [`Purge`] names and answers how many entries went.
@@ -83,6 +85,9 @@ struct PurgeBody {
     url: Option<String>,
     #[serde(default)]
     prefix: Option<String>,
+    /// Purge on every fleet peer as well (`crate::fleet`).
+    #[serde(default)]
+    fleet: bool,
 }
 
 /// The disk cache as the dashboard shows it.
@@ -143,6 +148,7 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
             "/api/debug/clock",
             axum::routing::post(crate::clock::advance),
         )
+        .route("/api/fleet", get(crate::fleet::api))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)
         // No token, and let through by `edge` whatever the Host: see [`HEALTHZ`].
@@ -350,17 +356,21 @@ async fn connections(
 /// the entries are gone from the index before the answer, so no request that arrives after it is
 /// served them; transfers already running finish from their open files. Like every
 /// state-changing request it needs `Content-Type: application/json` and no foreign `Origin`
-/// ([`edge`]).
+/// ([`edge`]). With `"fleet": true` the purge is also sent to every fleet peer, and the answer
+/// says per peer what happened (see `crate::fleet`).
 async fn purge(State(state): State<Arc<DashboardState>>, body: axum::body::Bytes) -> Response {
     let parsed: Result<PurgeBody, _> = serde_json::from_slice(&body);
+    let fleet = parsed.as_ref().is_ok_and(|b| b.fleet);
     let target = match parsed {
         Ok(PurgeBody {
             url: Some(u),
             prefix: None,
+            ..
         }) => Purge::Url(u),
         Ok(PurgeBody {
             url: None,
             prefix: Some(p),
+            ..
         }) => Purge::Prefix(p),
         Ok(_) => {
             return (
@@ -377,10 +387,23 @@ async fn purge(State(state): State<Arc<DashboardState>>, body: axum::body::Bytes
                 .into_response();
         }
     };
+    if fleet && state.fleet.is_none() {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "`fleet: true`, but this node is not in a fleet"})),
+        )
+            .into_response();
+    }
     match (state.purge)(&target) {
         Ok(n) => {
-            tracing::info!(?target, purged = n, "purge");
-            Json(serde_json::json!({ "purged": n })).into_response()
+            tracing::info!(?target, purged = n, fleet, "purge");
+            match state.fleet.as_ref().filter(|_| fleet) {
+                Some(h) => {
+                    let peers = (h.purge)(target).await;
+                    Json(serde_json::json!({ "purged": n, "peers": peers })).into_response()
+                }
+                None => Json(serde_json::json!({ "purged": n })).into_response(),
+            }
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,

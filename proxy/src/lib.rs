@@ -8,10 +8,12 @@ pub(crate) mod clock;
 pub(crate) mod cpu;
 pub mod exports;
 pub(crate) mod fd_limits;
+pub(crate) mod fleet;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub(crate) mod http;
 pub(crate) mod notify;
+pub(crate) mod purge;
 pub(crate) mod request_id;
 pub(crate) mod residency;
 pub(crate) mod routing;

@@ -48,6 +48,7 @@ struct Kept {
     /// [`connection_cap`] of the process's RLIMIT_NOFILE.
     connection_cap: usize,
     nofile: u64,
+    fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 /// How many data-plane workers to run and where (see `cpu::placement`). By default one worker
@@ -132,6 +133,7 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
         abandoned_fill_max: config.cache.abandoned_fill_max.as_u64(),
         abandoned_fill_timeout: config.cache.abandoned_fill_timeout,
         tls,
+        fleet: crate::fleet::Fleet::for_config(&kept.fleet, config),
     }
 }
 
@@ -239,6 +241,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // Set when SIGTERM/SIGINT starts the drain: `/healthz` then answers 503, so a load balancer
     // stops sending new clients while responses in flight finish.
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fleet = crate::fleet::Fleet::start(&config, &store).await;
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
         let st = store.clone();
@@ -273,7 +276,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             token: zerocache_dashboard::guard::check_token(config.dashboard.token.clone())?,
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             metrics_require_token: config.dashboard.metrics_require_token,
-            purge: Box::new(move |p| purge(&purge_store, p)),
+            purge: Box::new(move |p| crate::purge::purge(&purge_store, p)),
             advance_clock: config.debug.adjustable_clock.then(|| {
                 Box::new(crate::clock::advance) as zerocache_dashboard::clock::AdvanceClockFn
             }),
@@ -293,6 +296,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                     Ok(())
                 }
             }),
+            fleet: crate::fleet::Fleet::hooks(&fleet),
         });
         tokio::spawn(async move {
             if let Err(e) = zerocache_dashboard::serve(l, state).await {
@@ -309,6 +313,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         access_log,
         connection_cap,
         nofile,
+        fleet,
     };
     let shared = Shared::new(build_ctx(&config, &kept, tls.server));
     if config.debug.adjustable_clock {
@@ -380,36 +385,6 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A purge from the dashboard API, by absolute URL or URL prefix. Routes that drop the query from
-/// their keys index the URL without it, so both spellings are purged.
-fn purge(store: &Store, p: &zerocache_dashboard::Purge) -> Result<usize, String> {
-    use crate::cache::invalidation::{split_absolute, url_text};
-    let (raw, prefix) = match p {
-        zerocache_dashboard::Purge::Url(u) => (u, false),
-        zerocache_dashboard::Purge::Prefix(u) => (u, true),
-    };
-    let (host, target) = split_absolute(raw)
-        .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
-    let mut texts = vec![url_text(&host, &target, true)];
-    let without_query = url_text(&host, &target, false);
-    if !prefix && without_query != texts[0] {
-        texts.push(without_query);
-    }
-    Ok(texts
-        .into_iter()
-        .flat_map(crate::tls::with_https_twin)
-        .collect::<Vec<_>>()
-        .iter()
-        .map(|t| {
-            if prefix {
-                store.purge_prefix(t)
-            } else {
-                store.purge_url(t)
-            }
-        })
-        .sum())
-}
-
 /// SIGHUP: re-reads the config; a valid one replaces routes, upstreams, limits and the probe's
 /// watch list for new requests, an invalid one is logged and the old one kept.
 fn reload(
@@ -452,6 +427,7 @@ fn reload(
             "debug.adjustable_clock",
             new.debug.adjustable_clock != old.debug.adjustable_clock,
         ),
+        ("fleet", new.fleet != old.fleet),
     ] {
         if changed {
             tracing::warn!(

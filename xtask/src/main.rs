@@ -2,6 +2,7 @@
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
+mod bench_fleet;
 mod bench_tls;
 mod bench_watch;
 mod demo;
@@ -97,6 +98,13 @@ enum Task {
         /// xtask/bench/results/watch-cost.md. The full run appends the same section.
         #[arg(long)]
         watch_cost: bool,
+        /// The fleet mode: three nodes on loopback acting as one cache (xtask/src/bench_fleet.rs);
+        /// writes xtask/bench/results/fleet.md. Uses --duration.
+        #[arg(long)]
+        fleet: bool,
+        /// With --fleet: debug binaries, for a quick check of the harness (no figures to quote).
+        #[arg(long)]
+        debug: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -172,6 +180,20 @@ fn main() -> ExitCode {
         } => setup::setup().and_then(|_| fuzz::fuzz(time, target, verbose, &libfuzzer_args)),
         Task::Bench {
             duration,
+            fleet: true,
+            debug,
+            ..
+        } => setup::setup().and_then(|_| {
+            bench_fleet::bench_fleet(bench_fleet::Options {
+                duration,
+                objects: 300,
+                size: 16 * 1024,
+                clients: 4,
+                release: !debug,
+            })
+        }),
+        Task::Bench {
+            duration,
             reps,
             pin,
             sizes,
@@ -179,7 +201,7 @@ fn main() -> ExitCode {
             unpinned,
             cold,
             tls: true,
-            watch_cost: _,
+            ..
         } => setup::setup().and_then(|_| {
             anyhow::ensure!(
                 !(pin || affinity || unpinned || cold) && sizes.is_empty(),
@@ -197,6 +219,7 @@ fn main() -> ExitCode {
             cold,
             tls: false,
             watch_cost,
+            ..
         } => setup::setup().and_then(|_| {
             bench::bench(bench::Options {
                 duration,

@@ -23,7 +23,8 @@ use std::time::Instant;
 /// Debian packages used by tests and the benchmark: nginx (bench, probe tests) and wrk for
 /// `bench`; chromium and chromium-driver for the dashboard's browser test; prometheus for
 /// `promtool check metrics`; util-linux's setpriv and prlimit for the unprivileged and fd-limit
-/// tests; iproute2's ss for the listen backlog test; strace and curl for the README's examples;
+/// tests; iproute2's ss for the listen backlog test; python3-venv for the venv that holds
+/// kubernetes-validate (the fleet's Kubernetes manifests); strace and curl for the README's examples;
 /// for `cargo xtask package` and its test, dpkg-dev (cargo-deb's dependency detection runs
 /// dpkg-shlibdeps), binutils (strip, objcopy, readelf), logrotate (the test has it parse the
 /// packaged snippet) and systemd (`systemd-analyze verify` of the installed unit);
@@ -51,7 +52,11 @@ const APT_PACKAGES: &[&str] = &[
     "golang-go",
     "default-jdk-headless",
     "python3",
+    "python3-venv",
 ];
+
+/// The kubernetes-validate release (PyPI) that checks config/k8s/ in the fleet deployment test.
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
 /// The bpf-linker release this recipe was verified with.
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -83,6 +88,7 @@ fn setup_with(strict: bool) -> anyhow::Result<()> {
     cargo_deb(&mut changed)?;
     tracefs(&mut changed)?;
     apt(&mut changed, strict)?;
+    kubernetes_validate(&mut changed, strict)?;
     if changed.is_empty() {
         println!(
             "xtask: setup: everything present ({} ms)",
@@ -352,4 +358,50 @@ fn apt(changed: &mut Vec<String>, strict: bool) -> anyhow::Result<()> {
     }
     changed.push(format!("apt: {}", missing.join(" ")));
     Ok(())
+}
+
+/// Where setup installs kubernetes-validate when it is not on PATH: a venv of its own (Debian's
+/// Python refuses `pip install` outside one), which the fleet deployment test looks in too.
+pub fn tools_venv() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".local/share/zerocache/venv")
+}
+
+fn kubernetes_validate_ok() -> bool {
+    output(Command::new("kubernetes-validate").arg("--version")).is_some()
+        || output(Command::new(tools_venv().join("bin/kubernetes-validate")).arg("--version"))
+            .is_some()
+}
+
+/// kubernetes-validate (PyPI), for the fleet's manifests: into [`tools_venv`] when it is not
+/// on PATH already.
+fn kubernetes_validate(changed: &mut Vec<String>, strict: bool) -> anyhow::Result<()> {
+    if kubernetes_validate_ok() {
+        return Ok(());
+    }
+    let venv = tools_venv();
+    let made = run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).and_then(|()| {
+        run(Command::new(venv.join("bin/pip")).args([
+            "install",
+            "--quiet",
+            &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+        ]))
+    });
+    match made {
+        Ok(()) if kubernetes_validate_ok() => {
+            changed.push(format!("kubernetes-validate {KUBERNETES_VALIDATE_VERSION}"));
+            Ok(())
+        }
+        _ if !strict => {
+            println!(
+                "xtask: setup: could not install kubernetes-validate (python3 -m venv, pip); the fleet deployment test is skipped"
+            );
+            Ok(())
+        }
+        Ok(()) => anyhow::bail!(
+            "kubernetes-validate installed in {} but does not run",
+            venv.display()
+        ),
+        Err(e) => Err(e).context("installing kubernetes-validate (python3 -m venv, pip)"),
+    }
 }

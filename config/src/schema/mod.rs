@@ -62,6 +62,9 @@ pub struct Config {
     /// A listener for HTTPS clients (see [`crate::tls`]); unset: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<crate::tls::TlsListener>,
+    /// Several nodes acting as one cache (see `fleet.rs`); absent: this node is alone.
+    #[serde(default)]
+    pub fleet: Option<crate::fleet::FleetConfig>,
 }
 
 impl Config {

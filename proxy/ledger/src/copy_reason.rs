@@ -26,15 +26,19 @@ pub enum CopyReason {
     DebugCopy,
     /// A body the proxy generated itself (4xx/5xx text bodies).
     Generated,
+    /// A fleet member relayed the answer of the key's owner (not stored here): the bytes came
+    /// over a socket from the peer, so they pass through user space at this node by design.
+    Peer,
 }
 
 impl CopyReason {
     /// Every reason, in metric order.
-    pub const ALL: [CopyReason; 4] = [
+    pub const ALL: [CopyReason; 5] = [
         CopyReason::Miss,
         CopyReason::TlsUserspace,
         CopyReason::DebugCopy,
         CopyReason::Generated,
+        CopyReason::Peer,
     ];
 
     /// The metric label.
@@ -44,6 +48,7 @@ impl CopyReason {
             CopyReason::TlsUserspace => "tls-userspace",
             CopyReason::DebugCopy => "debug-copy",
             CopyReason::Generated => "generated",
+            CopyReason::Peer => "peer",
         }
     }
 
@@ -93,7 +98,7 @@ mod tests {
         assert_eq!(c.get(CopyReason::Miss), 0);
         assert_eq!(
             CopyReason::ALL.map(CopyReason::as_str),
-            ["miss", "tls-userspace", "debug-copy", "generated"]
+            ["miss", "tls-userspace", "debug-copy", "generated", "peer"]
         );
     }
 }

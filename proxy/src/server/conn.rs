@@ -51,6 +51,8 @@ pub struct Conn {
     pub(super) must_close: bool,
     /// The current request's part of its access log line (left empty without an access log).
     pub(super) log_info: crate::accesslog::RequestInfo,
+    /// The current request is a fleet peer's (its responses are counted as such).
+    pub(super) from_peer: bool,
 }
 
 /// Why a connection must end without (further) response.
@@ -85,6 +87,7 @@ pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
         shared,
         must_close: false,
         log_info: Default::default(),
+        from_peer: false,
     };
     /// Closes the connection's record however the task ends (a panic included). Declared after
     /// `conn`, so it runs first: the record must be waiting before the kernel sees the close.
@@ -375,6 +378,12 @@ impl Conn {
         // The streaming exchange clears this once it has read the body to its end.
         self.must_close = matches!(body, RequestBody::Streaming { .. });
         let ctx = self.ctx.clone();
+        use super::fleet_intake::Intake;
+        let from_peer = match self.fleet_intake(&mut req, &body).await? {
+            Intake::Answered(keep) => return Ok(keep),
+            Intake::Peer => true,
+            Intake::Client => false,
+        };
         // `OPTIONS *` names the server, not a path: it is routed by its host alone.
         let route_path = if req.target == "*" { "/" } else { &req.target };
         let Some(route) = ctx.routes.find(&req.host, route_path) else {
@@ -462,7 +471,7 @@ impl Conn {
         let directives = freshness::request_directives(&req);
         let mut status = CacheStatus::Miss;
         let mut stale: Option<Arc<Entry>> = None;
-        if let Some(e) = lookup() {
+        if let Some(e) = lookup().filter(|e| !crate::fleet::Fleet::drops(&ctx, e)) {
             let now = crate::clock::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
                 Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
@@ -518,18 +527,24 @@ impl Conn {
             // A Range miss: the size is unknown, so the range is forwarded and the 206 relayed,
             // never stored; the whole object is then filled in the background when it is small
             // enough (`cache.range_fill_max`), so the next request is a hit.
-            return self
-                .fetch(
-                    Fetch::new(&req, body, upstream, status, "miss", None, started)
-                        .not_stored("range")
-                        .store_set_cookie(route.store_set_cookie)
-                        .range_fill(RangeFill {
-                            primary,
-                            url: url.text,
-                            default_ttl,
-                        }),
-                )
-                .await;
+            // Not this node's key: the range goes to its owner, which fills the whole object.
+            let plan = ctx
+                .fleet
+                .as_ref()
+                .filter(|_| !from_peer)
+                .and_then(|f| f.plan(&primary.text));
+            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started)
+                .not_stored("range")
+                .store_set_cookie(route.store_set_cookie);
+            let fetch = match plan {
+                Some(p) => fetch.fleet(Some(p)),
+                None => fetch.range_fill(RangeFill {
+                    primary,
+                    url: url.text,
+                    default_ttl,
+                }),
+            };
+            return self.fetch(fetch).await;
         }
         if req.method == "HEAD" {
             // A HEAD cannot fill a GET entry; forward it without taking the fill lock. Its 200
@@ -540,7 +555,13 @@ impl Conn {
                 .store_set_cookie(route.store_set_cookie);
             let fetch = match stale {
                 Some(e) => fetch.head_update(e, primary.hash),
-                None => fetch,
+                // Not this node's key: its owner answers (from its cache, if it has it).
+                None => fetch.fleet(
+                    ctx.fleet
+                        .as_ref()
+                        .filter(|_| !from_peer)
+                        .and_then(|f| f.plan(&primary.text)),
+                ),
             };
             return self.fetch(fetch).await;
         }
@@ -596,6 +617,9 @@ impl Conn {
                 None
             }
         };
+        // Not this node's key: ask its owner (a peer's request is never forwarded again).
+        let owner = ctx.fleet.as_ref().filter(|_| !from_peer && stale.is_none());
+        let plan = owner.and_then(|f| f.plan(&primary.text));
         self.fetch(
             Fetch::new(
                 &req,
@@ -606,6 +630,7 @@ impl Conn {
                 Some((primary, guard)),
                 started,
             )
+            .fleet(plan)
             .revalidating(stale)
             .stale_grace(route.stale_grace)
             .url(url.text)

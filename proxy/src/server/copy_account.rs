@@ -36,6 +36,9 @@ impl Conn {
         }
         let r = &ResponseRecord { path, ..r.clone() };
         acc.response(self.id, r);
+        if self.from_peer {
+            crate::fleet::Fleet::count_peer_response(&self.ctx, r.cache_status);
+        }
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);
         }

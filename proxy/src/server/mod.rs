@@ -11,6 +11,7 @@ pub mod client_sock;
 pub mod conn;
 mod copy_account;
 pub mod fetch;
+mod fleet_intake;
 pub mod hit;
 pub mod listen;
 pub mod upload;
@@ -80,6 +81,8 @@ pub struct Ctx {
     pub abandoned_fill_timeout: Duration,
     /// The `tls:` listener's certificates and settings, reloaded with the config.
     pub tls: Option<Arc<crate::tls::server::TlsServer>>,
+    /// The fleet this node is a member of, if any (kept across reloads).
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock for "recently hit" checks.

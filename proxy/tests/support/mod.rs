@@ -10,11 +10,13 @@
 #![allow(dead_code, unused_imports)]
 
 mod client;
+mod fleet;
 mod observe;
 mod proxy;
 pub mod require;
 
 pub use client::*;
+pub use fleet::*;
 pub use observe::*;
 pub use proxy::*;
 pub use zerocache_origin::{Framing, Origin, Reply, body};

@@ -23,6 +23,7 @@ use std::time::{Instant, SystemTime};
 use zerocache_ledger::CacheStatus;
 
 mod background;
+mod fleet;
 mod forward;
 mod run;
 mod stream;
@@ -61,6 +62,12 @@ pub struct Fetch<'a> {
     /// A HEAD's stale stored GET response and its URL's primary key hash, updated or made
     /// stale by a 200 (§4.3.5).
     head_update: Option<(Arc<Entry>, u128)>,
+    /// The fleet members to ask before the origin (this node does not own the key).
+    fleet: Option<crate::fleet::forward::Plan>,
+    /// The peer whose answer is being relayed (see `fleet::forward`).
+    via_peer: Option<crate::fleet::forward::Relay>,
+    /// `false`: the answer is not stored here (an owner's, or `on_owner_down: origin`).
+    store_here: bool,
 }
 
 /// How a response body reaches the client.
@@ -168,6 +175,9 @@ impl<'a> Fetch<'a> {
             no_pool: false,
             body_unfinished: false,
             head_update: None,
+            fleet: None,
+            via_peer: None,
+            store_here: true,
         }
     }
 

@@ -38,11 +38,14 @@ impl Fetch<'_> {
         let mut interim = Vec::new();
         let request_time = SystemTime::now();
         let exchanged = match std::mem::replace(&mut self.body, RequestBody::Whole(Vec::new())) {
-            RequestBody::Whole(_) => {
-                self.upstream
-                    .exchange(&request, idempotent, &self.balance_key(), &mut interim)
-                    .await
-            }
+            RequestBody::Whole(_) => match self.fleet.take() {
+                Some(plan) => self.exchange_fleet(plan, &request, &mut interim).await,
+                None => {
+                    self.upstream
+                        .exchange(&request, idempotent, &self.balance_key(), &mut interim)
+                        .await
+                }
+            },
             RequestBody::Streaming { first, rest } => {
                 match self
                     .exchange_streaming(conn, &request, first, rest, &mut interim)
@@ -209,7 +212,10 @@ impl Fetch<'_> {
             headers::connection_tokens(head.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         let mut fill: Option<Fill> = None;
         let mut not_stored: Option<&'static str> = self.not_stored;
-        if let Some((primary, _)) = &self.fill {
+        if let Some((primary, _)) = &self.fill
+            && self.store_here
+            && self.via_peer.as_ref().is_none_or(|r| r.may_store(&head))
+        {
             // An unwritable cache is retried on every storable miss (one failed open(2)), so a
             // freed disk or fixed permission brings the cache back without a restart.
             match policy::storable(
@@ -362,14 +368,20 @@ impl Fetch<'_> {
             }
             _ => {}
         }
-        put(h, "X-Cache", self.status.as_str().as_bytes());
+        let stored = matches!(body, Body::Behind(..));
+        if self.via_peer.is_some() {
+            let (x_cache, cache_status) = crate::fleet::forward::cache_fields(&head, stored);
+            put(h, "X-Cache", x_cache.as_bytes());
+            put(h, "Cache-Status", cache_status.as_bytes());
+        } else {
+            put(h, "X-Cache", self.status.as_str().as_bytes());
+        }
         let fwd = match self.status {
             CacheStatus::Expired => "stale",
             CacheStatus::Bypass => self.detail,
             _ => "miss",
         };
         // `detail` says why a response will not be stored.
-        let stored = matches!(body, Body::Behind(..));
         let cache_status = match (stored, not_stored, self.status) {
             (_, _, CacheStatus::Bypass) => format!("zerocache; fwd={fwd}"),
             // Every response that completes was stored: a fill that fails aborts its readers.
@@ -377,7 +389,9 @@ impl Fetch<'_> {
             (false, Some(why), _) => format!("zerocache; fwd={fwd}; detail={why}"),
             (false, None, _) => format!("zerocache; fwd={fwd}"),
         };
-        put(h, "Cache-Status", cache_status.as_bytes());
+        if self.via_peer.is_none() {
+            put(h, "Cache-Status", cache_status.as_bytes());
+        }
         put(
             h,
             "Via",

@@ -17,6 +17,7 @@ use crate::upstream::{Group, UpstreamConn, UpstreamError};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use zerocache_ledger::CopyReason;
 use zerocache_ledger::{DataPath, ResponseRecord};
 
 use super::{Fetch, RangeFill, StreamError};
@@ -172,6 +173,9 @@ impl Fetch<'_> {
         body_bytes: u64,
         complete: bool,
     ) {
+        if let Some(r) = &self.via_peer {
+            r.relayed(body_bytes);
+        }
         self.record_path(
             conn,
             status,
@@ -191,17 +195,26 @@ impl Fetch<'_> {
         path: DataPath,
         complete: bool,
     ) {
-        conn.record(&ResponseRecord {
-            method: &self.req.method,
-            target: &self.req.target,
-            status,
-            cache_status: self.status,
-            head_bytes,
-            body_bytes,
-            path,
-            duration: self.started.elapsed(),
-            complete,
-        });
+        // A body relayed from the key's owner in a fleet is a copy for a reason of its own.
+        let relay = if self.via_peer.is_some() {
+            CopyReason::Peer
+        } else {
+            CopyReason::Miss
+        };
+        conn.record_as(
+            &ResponseRecord {
+                method: &self.req.method,
+                target: &self.req.target,
+                status,
+                cache_status: self.status,
+                head_bytes,
+                body_bytes,
+                path,
+                duration: self.started.elapsed(),
+                complete,
+            },
+            relay,
+        );
     }
 }
 

@@ -1,0 +1,167 @@
+//! `fleet:`: several zerocache nodes acting as one cache. Every member computes the owner of a
+//! key by rendezvous hashing over the same membership, and a node that is not the owner of a miss
+//! asks the owner instead of the origin. This file holds the section's schema, its defaults and
+//! its checks; the behaviour lives in the proxy's `fleet/` module.
+
+use crate::schema::{Config, UpstreamServer};
+use crate::validate::Invalid;
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The shortest `fleet.secret` accepted: it is the only thing that tells a peer from a client.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// `fleet:` (absent: this node is alone).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// This node's data-port address as the other members name it (`host:port`).
+    #[serde(rename = "self")]
+    pub self_addr: String,
+    /// The members' data-port addresses (`host:port` or `{addr, weight}`); may include `self`.
+    #[serde(default)]
+    pub peers: Vec<UpstreamServer>,
+    /// A DNS name whose address records are the members (a Kubernetes headless Service),
+    /// `NAME:PORT`, re-resolved every `dns_interval`. Instead of `peers`.
+    #[serde(default)]
+    pub peers_dns: Option<String>,
+    /// How often `peers_dns` (and names in `peers` and `self`) are resolved again.
+    #[serde(default = "default_dns_interval", with = "crate::units::duration")]
+    pub dns_interval: Duration,
+    /// This node's weight in the hash (its share of keys relative to the others).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Shared by every member; peers prove it on every peer request. Required.
+    pub secret: String,
+    /// Store what the owner answers on this node too (bounded by `local_hot_max`).
+    #[serde(default)]
+    pub store_remote: bool,
+    /// Bytes of objects owned elsewhere that `store_remote` may store on this node.
+    #[serde(default = "default_local_hot_max", with = "crate::units::size")]
+    pub local_hot_max: ByteSize,
+    /// Where a key goes when its owner is down: `next` (the next member in its hash order) or
+    /// `origin` (straight to the origin, not stored).
+    #[serde(default)]
+    pub on_owner_down: OnOwnerDown,
+    /// How often each peer's internal health endpoint is asked.
+    #[serde(default = "default_health_interval", with = "crate::units::duration")]
+    pub health_interval: Duration,
+    /// Time allowed for a health answer, and for connecting to a peer.
+    #[serde(default = "default_health_timeout", with = "crate::units::duration")]
+    pub health_timeout: Duration,
+    /// Time allowed between bytes of a peer's answer.
+    #[serde(default = "default_peer_read_timeout", with = "crate::units::duration")]
+    pub read_timeout: Duration,
+}
+
+/// `fleet.on_owner_down`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOwnerDown {
+    /// The next member in the key's hash order (this node itself, if it comes next).
+    #[default]
+    Next,
+    /// The origin, without storing.
+    Origin,
+}
+
+fn default_dns_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_weight() -> u32 {
+    1
+}
+fn default_local_hot_max() -> ByteSize {
+    ByteSize::mib(256)
+}
+fn default_health_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_health_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_peer_read_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Whether `a` is `host:port` with a non-empty host and a port other than 0.
+fn host_port(a: &str) -> bool {
+    a.rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0))
+}
+
+/// The checks of `fleet:`.
+pub(crate) fn check(config: &Config, errs: &mut Vec<Invalid>) {
+    let Some(f) = &config.fleet else { return };
+    let mut bad = |path: &str, message: String| {
+        errs.push(Invalid {
+            path: format!("fleet.{path}"),
+            message,
+        })
+    };
+    if !host_port(&f.self_addr) {
+        bad("self", format!("`{}` is not host:port", f.self_addr));
+    }
+    if f.secret.trim().len() < MIN_SECRET_LEN {
+        bad(
+            "secret",
+            format!(
+                "must be at least {MIN_SECRET_LEN} characters: it is all that tells a peer from a client"
+            ),
+        );
+    }
+    match (&f.peers_dns, f.peers.is_empty()) {
+        (Some(_), false) => bad(
+            "peers_dns",
+            "give either `peers` or `peers_dns`, not both".into(),
+        ),
+        (None, true) => bad(
+            "peers",
+            "list the members (`peers`) or name them by DNS (`peers_dns`)".into(),
+        ),
+        (Some(d), true) if !host_port(d) => bad("peers_dns", format!("`{d}` is not NAME:PORT")),
+        _ => {}
+    }
+    for (i, p) in f.peers.iter().enumerate() {
+        let (at, addr, weight) = match p {
+            UpstreamServer::Addr(a) => (format!("peers[{i}]"), a, 1),
+            UpstreamServer::Detailed(d) => (format!("peers[{i}].addr"), &d.addr, d.weight),
+        };
+        if !host_port(addr) {
+            bad(&at, format!("`{addr}` is not host:port"));
+        }
+        if weight == 0 {
+            bad(&format!("peers[{i}].weight"), "must be at least 1".into());
+        }
+    }
+    if f.weight == 0 {
+        bad("weight", "must be at least 1".into());
+    }
+    for (k, d) in [
+        ("dns_interval", f.dns_interval),
+        ("health_interval", f.health_interval),
+        ("health_timeout", f.health_timeout),
+        ("read_timeout", f.read_timeout),
+    ] {
+        if d.is_zero() {
+            bad(k, "must be more than 0".into());
+        }
+    }
+}
+
+/// A hash of everything that decides a request's cache key and route, which every member must
+/// share: two members that disagree would disagree on owners and on what a key means. Peers
+/// exchange it in health checks and forward only to members with the same one.
+pub fn routing_hash(config: &Config) -> u64 {
+    // serde_yaml's output of the same values is the same text; the map of upstreams is ordered.
+    let routes = serde_yaml::to_string(&config.routes).unwrap_or_default();
+    let bits = config.debug.key_hash_bits.unwrap_or(128);
+    let mut text = routes;
+    text.push_str(&format!("\nkey_hash_bits={bits}\n"));
+    for (name, up) in &config.upstreams {
+        // The Host sent upstream changes what an object is; its servers and timeouts do not.
+        text.push_str(&format!("{name}.host={:?}\n", up.host));
+    }
+    xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+}

@@ -1,0 +1,171 @@
+//! The fleet's internal endpoint on the data port, both sides. A request is internal only when
+//! its hop header proves the fleet secret *and* names an operation (`op=health`, `op=purge`);
+//! the path is for logs only. A client cannot reach it (it has no secret), and no origin path
+//! is shadowed (a forwarded client request names no operation, whatever its path).
+//!
+//! - `health`: answers this node's id, routing hash and purge epoch;
+//! - `purge`: applies a fleet purge (`{"url"|"prefix": ..., "epoch": n}`) and answers how many
+//!   entries went.
+
+use super::Fleet;
+use super::peer::PeerState;
+use crate::http::response::reason;
+use crate::server::upload::RequestBody;
+use crate::upstream::body::BodyReader;
+use serde::Deserialize;
+
+/// Longest wait for one peer's answer to a fleet purge.
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Largest internal answer or request body read.
+const MAX_BODY: usize = 64 * 1024;
+
+/// A fleet purge as sent to a peer.
+#[derive(Deserialize)]
+struct PurgeRequest {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+    epoch: u64,
+}
+
+/// The answer (status, JSON) to internal operation `op` with request body `body`.
+pub(crate) fn answer(fleet: &Fleet, op: &str, body: &RequestBody) -> (u16, serde_json::Value) {
+    match op {
+        "health" => (
+            200,
+            serde_json::json!({
+                "id": fleet.self_id(),
+                "routing_hash": format!("{:016x}", fleet.routing()),
+                "purge_epoch": fleet.epoch.current(),
+            }),
+        ),
+        "purge" => match body {
+            RequestBody::Whole(b) => purge(fleet, b),
+            RequestBody::Streaming { .. } => {
+                (413, serde_json::json!({"error": "purge body too large"}))
+            }
+        },
+        _ => (
+            400,
+            serde_json::json!({"error": format!("unknown fleet operation `{op}`")}),
+        ),
+    }
+}
+
+/// An internal answer as a response: head and JSON body (`close`: the connection ends after).
+pub(crate) fn response(status: u16, json: &serde_json::Value, close: bool) -> Vec<u8> {
+    let text = json.to_string();
+    let mut out = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: {}\r\n{}\r\n",
+        reason(status),
+        text.len(),
+        if close { "Connection: close\r\n" } else { "" }
+    )
+    .into_bytes();
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
+    let p: PurgeRequest = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => {
+            return (
+                400,
+                serde_json::json!({"error": format!("invalid JSON: {e}")}),
+            );
+        }
+    };
+    let target = match (p.url, p.prefix) {
+        (Some(u), None) => zerocache_dashboard::Purge::Url(u),
+        (None, Some(p)) => zerocache_dashboard::Purge::Prefix(p),
+        _ => {
+            return (
+                400,
+                serde_json::json!({"error": "give exactly one of `url` and `prefix`"}),
+            );
+        }
+    };
+    match crate::purge::purge(&fleet.store, &target) {
+        Ok(n) => {
+            fleet.epoch.applied(p.epoch);
+            tracing::info!(?target, purged = n, epoch = p.epoch, "fleet purge");
+            (200, serde_json::json!({"purged": n}))
+        }
+        Err(e) => (400, serde_json::json!({ "error": e })),
+    }
+}
+
+/// Asks `peer` for operation `op` with JSON `body` (empty for none); answers its status and
+/// JSON, within the fleet's health timeout for a health check, and within its read timeout but
+/// at most 5 s otherwise.
+pub(crate) async fn call(
+    fleet: &Fleet,
+    peer: &PeerState,
+    op: &str,
+    body: &[u8],
+) -> Result<(u16, serde_json::Value), String> {
+    let method = if body.is_empty() { "GET" } else { "POST" };
+    let mut req = format!(
+        "{method} /_zerocache/fleet/{op} HTTP/1.1\r\nHost: zerocache-fleet\r\n{}",
+        super::hop::line(
+            &fleet.self_id().unwrap_or_default(),
+            fleet.routing(),
+            &fleet.cfg.secret,
+            Some(op)
+        )
+    )
+    .into_bytes();
+    if !body.is_empty() {
+        req.extend_from_slice(
+            format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    // A purge waits for a hung peer no longer than this: the operator is waiting for the answer,
+    // and the peer catches up by the epoch anyway.
+    let limit = if op == "health" {
+        fleet.cfg.health_timeout
+    } else {
+        fleet.cfg.read_timeout.min(PURGE_WAIT)
+    };
+    let exchange = async {
+        let (mut up, head) = peer
+            .group
+            .exchange(&req, op == "health", "", &mut Vec::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        let framing = head.framing(false).map_err(str::to_string)?;
+        let mut reader = BodyReader::new(framing, fleet.cfg.read_timeout);
+        let (mut all, mut piece) = (Vec::new(), Vec::new());
+        while !reader.is_done() {
+            reader
+                .next(&mut up, &mut piece)
+                .await
+                .map_err(|e| e.to_string())?;
+            all.extend_from_slice(&piece);
+            if all.len() > MAX_BODY {
+                return Err(format!("answer larger than {MAX_BODY} bytes"));
+            }
+        }
+        let closes = head.http10
+            || head
+                .field("connection")
+                .is_some_and(|c| c.eq_ignore_ascii_case("close"));
+        if reader.reusable() && !closes {
+            peer.group.release(up);
+        }
+        let json = serde_json::from_slice(&all).map_err(|e| format!("invalid JSON: {e}"))?;
+        Ok((head.status, json))
+    };
+    tokio::time::timeout(limit, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
+}

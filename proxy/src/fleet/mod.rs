@@ -1,0 +1,253 @@
+//! A fleet: several zerocache nodes that act as one cache. Every object has one owner, chosen
+//! by rendezvous hashing of its primary cache key over the members ([`owner`]); a node that is
+//! not the owner of a miss forwards the request to the owner over the pooled HTTP/1.1 upstream
+//! client ([`forward`]) with a hop header proving the fleet secret ([`hop`]), and by default does
+//! not store the answer. Membership comes from the config or DNS ([`members`]); peers are
+//! watched by active health checks on an internal endpoint of the data port ([`health`],
+//! [`internal`]); purges fan out to every peer and a purge epoch lets a member that missed one
+//! catch up ([`purge`], [`epoch`]). No consensus protocol: every member computes the same owner
+//! from the same membership, and a membership change moves about 1/N of the keys.
+
+pub(crate) mod epoch;
+pub(crate) mod forward;
+pub(crate) mod health;
+pub(crate) mod hop;
+pub(crate) mod internal;
+pub(crate) mod members;
+pub(crate) mod owner;
+pub(crate) mod peer;
+pub(crate) mod purge;
+
+use crate::cache::store::Store;
+use arc_swap::ArcSwap;
+use members::View;
+use parking_lot::Mutex;
+use peer::PeerState;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use zerocache_config::Config;
+use zerocache_config::fleet::{FleetConfig, OnOwnerDown};
+use zerocache_ledger::CacheStatus;
+
+/// This node's membership of a fleet; kept across reloads (a change of `fleet:` needs a
+/// restart), its routing hash updated on each.
+pub struct Fleet {
+    pub(crate) cfg: FleetConfig,
+    routing: AtomicU64,
+    pub(crate) view: ArcSwap<View>,
+    /// Every peer ever seen, by id: its state (health, counters, pool) outlives a membership
+    /// change that drops and re-adds it.
+    known: Mutex<HashMap<String, Arc<PeerState>>>,
+    pub(crate) epoch: epoch::Epoch,
+    pub(crate) store: Arc<Store>,
+    /// Responses to peers' requests, by cache status (in `CacheStatus::ALL` order).
+    peer_responses: [AtomicU64; CacheStatus::ALL.len()],
+    /// Body bytes relayed from owners to clients.
+    pub(crate) relayed: AtomicU64,
+    /// Bytes of other owners' objects stored here (`store_remote`).
+    pub(crate) hot_stored: AtomicU64,
+    /// Stored objects filled for another owner (`store_remote`), for the owned-keys estimate.
+    pub(crate) remote_objects: AtomicU64,
+}
+
+impl Fleet {
+    /// Joins the fleet of `config`, if it has one: resolves the membership once (so the first
+    /// request already knows the owners) and starts re-resolution and health checks on the
+    /// current runtime.
+    pub async fn start(config: &Config, store: &Arc<Store>) -> Option<Arc<Fleet>> {
+        let cfg = config.fleet.clone()?;
+        let fleet = Arc::new(Fleet {
+            routing: AtomicU64::new(zerocache_config::fleet::routing_hash(config)),
+            view: ArcSwap::from_pointee(View::empty()),
+            known: Mutex::new(HashMap::new()),
+            epoch: epoch::Epoch::load(&config.cache.path),
+            store: store.clone(),
+            peer_responses: Default::default(),
+            relayed: AtomicU64::new(0),
+            hot_stored: AtomicU64::new(0),
+            remote_objects: AtomicU64::new(0),
+            cfg,
+        });
+        fleet.refresh().await;
+        tokio::spawn(fleet.clone().resolve_loop());
+        tokio::spawn(health::run(fleet.clone()));
+        Some(fleet)
+    }
+
+    /// The fleet for a context built from `config` (at start and on every reload): the routing
+    /// hash follows the routes and keys in force.
+    pub fn for_config(fleet: &Option<Arc<Fleet>>, config: &Config) -> Option<Arc<Fleet>> {
+        let f = fleet.as_ref()?;
+        let h = zerocache_config::fleet::routing_hash(config);
+        if f.routing.swap(h, Ordering::Relaxed) != h {
+            tracing::info!(
+                routing_hash = format_args!("{h:016x}"),
+                "fleet routing hash"
+            );
+        }
+        Some(f.clone())
+    }
+
+    /// This node's routing hash.
+    pub(crate) fn routing(&self) -> u64 {
+        self.routing.load(Ordering::Relaxed)
+    }
+
+    /// This node's id, once resolved.
+    pub(crate) fn self_id(&self) -> Option<String> {
+        let v = self.view.load();
+        v.self_index.map(|i| v.members[i].id.clone())
+    }
+
+    /// Where a miss of `key` goes: `None` when this node owns it (or is alone), else the plan
+    /// of members to ask, in the key's hash order.
+    pub(crate) fn plan(self: &Arc<Self>, key: &str) -> Option<forward::Plan> {
+        let view = self.view.load_full();
+        let me = view.self_index?;
+        if owner::owner(&view.members, key) == Some(me) {
+            return None;
+        }
+        let order = owner::order(&view.members, key);
+        Some(forward::Plan {
+            fleet: self.clone(),
+            view,
+            order,
+        })
+    }
+
+    /// Whether a stored entry predates a purge this node missed.
+    pub(crate) fn is_stale(&self, entry: &crate::cache::entry::Entry) -> bool {
+        self.epoch.is_stale(entry.meta.stored_at)
+    }
+
+    /// What `fleet.on_owner_down` says.
+    pub(crate) fn on_owner_down(&self) -> OnOwnerDown {
+        self.cfg.on_owner_down
+    }
+
+    async fn refresh(&self) {
+        match members::resolve_all(&self.cfg).await {
+            Ok((me, all)) => self.apply(&me, all),
+            Err(e) => {
+                tracing::warn!(error = %e, "fleet membership not resolved; keeping the last one")
+            }
+        }
+    }
+
+    async fn resolve_loop(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(self.cfg.dns_interval).await;
+            self.refresh().await;
+        }
+    }
+
+    /// Installs a resolved membership (logging a change).
+    fn apply(&self, me: &str, all: Vec<(String, u32)>) {
+        let mut known = self.known.lock();
+        let mut members = Vec::with_capacity(all.len());
+        let mut peers = Vec::with_capacity(all.len());
+        let mut self_index = None;
+        for (i, (id, weight)) in all.into_iter().enumerate() {
+            if id == me {
+                self_index = Some(i);
+                peers.push(None);
+            } else {
+                let p = known.entry(id.clone()).or_insert_with(|| {
+                    Arc::new(PeerState::new(
+                        &id,
+                        self.cfg.health_timeout,
+                        self.cfg.read_timeout,
+                    ))
+                });
+                peers.push(Some(p.clone()));
+            }
+            members.push(owner::Member::new(id, weight));
+        }
+        let view = View {
+            members,
+            self_index,
+            peers,
+        };
+        let old = self.view.load();
+        if old.ids() != view.ids() {
+            tracing::info!(self_id = me, members = ?view.ids(), "fleet membership");
+        }
+        self.view.store(Arc::new(view));
+    }
+
+    /// The dashboard's snapshot.
+    pub(crate) fn snapshot(&self) -> zerocache_dashboard::fleet::FleetView {
+        let view = self.view.load();
+        let ours = self.routing();
+        let objects = self.store.usage().1;
+        zerocache_dashboard::fleet::FleetView {
+            self_id: self.self_id().unwrap_or_default(),
+            routing_hash: format!("{ours:016x}"),
+            purge_epoch: self.epoch.current(),
+            owned_keys: objects.saturating_sub(self.remote_objects.load(Ordering::Relaxed)),
+            peer_responses: CacheStatus::ALL
+                .iter()
+                .zip(&self.peer_responses)
+                .map(|(s, n)| (s.as_str().to_string(), n.load(Ordering::Relaxed)))
+                .collect(),
+            relayed_body_bytes: self.relayed.load(Ordering::Relaxed),
+            peers: view
+                .peers
+                .iter()
+                .flatten()
+                .map(|p| {
+                    let cfg = p.cfg();
+                    zerocache_dashboard::fleet::PeerView {
+                        id: p.id.clone(),
+                        up: p.is_up(),
+                        routing_hash: (cfg != 0).then(|| format!("{cfg:016x}")),
+                        routing_matches: cfg == 0 || cfg == ours,
+                        purge_epoch: p.epoch.load(Ordering::Relaxed),
+                        forwarded: p.forwarded(),
+                        answered: p.answered.load(Ordering::Relaxed),
+                        last_error: p.last_error(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The dashboard's hooks for `fleet`, if this node is in one.
+    pub fn hooks(fleet: &Option<Arc<Fleet>>) -> Option<zerocache_dashboard::fleet::FleetHooks> {
+        let (view, purge) = (fleet.clone()?, fleet.clone()?);
+        Some(zerocache_dashboard::fleet::FleetHooks {
+            view: Box::new(move || view.snapshot()),
+            purge: Box::new(move |p| Box::pin(purge::fan_out(purge.clone(), p))),
+        })
+    }
+}
+
+impl Fleet {
+    /// Counts a response to a peer's request (so fleet totals can leave forwarded requests
+    /// out: each was counted as a client's request on the node that forwarded it).
+    pub(crate) fn count_peer_response(ctx: &crate::server::Ctx, status: CacheStatus) {
+        if let Some(f) = &ctx.fleet
+            && let Some(i) = CacheStatus::ALL.iter().position(|s| *s == status)
+        {
+            f.peer_responses[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a forwarded request from member `from` that this node answers.
+    pub(crate) fn answering(&self, from: &str) {
+        if let Some(p) = self.known.lock().get(from) {
+            p.answered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a looked-up entry must be dropped: it predates a fleet purge this node missed.
+    /// It is removed from the cache, so the request goes on as a miss.
+    pub(crate) fn drops(ctx: &crate::server::Ctx, e: &Arc<crate::cache::entry::Entry>) -> bool {
+        let stale = ctx.fleet.as_ref().is_some_and(|f| f.is_stale(e));
+        if stale {
+            ctx.store.remove_if_same(e);
+        }
+        stale
+    }
+}

@@ -1,0 +1,40 @@
+//! A fleet purge: applied here by the dashboard, then sent to every peer (up or not: a peer
+//! marked down may be back already) with the next purge epoch, concurrently. The answer says
+//! per peer how many entries went or why it could not be reached. A peer that missed it learns
+//! the epoch from the health checks when it returns and treats what it stored before as purged.
+
+use super::Fleet;
+use std::sync::Arc;
+use zerocache_dashboard::Purge;
+
+/// Sends `p` to every peer; answers `{peer: {"purged": n} | {"error": why}}`.
+pub(crate) async fn fan_out(fleet: Arc<Fleet>, p: Purge) -> serde_json::Value {
+    let epoch = fleet.epoch.next();
+    let body = match &p {
+        Purge::Url(u) => serde_json::json!({"url": u, "epoch": epoch}),
+        Purge::Prefix(x) => serde_json::json!({"prefix": x, "epoch": epoch}),
+    }
+    .to_string();
+    let view = fleet.view.load_full();
+    let mut calls = tokio::task::JoinSet::new();
+    for peer in view.peers.iter().flatten() {
+        let (fleet, peer, body) = (fleet.clone(), peer.clone(), body.clone());
+        calls.spawn(async move {
+            let r = super::internal::call(&fleet, &peer, "purge", body.as_bytes()).await;
+            let v = match r {
+                Ok((200, json)) => json,
+                Ok((status, json)) => serde_json::json!({"error": format!("{status}: {json}")}),
+                Err(e) => serde_json::json!({ "error": e }),
+            };
+            (peer.id.clone(), v)
+        });
+    }
+    let mut out = serde_json::Map::new();
+    while let Some(r) = calls.join_next().await {
+        if let Ok((id, v)) = r {
+            out.insert(id, v);
+        }
+    }
+    tracing::info!(?p, epoch, peers = %serde_json::Value::Object(out.clone()), "fleet purge sent");
+    serde_json::Value::Object(out)
+}

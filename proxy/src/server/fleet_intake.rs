@@ -1,0 +1,44 @@
+//! The connection's side of the fleet, at the start of every request: the hop header is taken
+//! out of the request (a client's copy never goes further), a valid one marks the request as a
+//! peer's (never forwarded again, and counted as such), and one that names an internal
+//! operation is answered here (see `crate::fleet::internal`).
+
+use super::conn::{Conn, ConnError};
+use super::upload::RequestBody;
+use crate::http::request::RequestHead;
+
+/// What the start of a request's handling learns from its hop header.
+pub(super) enum Intake {
+    /// An internal request, answered; `true` keeps the connection.
+    Answered(bool),
+    /// A peer's forwarded miss: served here, never forwarded again.
+    Peer,
+    /// A client's request (any hop header it carried is gone).
+    Client,
+}
+
+impl Conn {
+    /// Takes the hop header out of `req` and answers it if it is internal.
+    pub(super) async fn fleet_intake(
+        &mut self,
+        req: &mut RequestHead,
+        body: &RequestBody,
+    ) -> Result<Intake, ConnError> {
+        self.from_peer = false;
+        let Some(fleet) = self.ctx.fleet.clone() else {
+            return Ok(Intake::Client);
+        };
+        let Some(hop) = crate::fleet::hop::take(req, &fleet.cfg.secret) else {
+            return Ok(Intake::Client);
+        };
+        if let Some(op) = hop.op.as_deref() {
+            let (status, json) = crate::fleet::internal::answer(&fleet, op, body);
+            self.head = crate::fleet::internal::response(status, &json, req.close);
+            self.send_head().await?;
+            return Ok(Intake::Answered(!req.close));
+        }
+        self.from_peer = true;
+        fleet.answering(&hop.from);
+        Ok(Intake::Peer)
+    }
+}

@@ -1,0 +1,186 @@
+//! A fleet of real zerocache processes on distinct loopback addresses (127.0.0.2, .3, ...: the
+//! whole 127.0.0.0/8 is local), all in front of one origin, each with its own cache directory
+//! and dashboard. Nodes can be killed and started again on the same address, port and cache.
+
+use super::{Client, free_port};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The secret every test fleet shares.
+pub const FLEET_SECRET: &str = "fleet-test-secret-0123456789";
+
+/// One member.
+pub struct FleetNode {
+    pub child: Option<Child>,
+    pub addr: SocketAddr,
+    pub dashboard: SocketAddr,
+    pub config: PathBuf,
+    pub cache: PathBuf,
+}
+
+/// The members and the directory that holds their caches and configs.
+pub struct TestFleet {
+    pub nodes: Vec<FleetNode>,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestFleet {
+    /// Starts `n` nodes in front of `origin`. `fleet_extra` is added to each node's `fleet:`
+    /// section (indented 2 spaces); `probe` enables the probe on every node.
+    pub fn start(origin: SocketAddr, n: usize, fleet_extra: &str, probe: bool) -> TestFleet {
+        TestFleet::start_with(origin, n, fleet_extra, probe, "")
+    }
+
+    /// [`TestFleet::start`] with `upstream_extra` added to the origin's upstream group
+    /// (indented 4 spaces).
+    pub fn start_with(
+        origin: SocketAddr,
+        n: usize,
+        fleet_extra: &str,
+        probe: bool,
+        upstream_extra: &str,
+    ) -> TestFleet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addrs: Vec<SocketAddr> = (0..n)
+            .map(|i| {
+                format!("127.0.0.{}:{}", i + 2, free_port())
+                    .parse()
+                    .expect("addr")
+            })
+            .collect();
+        let peers = addrs
+            .iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nodes = Vec::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            let dashboard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("a");
+            let cache = dir.path().join(format!("cache-{i}"));
+            let config = dir.path().join(format!("node-{i}.yaml"));
+            let yaml = format!(
+                "listen: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\n{upstream_extra}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
+                cache = cache.display(),
+            );
+            std::fs::write(&config, yaml).expect("write config");
+            nodes.push(FleetNode {
+                child: None,
+                addr: *addr,
+                dashboard,
+                config,
+                cache,
+            });
+        }
+        let mut f = TestFleet { nodes, dir };
+        for i in 0..n {
+            f.start_node(i);
+        }
+        for i in 0..n {
+            f.wait_peers_up(i, n - 1);
+        }
+        f
+    }
+
+    /// Starts node `i` (again) with its config and cache; waits until it listens.
+    pub fn start_node(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let child = Command::new(env!("CARGO_BIN_EXE_zerocache"))
+            .args(["run", "--config"])
+            .arg(&node.config)
+            .env(
+                "RUST_LOG",
+                std::env::var("ZEROCACHE_TEST_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn zerocache");
+        node.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(node.addr).is_err() || TcpStream::connect(node.dashboard).is_err()
+        {
+            if let Some(Ok(Some(status))) = node.child.as_mut().map(|c| c.try_wait()) {
+                panic!("fleet node {} exited before listening: {status}", node.addr);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} did not listen",
+                node.addr
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `/api/fleet` of node `i`.
+    pub fn api_fleet(&self, i: usize) -> serde_json::Value {
+        self.api(i, "/api/fleet")
+    }
+
+    /// A dashboard JSON path of node `i`.
+    pub fn api(&self, i: usize, path: &str) -> serde_json::Value {
+        let mut c = Client::connect_dashboard(self.nodes[i].dashboard);
+        let r = c.get(path, &[("Connection", "close")]);
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        serde_json::from_slice(&r.body).expect("json")
+    }
+
+    /// `/metrics` of node `i`.
+    pub fn metrics(&self, i: usize) -> String {
+        let mut c = Client::connect_dashboard(self.nodes[i].dashboard);
+        let r = c.get("/metrics", &[("Connection", "close")]);
+        String::from_utf8(r.body).expect("utf8")
+    }
+
+    /// Waits until node `i` sees `up` of its peers up.
+    pub fn wait_peers_up(&self, i: usize, up: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.api_fleet(i);
+            let n = v["peers"]
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|p| p["up"] == true).count());
+            if n == up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {i} sees {n} peers up, not {up}: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A client of node `i`.
+    pub fn client(&self, i: usize) -> Client {
+        Client::connect(self.nodes[i].addr)
+    }
+
+    /// Objects stored on node `i`.
+    pub fn objects(&self, i: usize) -> u64 {
+        self.api(i, "/api/stats?history=false")["cache"]["objects"]
+            .as_u64()
+            .expect("cache.objects")
+    }
+}
+
+impl Drop for TestFleet {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
