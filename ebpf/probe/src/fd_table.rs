@@ -84,13 +84,8 @@ impl FdTable {
         }
         let last = (*fds.end()).min(FAST_FDS - 1);
         for fd in *fds.start()..=last {
-            let slot = self.slot(index, fd);
-            // SAFETY: slot is inside the mapping; the kernel writes these words concurrently, and
-            // an aligned u32 or whole-record read of them is at worst a moment out of date.
-            let flags = unsafe { std::ptr::read_volatile(&raw const (*slot).info.flags) };
-            if flags & fd_flags::LIVE != 0 {
-                // SAFETY: as above.
-                out.push((fd, unsafe { std::ptr::read_volatile(slot) }));
+            if self.flags(index, fd) & fd_flags::LIVE != 0 {
+                out.push((fd, self.record(index, fd)));
             }
         }
         out
@@ -110,10 +105,7 @@ impl FdTable {
             return Ok(());
         }
         for fd in 0..FAST_FDS {
-            // SAFETY: inside the mapping; see `live`. Only the flags word is read.
-            let flags =
-                unsafe { std::ptr::read_volatile(&raw const (*self.slot(index, fd)).info.flags) };
-            if flags & fd_flags::LIVE != 0 {
+            if self.flags(index, fd) & fd_flags::LIVE != 0 {
                 self.clear(index, fd)?;
             }
         }
@@ -126,10 +118,28 @@ impl FdTable {
         self.array.set(index * FAST_FDS + fd, record, 0)
     }
 
+    /// Where slot (`index`, `fd`) is. Computing the address needs no `unsafe`; only reading it
+    /// does, and both readers below check the range first.
     fn slot(&self, index: u32, fd: u32) -> *const FdRecord {
-        debug_assert!(index < FAST_WATCHED && fd < FAST_FDS);
-        // SAFETY: callers keep index and fd in range, so the slot is inside the mapping.
-        unsafe { self.base.as_ptr().add((index * FAST_FDS + fd) as usize) }
+        self.base
+            .as_ptr()
+            .wrapping_add((index * FAST_FDS + fd) as usize)
+    }
+
+    /// The flags word of slot (`index`, `fd`), without copying the whole record.
+    fn flags(&self, index: u32, fd: u32) -> u32 {
+        assert!(index < FAST_WATCHED && fd < FAST_FDS, "slot out of range");
+        // SAFETY: the slot is inside the mapping (range checked above). The kernel writes it
+        // concurrently; an aligned u32 read of it is at worst a moment out of date.
+        unsafe { std::ptr::read_volatile(&raw const (*self.slot(index, fd)).info.flags) }
+    }
+
+    /// A copy of slot (`index`, `fd`).
+    fn record(&self, index: u32, fd: u32) -> FdRecord {
+        assert!(index < FAST_WATCHED && fd < FAST_FDS, "slot out of range");
+        // SAFETY: as in `flags`; a whole-record read is at worst a moment out of date, its
+        // counters each read whole.
+        unsafe { std::ptr::read_volatile(self.slot(index, fd)) }
     }
 }
 
