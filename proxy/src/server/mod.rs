@@ -10,6 +10,7 @@ pub mod behind;
 pub mod client_sock;
 pub mod conn;
 mod copy_account;
+mod dispatch;
 pub mod fetch;
 mod fleet_intake;
 pub mod hit;
