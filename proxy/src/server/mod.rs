@@ -15,6 +15,7 @@ pub mod fetch;
 mod fleet_intake;
 pub mod hit;
 pub mod listen;
+mod refusal;
 pub mod upload;
 pub mod workers;
 

@@ -1,7 +1,8 @@
 //! Reading an upstream response body in pieces, whatever its framing, with the read timeout
 //! between pieces. A body that ends before its announced length is an error, never a short success.
 
-use super::pool::{UpstreamConn, UpstreamError};
+use super::error::UpstreamError;
+use super::pool::UpstreamConn;
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::response::BodyFraming;
 use std::time::Duration;

@@ -3,7 +3,8 @@
 //! against the server (kind `tls`) like a failed connect. A failed certificate verification is
 //! told apart, so the client's 502 can say `detail=tls-verify`.
 
-use super::pool::{Group, UpstreamError};
+use super::error::UpstreamError;
+use super::pool::Group;
 use super::stream::UpstreamStream;
 use tokio::net::TcpStream;
 

@@ -4,10 +4,12 @@
 
 mod balance;
 pub mod body;
+mod error;
 mod health;
 mod https;
 mod peer;
 pub mod pool;
 pub mod stream;
 
-pub use pool::{Group, UpstreamConn, UpstreamError};
+pub use error::UpstreamError;
+pub use pool::{Group, UpstreamConn};

@@ -2,6 +2,7 @@
 //! and passive health bookkeeping around the request/response-head exchange.
 
 use super::balance::Balancer;
+use super::error::{ExchangeError, UpstreamError, no_servers};
 use super::health;
 use super::peer::{InFlight, Outcome, Peer};
 use super::stream::UpstreamStream;
@@ -14,74 +15,6 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use zerocache_config::Upstream;
-
-/// Why an upstream exchange failed; each maps to the status the client gets.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    /// No server accepted a connection.
-    #[error("connect to {server} failed: {error}")]
-    Connect {
-        /// Last server tried.
-        server: String,
-        /// Last error.
-        error: String,
-    },
-    /// No response (or no further bytes) within the read timeout.
-    #[error("upstream timed out after {0:?}")]
-    Timeout(Duration),
-    /// The upstream closed before a complete response head.
-    #[error("upstream closed the connection before responding")]
-    Closed,
-    /// The upstream closed in the middle of a body.
-    #[error("upstream closed the connection mid-body")]
-    Truncated,
-    /// The response could not be parsed or framed.
-    #[error("invalid upstream response: {0}")]
-    Protocol(String),
-    /// A socket error.
-    #[error("upstream I/O: {0}")]
-    Io(#[from] std::io::Error),
-    /// The TLS handshake with an `https://` server failed.
-    #[error("TLS to {server}: {error}")]
-    Tls {
-        /// The server.
-        server: String,
-        /// What failed.
-        error: String,
-        /// The failure was the certificate's verification.
-        verify: bool,
-    },
-}
-
-impl UpstreamError {
-    /// Status for the client: 504 for timeouts, 502 otherwise.
-    pub fn status(&self) -> u16 {
-        match self {
-            UpstreamError::Timeout(_) => 504,
-            _ => 502,
-        }
-    }
-
-    /// The `Cache-Status` `detail=` of the proxy's answer, when the error has one.
-    pub fn detail(&self) -> Option<&'static str> {
-        match self {
-            UpstreamError::Tls { verify: true, .. } => Some("tls-verify"),
-            _ => None,
-        }
-    }
-
-    /// Metric label.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            UpstreamError::Connect { .. } => "connect",
-            UpstreamError::Timeout(_) => "timeout",
-            UpstreamError::Closed | UpstreamError::Truncated => "closed",
-            UpstreamError::Protocol(_) => "protocol",
-            UpstreamError::Io(_) => "io",
-            UpstreamError::Tls { .. } => "tls",
-        }
-    }
-}
 
 /// One named upstream group.
 pub struct Group {
@@ -496,36 +429,6 @@ fn parse_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, String> {
         Some(done) => Ok(Some(done)),
         None if buf.len() > MAX_RESPONSE_HEAD => Err(TOO_LARGE.into()),
         None => Ok(None),
-    }
-}
-
-/// How an exchange failed, which decides whether it counts against the server and may go to
-/// another.
-enum ExchangeError {
-    /// Closed or failed before any response byte: maybe a pooled connection the server had
-    /// closed, maybe a dead server.
-    BeforeResponse(UpstreamError),
-    /// No response byte within the read timeout: the server is not answering (never a stale
-    /// pooled connection, which fails at once).
-    TimedOut(UpstreamError),
-    /// After part of a response: the server answered, badly.
-    After(UpstreamError),
-}
-
-impl ExchangeError {
-    fn into_inner(self) -> UpstreamError {
-        match self {
-            ExchangeError::BeforeResponse(e)
-            | ExchangeError::TimedOut(e)
-            | ExchangeError::After(e) => e,
-        }
-    }
-}
-
-fn no_servers() -> UpstreamError {
-    UpstreamError::Connect {
-        server: String::new(),
-        error: "no servers".into(),
     }
 }
 
