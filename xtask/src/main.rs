@@ -262,20 +262,6 @@ fn main() -> ExitCode {
 /// a tool into a failure (proxy/tests/support/require.rs).
 const REQUIRE_PRIVILEGED: &str = "ZEROCACHE_REQUIRE_PRIVILEGED";
 
-/// Tests of the probe crate that load the probe: they need root and, living under ebpf/, have no
-/// `require::root` gate of their own, so without root `cargo xtask test` leaves them out by name.
-/// Substrings of libtest names (`--skip`), each matching only its test.
-const PROBE_CRATE_ROOT_TESTS: &[&str] = &[
-    "probe::tests::a_slot_left_with_counts_after_a_close_starts_from_zero",
-    "hundred_thousand_short_connections_stay_bounded_and_accounted",
-    "counts_another_process_by_pid",
-    "counts_another_process_by_name",
-    "counts_another_process_through_the_record_hash",
-    "counts_nginx_serving_a_file_with_sendfile",
-    "recycled_watch_indexes_start_from_zero",
-    "counts_sendfile_and_write_per_connection",
-];
-
 /// True when running as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -320,17 +306,8 @@ fn test(fuzz_time: u64, require: bool) -> anyhow::Result<()> {
         cmd.env(REQUIRE_PRIVILEGED, "1");
         println!("xtask: $ {REQUIRE_PRIVILEGED}=1 cargo test --workspace");
     } else {
-        cmd.env_remove(REQUIRE_PRIVILEGED).arg("--");
-        for name in PROBE_CRATE_ROOT_TESTS {
-            cmd.args(["--skip", name]);
-            skipped.push(format!(
-                "skipped {name}: needs root (loads the eBPF probe; left out by xtask)"
-            ));
-        }
-        println!(
-            "xtask: $ cargo test --workspace -- --skip <the {} probe-crate tests that need root>",
-            PROBE_CRATE_ROOT_TESTS.len()
-        );
+        cmd.env_remove(REQUIRE_PRIVILEGED);
+        println!("xtask: $ cargo test --workspace");
     }
     let mut child = cmd
         .current_dir(root())

@@ -299,11 +299,41 @@ mod tests {
     use std::os::fd::AsRawFd;
     use zerocache_probe_common::{FAST_FDS, FAST_WATCHED, FdRecord, SyscallCounts, kind};
 
+    /// `proxy/tests/support/require.rs`'s rule for this crate-internal test (that file cannot be
+    /// included into a module nested in `src/`): go on as root; otherwise print why the test was
+    /// skipped, or fail under `ZEROCACHE_REQUIRE_PRIVILEGED=1`.
+    mod require {
+        pub(super) fn root(why: &str) -> bool {
+            // The effective uid, from procfs: no unsafe geteuid for a test's gate.
+            let euid = std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("Uid:"))
+                        .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_string))
+                });
+            if euid.as_deref() == Some("0") {
+                return true;
+            }
+            let msg = format!("needs root ({why})");
+            if std::env::var("ZEROCACHE_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+                panic!("{msg}");
+            }
+            use std::io::Write;
+            let name = std::thread::current().name().unwrap_or("?").to_string();
+            let _ = writeln!(std::io::stderr().lock(), "skipped {name}: {msg}");
+            false
+        }
+    }
+
     /// A program run on one thread can add to an fd's slot just after another thread's close
     /// zeroed it, leaving counts without `LIVE`. The next fd with that number must still start from
     /// zero: this plants such a slot and expects exactly the one write made afterwards. Needs root.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slot_left_with_counts_after_a_close_starts_from_zero() {
+        if !require::root("loads the eBPF probe") {
+            return;
+        }
         let probe = Probe::start(ProbeOptions {
             enabled: true,
             watch: vec![WatchTarget::SelfProcess],

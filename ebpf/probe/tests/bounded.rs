@@ -1,6 +1,10 @@
 //! Memory stays bounded under 100,000 short connections: closed records are capped, nothing stays
 //! behind in the kernel maps, and every event is either received or counted as lost.
 
+#[path = "../../../proxy/tests/support/require.rs"]
+#[allow(dead_code)]
+mod require;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -11,6 +15,9 @@ const CAP: usize = 1000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_short_connections_stay_bounded_and_accounted() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let probe = Probe::start(ProbeOptions {
         enabled: true,
         watch: vec![WatchTarget::SelfProcess],

@@ -2,6 +2,10 @@
 //! kept apart from files, records flushed by dup2 and by process exit, and nginx serving a file.
 //! Needs root (CI runs as root).
 
+#[path = "../../../proxy/tests/support/require.rs"]
+#[allow(dead_code)]
+mod require;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -173,21 +177,33 @@ async fn fixture_counts(by_name: bool, crowd: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_another_process_by_pid() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     fixture_counts(false, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_another_process_by_name() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     fixture_counts(true, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_another_process_through_the_record_hash() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     fixture_counts(false, zerocache_probe::FAST_WATCHED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_nginx_serving_a_file_with_sendfile() {
+    if !require::root("loads the eBPF probe") || !require::command("nginx") {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tmp");
     let www = dir.path().join("www");
     std::fs::create_dir_all(&www).expect("www");
@@ -278,6 +294,9 @@ http {{ access_log off; sendfile on; tcp_nopush off; keepalive_timeout 5;
 /// process, the ones given a recycled index included, must show exactly its own bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recycled_watch_indexes_start_from_zero() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let probe = probe();
     for i in 0..zerocache_probe::MAX_WATCHED as usize + 4 {
         let mut cat = Command::new("cat")

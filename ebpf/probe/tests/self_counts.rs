@@ -1,6 +1,10 @@
 //! The probe counts this test process's own syscalls exactly: sendfile bytes, write bytes, and one
 //! record per connection even when the fd number is reused. Needs root (CI runs as root).
 
+#[path = "../../../proxy/tests/support/require.rs"]
+#[allow(dead_code)]
+mod require;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -69,6 +73,9 @@ fn serve_two(file: &std::fs::File, body: &[u8]) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_sendfile_and_write_per_connection() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
     let probe = Probe::start(ProbeOptions {
         enabled: true,
         watch: vec![WatchTarget::SelfProcess],
