@@ -8,7 +8,8 @@ use prometheus::{
 };
 use zerocache_ledger::{CacheStatus, DataPath};
 
-fn counter_vec(
+/// A counter family registered in `r`.
+pub(crate) fn counter_vec(
     r: &Registry,
     name: &str,
     help: &str,
@@ -17,6 +18,21 @@ fn counter_vec(
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;
     r.register(Box::new(c.clone()))?;
     Ok(c)
+}
+
+/// `zerocache_build_info{version, commit} 1`, registered in `r`.
+pub(crate) fn build_info(r: &Registry) -> prometheus::Result<()> {
+    let build = IntGaugeVec::new(
+        Opts::new(
+            "zerocache_build_info",
+            "Always 1; the labels say which build is running.",
+        ),
+        &["version", "commit"],
+    )?;
+    build
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("ZEROCACHE_COMMIT")])
+        .set(1);
+    r.register(Box::new(build))
 }
 
 /// Renders the current metrics.
@@ -93,17 +109,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .with_label_values(&[] as &[&str])
         .inc_by((state.access_log_dropped)());
 
-    let build = IntGaugeVec::new(
-        Opts::new(
-            "zerocache_build_info",
-            "Always 1; the labels say which build is running.",
-        ),
-        &["version", "commit"],
-    )?;
-    build
-        .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("ZEROCACHE_COMMIT")])
-        .set(1);
-    r.register(Box::new(build))?;
+    build_info(&r)?;
 
     let violations = counter_vec(
         &r,

@@ -4,19 +4,9 @@
 //! The `process` label is the comm (zerocache itself is `zerocache`); processes sharing a name are
 //! summed, so no label grows with PIDs.
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use crate::metrics::counter_vec;
+use prometheus::Registry;
 use zerocache_probe::{Snapshot, kind};
-
-fn counter_vec(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntCounterVec> {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(c.clone()))?;
-    Ok(c)
-}
 
 /// Registers the families with a 0 sample for every name in `initial` (complete from start-up),
 /// then adds every process of `snap`. `self_pid`'s process is labelled `zerocache`.

@@ -204,29 +204,7 @@ async fn edge(State(policy): State<Arc<HostPolicy>>, req: Request, next: Next) -
 /// (the page then sends the header on its API calls). The comparison takes time that depends only
 /// on the token's length, and an empty or blank bearer never passes.
 async fn auth(State(state): State<Arc<DashboardState>>, req: Request, next: Next) -> Response {
-    let Some(token) = state.token.as_deref() else {
-        return next.run(req).await;
-    };
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(guard::bearer);
-    let query = guard::query_token(req.uri());
-    let ok = [header, query]
-        .into_iter()
-        .flatten()
-        .any(|given| guard::bearer_matches(given, token));
-    if ok {
-        next.run(req).await
-    } else {
-        (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "dashboard token required\n",
-        )
-            .into_response()
-    }
+    guard::token::require(state.token.as_deref(), req, next).await
 }
 
 async fn uplot_js() -> Response {

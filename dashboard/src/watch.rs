@@ -13,7 +13,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use prometheus::{Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use serde::Serialize;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -127,28 +127,7 @@ async fn edge(State(policy): State<Arc<HostPolicy>>, req: Request, next: Next) -
 
 /// The bearer token, as on the proxy's dashboard.
 async fn auth(State(state): State<Arc<WatchState>>, req: Request, next: Next) -> Response {
-    let Some(token) = state.token.as_deref() else {
-        return next.run(req).await;
-    };
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(guard::bearer);
-    let ok = [header, guard::query_token(req.uri())]
-        .into_iter()
-        .flatten()
-        .any(|given| guard::bearer_matches(given, token));
-    if ok {
-        next.run(req).await
-    } else {
-        (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "dashboard token required\n",
-        )
-            .into_response()
-    }
+    guard::token::require(state.token.as_deref(), req, next).await
 }
 
 async fn status_handler(State(state): State<Arc<WatchState>>) -> Json<Status> {
@@ -181,17 +160,7 @@ async fn metrics_handler(State(state): State<Arc<WatchState>>) -> Response {
 /// standard `process_*` families.
 pub fn render_metrics(state: &WatchState) -> prometheus::Result<String> {
     let r = Registry::new();
-    let build = IntGaugeVec::new(
-        Opts::new(
-            "zerocache_build_info",
-            "Always 1; the labels say which build is running.",
-        ),
-        &["version", "commit"],
-    )?;
-    build
-        .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("ZEROCACHE_COMMIT")])
-        .set(1);
-    r.register(Box::new(build))?;
+    crate::metrics::build_info(&r)?;
     let snap = state.probe.snapshot();
     let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;
     up.set(snap.status.is_attached() as i64);

@@ -14,7 +14,7 @@
 //!   ([`check_token`]); a bearer is compared in time that depends only on the token's length
 //!   ([`bearer_matches`]), and an empty or blank one never matches.
 
-mod token;
+pub mod token;
 
 pub use token::{BlankToken, bearer, bearer_matches, check_token, query_token};
 

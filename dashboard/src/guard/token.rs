@@ -2,7 +2,10 @@
 //! authentication", and a bearer is compared in time that depends only on the token's length, so
 //! response timing tells an attacker nothing about how much of a guess was right.
 
-use axum::http::Uri;
+use axum::extract::Request;
+use axum::http::{StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 
 /// `dashboard.token` set but empty or only whitespace: that is no token, and serving with it
 /// would either lock everyone out or, worse, accept an empty bearer.
@@ -61,6 +64,34 @@ pub fn query_token(uri: &Uri) -> Option<&str> {
     uri.query()?
         .split('&')
         .find_map(|kv| kv.strip_prefix("token="))
+}
+
+/// The bearer-token gate of both dashboards (the proxy's and `zerocache watch`'s): with no
+/// `token` every request passes; otherwise `Authorization: Bearer T` or `?token=T` (so a browser
+/// can open the page, which then sends the header on its API calls) must match, or 401.
+pub async fn require(token: Option<&str>, req: Request, next: Next) -> Response {
+    let Some(token) = token else {
+        return next.run(req).await;
+    };
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer);
+    let ok = [header, query_token(req.uri())]
+        .into_iter()
+        .flatten()
+        .any(|given| bearer_matches(given, token));
+    if ok {
+        next.run(req).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "dashboard token required\n",
+        )
+            .into_response()
+    }
 }
 
 #[cfg(test)]
