@@ -43,8 +43,8 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let requests = counter_vec(
         &r,
         "zerocache_requests_total",
-        "Responses sent, by X-Cache status.",
-        &["cache_status"],
+        "Responses sent, by X-Cache status and source (client, or a fleet peer that forwarded the request).",
+        &["cache_status", "source"],
     )?;
     let body = counter_vec(
         &r,
@@ -53,9 +53,13 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         &["cache_status", "path"],
     )?;
     for cs in CacheStatus::ALL {
+        let peer = acc.peer_requests(cs);
         requests
-            .with_label_values(&[cs.as_str()])
-            .inc_by(acc.requests(cs));
+            .with_label_values(&[cs.as_str(), "client"])
+            .inc_by(acc.requests(cs).saturating_sub(peer));
+        requests
+            .with_label_values(&[cs.as_str(), "peer"])
+            .inc_by(peer);
         for p in [DataPath::Zerocopy, DataPath::Copy] {
             body.with_label_values(&[cs.as_str(), p.as_str()])
                 .inc_by(acc.body_bytes(cs, p));

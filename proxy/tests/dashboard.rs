@@ -247,7 +247,7 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_syscall_bytes_total{fd_class=\"socket\",process=\"zerocache\",syscall=\"writev\"} 0",
         "zerocache_response_body_bytes_total{cache_status=\"HIT\",path=\"zerocopy\"} 0",
         "zerocache_zero_copy_violations_total 0",
-        "zerocache_requests_total{cache_status=\"MISS\"} 0",
+        "zerocache_requests_total{cache_status=\"MISS\",source=\"client\"} 0",
         "zerocache_cache_size_bytes 0",
         "zerocache_cache_objects 0",
         "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"origin\"} 0",
@@ -317,18 +317,24 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(
-        metric(&text, "zerocache_requests_total{cache_status=\"HIT\"}"),
+        metric(
+            &text,
+            "zerocache_requests_total{cache_status=\"HIT\",source=\"client\"}"
+        ),
         2
     );
     assert_eq!(
-        metric(&text, "zerocache_requests_total{cache_status=\"MISS\"}"),
+        metric(
+            &text,
+            "zerocache_requests_total{cache_status=\"MISS\",source=\"client\"}"
+        ),
         3
     );
     for (status, v) in stats["requests"].as_object().expect("requests") {
         assert_eq!(
             metric(
                 &text,
-                &format!("zerocache_requests_total{{cache_status=\"{status}\"}}")
+                &format!("zerocache_requests_total{{cache_status=\"{status}\",source=\"client\"}}")
             ),
             v.as_u64().expect("n")
         );
@@ -487,11 +493,17 @@ fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
         "502s are counted once, as upstream errors, not as misses: {text}"
     );
     assert_eq!(
-        metric(&text, "zerocache_requests_total{cache_status=\"MISS\"}"),
+        metric(
+            &text,
+            "zerocache_requests_total{cache_status=\"MISS\",source=\"client\"}"
+        ),
         0
     );
     assert_eq!(
-        metric(&text, "zerocache_requests_total{cache_status=\"ERROR\"}"),
+        metric(
+            &text,
+            "zerocache_requests_total{cache_status=\"ERROR\",source=\"client\"}"
+        ),
         3
     );
 }

@@ -14,6 +14,8 @@ use std::time::Duration;
 /// The accounting shared by the data plane and the dashboard.
 pub struct Accounting {
     requests: [AtomicU64; 7],
+    /// Of `requests`, those a fleet peer forwarded here (source `peer`).
+    peer_requests: [AtomicU64; 7],
     body_bytes: [[AtomicU64; 2]; 7],
     pub(crate) violations: AtomicU64,
     pub(crate) violation_bytes: AtomicU64,
@@ -77,6 +79,7 @@ impl Accounting {
             .collect();
         Accounting {
             requests: Default::default(),
+            peer_requests: Default::default(),
             body_bytes: Default::default(),
             violations: AtomicU64::new(0),
             violation_bytes: AtomicU64::new(0),
@@ -174,6 +177,17 @@ impl Accounting {
     /// Requests answered with `cs`.
     pub fn requests(&self, cs: CacheStatus) -> u64 {
         self.requests[cs.index()].load(Ordering::Relaxed)
+    }
+
+    /// The response just recorded answered a request a fleet peer forwarded (not a client's), so
+    /// fleet totals can count each client request once (`source="peer"`).
+    pub fn peer_response(&self, cs: CacheStatus) {
+        self.peer_requests[cs.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Of [`Accounting::requests`] with `cs`, those forwarded by a fleet peer.
+    pub fn peer_requests(&self, cs: CacheStatus) -> u64 {
+        self.peer_requests[cs.index()].load(Ordering::Relaxed)
     }
 
     /// Body bytes sent with `cs` on `path`.

@@ -37,6 +37,7 @@ impl Conn {
         let r = &ResponseRecord { path, ..r.clone() };
         acc.response(self.id, r);
         if self.from_peer {
+            acc.peer_response(r.cache_status);
             crate::fleet::Fleet::count_peer_response(&self.ctx, r.cache_status);
         }
         if let Some(log) = &self.ctx.access_log {
