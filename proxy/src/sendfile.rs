@@ -136,6 +136,29 @@ pub async fn send(
     Ok(sent)
 }
 
+/// The copying paths' one read: the next piece of a body, `sent` bytes into `len` at `offset` of
+/// `file`, into `buf` (at most its length). A file that ends early was truncated underneath.
+pub(crate) fn read_piece(
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+    sent: u64,
+    len: u64,
+) -> Result<usize, SendfileError> {
+    use std::os::unix::fs::FileExt;
+    let want = ((len - sent) as usize).min(buf.len());
+    let n = file
+        .read_at(&mut buf[..want], offset + sent)
+        .map_err(|error| SendfileError::Io { sent, error })?;
+    if n == 0 {
+        return Err(SendfileError::Truncated {
+            sent,
+            expected: len,
+        });
+    }
+    Ok(n)
+}
+
 /// The planted bug (`debug.copy_hits`): the same transfer through read(2) into a buffer and
 /// write(2) out of it. It exists so tests and demos can show the violation detector firing.
 pub async fn send_by_copy(
@@ -145,20 +168,10 @@ pub async fn send_by_copy(
     len: u64,
     timeout: Duration,
 ) -> Result<u64, SendfileError> {
-    use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 64 * 1024];
     let mut sent = 0u64;
     while sent < len {
-        let want = ((len - sent) as usize).min(buf.len());
-        let n = file
-            .read_at(&mut buf[..want], offset + sent)
-            .map_err(|error| SendfileError::Io { sent, error })?;
-        if n == 0 {
-            return Err(SendfileError::Truncated {
-                sent,
-                expected: len,
-            });
-        }
+        let n = read_piece(file, &mut buf, offset, sent, len)?;
         let mut done = 0;
         while done < n {
             let chunk = &buf[done..n];

@@ -160,23 +160,13 @@ impl TlsClient {
         len: u64,
         timeout: Duration,
     ) -> Result<u64, SendfileError> {
-        use std::os::unix::fs::FileExt;
         let mut buf = take_buffer();
         let mut sent = 0u64;
         let result = async {
             while sent < len {
-                let want = ((len - sent) as usize).min(buf.len());
                 // The pages are resident (cold hits are read in on the blocking pool first), so
                 // this read copies from the page cache without waiting for the disk.
-                let n = file
-                    .read_at(&mut buf[..want], offset + sent)
-                    .map_err(|error| SendfileError::Io { sent, error })?;
-                if n == 0 {
-                    return Err(SendfileError::Truncated {
-                        sent,
-                        expected: len,
-                    });
-                }
+                let n = crate::sendfile::read_piece(file, &mut buf, offset, sent, len)?;
                 self.write_all(&buf[..n], timeout)
                     .await
                     .map_err(|error| SendfileError::Io { sent, error })?;
