@@ -35,6 +35,23 @@ pub(crate) fn build_info(r: &Registry) -> prometheus::Result<()> {
     r.register(Box::new(build))
 }
 
+/// A rendered metrics text as the HTTP answer: Prometheus text format 0.0.4, or 500 with the
+/// reason if rendering failed.
+pub(crate) fn exposition(rendered: prometheus::Result<String>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match rendered {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 /// Renders the current metrics.
 pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let r = Registry::new();

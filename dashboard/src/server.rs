@@ -275,17 +275,7 @@ async fn index() -> Html<&'static str> {
 }
 
 async fn metrics_handler(State(state): State<Arc<DashboardState>>) -> Response {
-    match metrics::render(&state) {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+    metrics::exposition(metrics::render(&state))
 }
 
 #[derive(Deserialize)]

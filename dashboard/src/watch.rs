@@ -8,7 +8,6 @@ use crate::guard::{self, HostPolicy};
 use crate::peers::{Peers, ProcessConns};
 use crate::processes::{self, Process};
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -143,17 +142,7 @@ async fn connections_handler(State(state): State<Arc<WatchState>>) -> Json<Proce
 }
 
 async fn metrics_handler(State(state): State<Arc<WatchState>>) -> Response {
-    match render_metrics(&state) {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+    crate::metrics::exposition(render_metrics(&state))
 }
 
 /// `/metrics` in watch mode: build info, the probe's health, the per-process families and the
