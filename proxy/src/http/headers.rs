@@ -80,6 +80,10 @@ pub fn connection_tokens<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) 
 /// received: what a hit or a generated answer says, where nothing came before it.
 pub const VIA_SELF: &str = "1.1 zerocache";
 
+/// The whole `Via` line of a hit or a generated answer: one copy of a static slice on the hit
+/// path, where a field built from its parts would be four.
+pub const VIA_SELF_LINE: &[u8] = b"Via: 1.1 zerocache\r\n";
+
 /// The `Via` value to send on: `received` (the message's own `Via`, its lines joined by the caller), then this
 /// proxy as a member named by the version of the message it received (`http10`).
 pub fn via(received: Option<&str>, http10: bool) -> String {
@@ -125,6 +129,18 @@ pub fn put_digits(out: &mut Vec<u8>, n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_static_via_line_is_the_built_one() {
+        let mut built = Vec::new();
+        put(&mut built, "Via", via(None, false).as_bytes());
+        assert_eq!(built, VIA_SELF_LINE);
+        assert_eq!(
+            via(Some("1.0 a, 1.1 b"), true),
+            "1.0 a, 1.1 b, 1.0 zerocache"
+        );
+        assert_eq!(via(Some(""), false), VIA_SELF);
+    }
 
     #[test]
     fn connection_names_extra_hop_by_hop_fields() {

@@ -120,7 +120,7 @@ impl Conn {
         // `proxy_cache_lock`; `Cache-Status` says how (RFC 9211 §2.7).
         h.extend_from_slice(b"X-Cache: HIT\r\n");
         put(h, "Cache-Status", b"zerocache; fwd=miss; collapsed");
-        put(h, "Via", crate::http::headers::VIA_SELF.as_bytes());
+        h.extend_from_slice(crate::http::headers::VIA_SELF_LINE);
         if close {
             h.extend_from_slice(b"Connection: close\r\n");
         }

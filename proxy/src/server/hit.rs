@@ -271,7 +271,7 @@ impl Conn {
         }
         put_digits(h, ttl.unsigned_abs());
         h.extend_from_slice(after);
-        put(h, "Via", crate::http::headers::VIA_SELF.as_bytes());
+        h.extend_from_slice(crate::http::headers::VIA_SELF_LINE);
         if close {
             h.extend_from_slice(b"Connection: close\r\n");
         }

@@ -116,7 +116,7 @@ impl Fetch<'_> {
         }
         put(h, "X-Cache", self.status.as_str().as_bytes());
         put(h, "Cache-Status", b"zerocache; fwd=miss");
-        put(h, "Via", headers::VIA_SELF.as_bytes());
+        h.extend_from_slice(headers::VIA_SELF_LINE);
         if req.close {
             h.extend_from_slice(b"Connection: close\r\n");
         }
