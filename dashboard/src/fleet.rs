@@ -135,7 +135,7 @@ pub(crate) fn render(r: &Registry, state: &DashboardState) -> prometheus::Result
     let peer = IntCounterVec::new(
         Opts::new(
             "zerocache_fleet_peer_requests_total",
-            "Responses to fleet peers' forwarded requests, by cache status: already in zerocache_requests_total (source = peer); subtract them for clients' requests alone.",
+            "Responses to fleet peers' forwarded requests, by cache status: zerocache_requests_total{source=\"peer\"} by another name.",
         ),
         &["cache_status"],
     )?;

@@ -296,7 +296,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                     Ok(())
                 }
             }),
-            fleet: crate::fleet::Fleet::hooks(&fleet),
+            fleet: crate::fleet::Fleet::hooks(&fleet, &accounting),
         });
         tokio::spawn(async move {
             if let Err(e) = zerocache_dashboard::serve(l, state).await {

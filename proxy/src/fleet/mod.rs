@@ -41,8 +41,6 @@ pub struct Fleet {
     known: Mutex<HashMap<String, Arc<PeerState>>>,
     pub(crate) epoch: epoch::Epoch,
     pub(crate) store: Arc<Store>,
-    /// Responses to peers' requests, by cache status (in `CacheStatus::ALL` order).
-    peer_responses: [AtomicU64; CacheStatus::ALL.len()],
     /// Body bytes relayed from owners to clients.
     pub(crate) relayed: AtomicU64,
     /// Bytes of other owners' objects stored here (`store_remote`).
@@ -63,7 +61,6 @@ impl Fleet {
             known: Mutex::new(HashMap::new()),
             epoch: epoch::Epoch::load(&config.cache.path),
             store: store.clone(),
-            peer_responses: Default::default(),
             relayed: AtomicU64::new(0),
             hot_stored: AtomicU64::new(0),
             remote_objects: AtomicU64::new(0),
@@ -177,7 +174,11 @@ impl Fleet {
     }
 
     /// The dashboard's snapshot.
-    pub(crate) fn snapshot(&self) -> zerocache_dashboard::fleet::FleetView {
+    /// The dashboard's view; responses to peers' requests are the ledger's (`source="peer"`).
+    pub(crate) fn snapshot(
+        &self,
+        acc: &zerocache_ledger::Accounting,
+    ) -> zerocache_dashboard::fleet::FleetView {
         let view = self.view.load();
         let ours = self.routing();
         let objects = self.store.usage().1;
@@ -188,8 +189,7 @@ impl Fleet {
             owned_keys: objects.saturating_sub(self.remote_objects.load(Ordering::Relaxed)),
             peer_responses: CacheStatus::ALL
                 .iter()
-                .zip(&self.peer_responses)
-                .map(|(s, n)| (s.as_str().to_string(), n.load(Ordering::Relaxed)))
+                .map(|s| (s.as_str().to_string(), acc.peer_requests(*s)))
                 .collect(),
             relayed_body_bytes: self.relayed.load(Ordering::Relaxed),
             peers: view
@@ -214,26 +214,19 @@ impl Fleet {
     }
 
     /// The dashboard's hooks for `fleet`, if this node is in one.
-    pub fn hooks(fleet: &Option<Arc<Fleet>>) -> Option<zerocache_dashboard::fleet::FleetHooks> {
-        let (view, purge) = (fleet.clone()?, fleet.clone()?);
+    pub fn hooks(
+        fleet: &Option<Arc<Fleet>>,
+        acc: &Arc<zerocache_ledger::Accounting>,
+    ) -> Option<zerocache_dashboard::fleet::FleetHooks> {
+        let (view, purge, acc) = (fleet.clone()?, fleet.clone()?, acc.clone());
         Some(zerocache_dashboard::fleet::FleetHooks {
-            view: Box::new(move || view.snapshot()),
+            view: Box::new(move || view.snapshot(&acc)),
             purge: Box::new(move |p| Box::pin(purge::fan_out(purge.clone(), p))),
         })
     }
 }
 
 impl Fleet {
-    /// Counts a response to a peer's request (so fleet totals can leave forwarded requests
-    /// out: each was counted as a client's request on the node that forwarded it).
-    pub(crate) fn count_peer_response(ctx: &crate::server::Ctx, status: CacheStatus) {
-        if let Some(f) = &ctx.fleet
-            && let Some(i) = CacheStatus::ALL.iter().position(|s| *s == status)
-        {
-            f.peer_responses[i].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     /// Counts a forwarded request from member `from` that this node answers.
     pub(crate) fn answering(&self, from: &str) {
         if let Some(p) = self.known.lock().get(from) {

@@ -38,7 +38,6 @@ impl Conn {
         acc.response(self.id, r);
         if self.from_peer {
             acc.peer_response(r.cache_status);
-            crate::fleet::Fleet::count_peer_response(&self.ctx, r.cache_status);
         }
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);
