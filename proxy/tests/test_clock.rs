@@ -37,6 +37,34 @@ fn advancing_the_clock_ages_every_entry_at_once() {
 }
 
 #[test]
+fn the_hook_refuses_what_is_not_a_forward_step_of_at_most_a_day() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    for body in [
+        &b"{\"advance_secs\": 0}"[..],
+        b"{\"advance_secs\": 86401}",
+        b"{\"advance_secs\": -5}",
+        b"{\"advance_secs\": \"5\"}",
+        b"{\"advance_secs\": 5, \"also\": 1}",
+        b"not json",
+    ] {
+        let mut c = Client::connect_dashboard(proxy.dashboard);
+        let r = c.send_with_body(
+            "POST",
+            "/api/debug/clock",
+            &[
+                ("Content-Type", "application/json"),
+                ("Connection", "close"),
+            ],
+            body,
+        );
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(body));
+    }
+    // Nothing moved: the first real step is the whole offset.
+    assert_eq!(proxy.advance_clock(3), 3);
+}
+
+#[test]
 fn the_hook_is_off_without_the_config_key() {
     let (origin, _rt) = origin();
     let tmp = tempfile::tempdir().expect("tmp");
