@@ -98,19 +98,16 @@ fn rfc5861_stale_while_revalidate_serves_stale_and_refreshes_once() {
     proxy.advance_clock(2);
     origin.script(
         "/swr",
-        reply("v2", &[("Cache-Control", "max-age=600")]).delay(Duration::from_millis(500)),
+        reply("v2", &[("Cache-Control", "max-age=600")]).delay(Duration::from_secs(3)),
     );
-    // During the refresh every request gets the stale copy at once; the origin sees one refresh.
+    // During the refresh every request gets the stale copy; the origin sees one refresh. That
+    // the answers did not wait is their content, not a clock: a request that waited for the
+    // refresh (held back 3 s at the origin) would have been answered with v2.
     for _ in 0..5 {
-        let t = Instant::now();
         let r = c.get("/swr", &[]);
         assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"v1"[..]));
-        assert!(
-            t.elapsed() < Duration::from_millis(400),
-            "stale is served without waiting"
-        );
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = c.get("/swr", &[]);
         if r.x_cache() == "HIT" {

@@ -3,7 +3,6 @@
 
 mod support;
 use serde_json::Value;
-use std::time::{Duration, Instant};
 use support::*;
 
 fn probe_opts(extra: &str) -> Opts {
@@ -12,29 +11,6 @@ fn probe_opts(extra: &str) -> Opts {
         extra_yaml: extra.into(),
         ..Opts::default()
     }
-}
-
-/// Waits until the dashboard lists connection `id` as closed and joined with the kernel record.
-fn closed_conn(proxy: &Proxy, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let conns = proxy.api("/api/connections?limit=1000");
-        if let Some(c) = conns["closed"]
-            .as_array()
-            .and_then(|a| a.iter().find(|c| !c["kernel"].is_null() && pred(c)))
-        {
-            return c.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no joined closed connection: {conns}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
 #[test]

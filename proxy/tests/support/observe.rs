@@ -1,8 +1,10 @@
 //! What the proxy reports about itself: `/metrics` series, per-worker loads, CPU placement of
-//! its threads, and how many body bytes went through sendfile.
+//! its threads, how many body bytes went through sendfile, and the
+//! probe's joined record of a closed connection.
 
 use super::{Proxy, Response, assert_eventually_eq};
-use std::time::Duration;
+use serde_json::Value;
+use std::time::{Duration, Instant};
 
 /// The value of one series (name and labels exactly as printed) in a `/metrics` text.
 pub fn metric(text: &str, series: &str) -> u64 {
@@ -117,4 +119,27 @@ pub fn assert_hit(proxy: &Proxy, r: &Response, x_cache: &str, body: &[u8], befor
         || zero_copy_bytes(proxy) - before,
         body.len() as u64,
     );
+}
+
+/// Waits until the dashboard lists connection `id` as closed and joined with the kernel record.
+pub fn closed_conn(proxy: &Proxy, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let conns = proxy.api("/api/connections?limit=1000");
+        if let Some(c) = conns["closed"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| !c["kernel"].is_null() && pred(c)))
+        {
+            return c.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no joined closed connection: {conns}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
