@@ -693,11 +693,75 @@ fn a_304_never_puts_a_users_cookie_into_the_shared_entry() {
         // The victim's request revalidates; the origin's 304 carries the victim's session.
         let victim = get(&proxy, path, &[]);
         assert_eq!(victim.x_cache(), "REVALIDATED");
+        // Her own cookie reaches her even where cookies are never stored (RFC 9111 §4.3.4).
+        assert_eq!(set_cookies(&victim), ["sid=victim"], "{path}");
         // The next client gets the stored response, fresh now, and no cookie of anyone's.
         let next = get(&proxy, path, &[]);
         assert_innocent(&next, 200, &full(), "HIT");
         assert_eq!(next.header("set-cookie"), None, "{path}");
     }
+}
+
+fn set_cookies(r: &Response) -> Vec<&str> {
+    r.headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("set-cookie"))
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
+/// The session leak of a revalidation: on a route that stores cookies (the default), a 304's
+/// `Set-Cookie` went into the shared entry and every later hit handed out that user's session.
+/// It goes to the client whose request caused the 304, and replaces the stored response's own
+/// cookie in that response only; the entry keeps what the 200 set.
+#[test]
+fn a_304s_set_cookie_goes_to_its_requester_only_where_cookies_are_stored() {
+    let (origin, _rt) = origin();
+    for (path, stored_cookie) in [("/cond/x", None), ("/cond/y", Some("site=1"))] {
+        let mut fields = vec![("Cache-Control", "max-age=0"), ("ETag", "\"c1\"")];
+        fields.extend(stored_cookie.map(|c| ("Set-Cookie", c)));
+        origin.script_by_header(
+            path,
+            "if-none-match",
+            vec![
+                (None, Reply::ok(full()).headers(&fields)),
+                (
+                    Some("\"c1\""),
+                    Reply::ok(Vec::new()).status(304).headers(&[
+                        ("Cache-Control", "max-age=600"),
+                        ("Set-Cookie", "sess=alice-FROM-304"),
+                    ]),
+                ),
+            ],
+        );
+    }
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    for (path, stored_cookie) in [("/cond/x", None), ("/cond/y", Some("site=1"))] {
+        let first = get(&proxy, path, &[]);
+        assert_eq!(first.x_cache(), "MISS");
+        assert_eq!(set_cookies(&first), Vec::from_iter(stored_cookie), "{path}");
+        let alice = get(&proxy, path, &[("Cookie", "alice")]);
+        assert_eq!(
+            (alice.x_cache(), alice.body.as_slice()),
+            ("REVALIDATED", &full()[..])
+        );
+        assert_eq!(set_cookies(&alice), ["sess=alice-FROM-304"], "{path}");
+        for _ in 0..2 {
+            let next = get(&proxy, path, &[]);
+            assert_innocent(&next, 200, &full(), "HIT");
+            assert_eq!(set_cookies(&next), Vec::from_iter(stored_cookie), "{path}");
+        }
+        // A Range request served from the entry carries no one's 304 cookie either.
+        let ranged = get(&proxy, path, &[("Range", "bytes=0-3")]);
+        assert_eq!((ranged.status, ranged.body.len()), (206, 4));
+        assert_eq!(
+            set_cookies(&ranged),
+            Vec::from_iter(stored_cookie),
+            "{path}"
+        );
+    }
+    assert_eq!(origin.hits("/cond/x"), 2);
+    assert_eq!(origin.hits("/cond/y"), 2);
 }
 
 #[test]

@@ -20,13 +20,39 @@ pub fn conditional_fields(e: &Entry) -> Vec<(&'static str, String)> {
     out
 }
 
-/// Fields a 304 must not change in the stored response: the framing and the proxy's own.
+/// Fields a 304 must not change in the stored response: the proxy's own, and what the stored
+/// body's bytes and its selection depend on (framing, `Content-Range`, `Content-Encoding`,
+/// `Vary`). A 304 that disagrees with them describes another representation, not this one.
 fn never_updated(name: &str) -> bool {
-    policy::proxy_owned(name) || name.eq_ignore_ascii_case("content-encoding")
+    policy::proxy_owned(name)
+        || ["content-encoding", "content-range", "vary"]
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f))
+}
+
+/// Fields a 304 carries for the client whose request caused it, never for the shared entry:
+/// `Set-Cookie`. A deliberate narrowing of RFC 9111 §3.2's header update, for the privacy
+/// reasons of §7.3: merged, one user's session cookie would be served to every later client.
+pub fn for_requester_only(name: &str) -> bool {
+    name.eq_ignore_ascii_case("set-cookie")
+}
+
+/// The 304's fields that go to the client that caused it and nowhere else (see
+/// [`for_requester_only`]), as header lines: they replace the stored fields of their name in
+/// that one response (§4.3.4).
+pub fn requester_fields(not_modified: &ResponseHead) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in &not_modified.fields {
+        if for_requester_only(k) {
+            headers::put(&mut out, k, v);
+        }
+    }
+    out
 }
 
 /// The stored header block updated by a 304 (§3.2): every field the 304 carries replaces the
-/// stored field of that name, except hop-by-hop fields, `Content-Length` and the proxy's own.
+/// stored field of that name, except hop-by-hop fields, the fields [`never_updated`] keeps and
+/// those that are [`for_requester_only`].
 pub fn merge_304(stored: &[u8], not_modified: &ResponseHead) -> Vec<u8> {
     let tokens = headers::connection_tokens(
         not_modified
@@ -37,7 +63,9 @@ pub fn merge_304(stored: &[u8], not_modified: &ResponseHead) -> Vec<u8> {
     let updated: Vec<&(String, Vec<u8>)> = not_modified
         .fields
         .iter()
-        .filter(|(k, _)| !headers::is_hop_by_hop(k, &tokens) && !never_updated(k))
+        .filter(|(k, _)| {
+            !headers::is_hop_by_hop(k, &tokens) && !never_updated(k) && !for_requester_only(k)
+        })
         .collect();
     let mut out = Vec::with_capacity(stored.len() + 128);
     for line in StoredFields(stored).lines() {
@@ -143,5 +171,27 @@ mod tests {
             merged,
             "X-Old: 1\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nETag: \"a\"\r\nX-New: 2\r\n"
         );
+    }
+
+    #[test]
+    fn a_304_never_puts_its_set_cookie_or_representation_fields_into_the_stored_block() {
+        let stored = b"Set-Cookie: site=1\r\nVary: Accept\r\nContent-Range: bytes 0-4/5\r\nContent-Encoding: gzip\r\nX-A: 1\r\n";
+        let r304 = crate::http::response::parse(
+            b"HTTP/1.1 304 Not Modified\r\nSet-Cookie: sess=alice\r\nSet-Cookie: b=2\r\nVary: Cookie\r\nContent-Range: bytes 0-1/9\r\nContent-Encoding: br\r\nX-A: 2\r\n\r\n",
+        )
+        .expect("ok")
+        .expect("complete")
+        .0;
+        let merged = String::from_utf8(merge_304(stored, &r304)).expect("utf8");
+        assert_eq!(
+            merged,
+            "Set-Cookie: site=1\r\nVary: Accept\r\nContent-Range: bytes 0-4/5\r\nContent-Encoding: gzip\r\nX-A: 2\r\n"
+        );
+        assert_eq!(
+            String::from_utf8(requester_fields(&r304)).expect("utf8"),
+            "Set-Cookie: sess=alice\r\nSet-Cookie: b=2\r\n"
+        );
+        let none = crate::http::response::test_response(304, "ETag: \"a\"\r\n");
+        assert!(requester_fields(&none).is_empty());
     }
 }

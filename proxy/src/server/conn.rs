@@ -317,8 +317,9 @@ impl Conn {
                 entry,
                 kind,
                 then_remove,
+                requester,
             } => {
-                let served = self.serve_hit(req, &entry, kind, started).await;
+                let served = self.serve_hit(req, &entry, kind, &requester, started).await;
                 if then_remove {
                     self.ctx.store.remove_if_same(&entry);
                 }

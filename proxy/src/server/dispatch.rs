@@ -136,11 +136,14 @@ impl Conn {
         if let Some(e) = lookup().filter(|e| !crate::fleet::Fleet::drops(&ctx, e)) {
             let now = crate::clock::now();
             match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
-                Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, started).await? {
+                Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, &[], started).await? {
                     HitOutcome::Served(keep) => return Ok(keep),
                     HitOutcome::Gone => {}
                 },
-                Use::Stale => match self.serve_hit(&req, &e, HitKind::Stale, started).await? {
+                Use::Stale => match self
+                    .serve_hit(&req, &e, HitKind::Stale, &[], started)
+                    .await?
+                {
                     HitOutcome::Served(keep) => return Ok(keep),
                     HitOutcome::Gone => {}
                 },
@@ -163,7 +166,10 @@ impl Conn {
                             .store_set_cookie(route.store_set_cookie);
                             tokio::spawn(bg.refresh(ctx.clone(), self.peer.ip()));
                         }
-                        match self.serve_hit(&req, &e, HitKind::Stale, started).await? {
+                        match self
+                            .serve_hit(&req, &e, HitKind::Stale, &[], started)
+                            .await?
+                        {
                             HitOutcome::Served(keep) => return Ok(keep),
                             HitOutcome::Gone => {}
                         }
@@ -268,7 +274,7 @@ impl Conn {
                         if let Some(e) = lookup()
                             && fresh(&e)
                             && let HitOutcome::Served(keep) = self
-                                .serve_hit(&req, &e, HitKind::Coalesced, started)
+                                .serve_hit(&req, &e, HitKind::Coalesced, &[], started)
                                 .await?
                         {
                             return Ok(keep);

@@ -53,6 +53,7 @@ impl Conn {
         req: &RequestHead,
         e: &Arc<Entry>,
         kind: HitKind,
+        requester: &[u8],
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
         let ctx = self.ctx.clone();
@@ -91,6 +92,7 @@ impl Conn {
                         h.extend_from_slice(line.raw);
                     }
                 }
+                h.extend_from_slice(requester);
                 self.dynamic_fields(kind, age, ttl, req.close);
                 let sent = self.send_head().await;
                 self.record(&ResponseRecord {
@@ -158,12 +160,12 @@ impl Conn {
         h.clear();
         let (start, len, status) = match answer {
             RangeAnswer::Full => {
-                h.extend_from_slice(&e.hit_head);
+                put_stored(h, &e.hit_head, requester);
                 (0, e.body_len, e.meta.status)
             }
             RangeAnswer::Partial { start, end } => {
                 h.extend_from_slice(b"HTTP/1.1 206 Partial Content\r\n");
-                h.extend_from_slice(&ctx.store.targeted().visible(&e.meta.fields));
+                put_stored(h, &ctx.store.targeted().visible(&e.meta.fields), requester);
                 put(
                     h,
                     "Content-Range",
@@ -174,7 +176,7 @@ impl Conn {
             }
             RangeAnswer::Unsatisfiable => {
                 h.extend_from_slice(b"HTTP/1.1 416 Range Not Satisfiable\r\n");
-                h.extend_from_slice(&ctx.store.targeted().visible(&e.meta.fields));
+                put_stored(h, &ctx.store.targeted().visible(&e.meta.fields), requester);
                 put(
                     h,
                     "Content-Range",
@@ -303,4 +305,26 @@ impl Conn {
 
 fn kind_token(kind: HitKind) -> &'static str {
     kind.cache_status().as_str()
+}
+
+/// Appends the stored header lines `block` to `h`, with the fields that `requester` names
+/// replaced by its lines: what a 304 carried for the client that caused it alone (RFC 9111
+/// §4.3.4 for that client; `validation::for_requester_only` for why the entry keeps its own).
+/// A status line in `block` has no field name and is kept.
+fn put_stored(h: &mut Vec<u8>, block: &[u8], requester: &[u8]) {
+    if requester.is_empty() {
+        h.extend_from_slice(block);
+        return;
+    }
+    let replaced = |name: &str| {
+        StoredFields(requester)
+            .lines()
+            .any(|r| r.name.eq_ignore_ascii_case(name))
+    };
+    for line in StoredFields(block).lines() {
+        if !replaced(line.name) {
+            h.extend_from_slice(line.raw);
+        }
+    }
+    h.extend_from_slice(requester);
 }

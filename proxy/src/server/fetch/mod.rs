@@ -119,6 +119,9 @@ pub enum Outcome {
         kind: HitKind,
         /// Remove it from the cache once this client has it (its new directives forbid storing).
         then_remove: bool,
+        /// Header lines for this client alone, replacing the stored fields of their names in
+        /// this one response: a 304's `Set-Cookie` (`validation::requester_fields`).
+        requester: Vec<u8>,
     },
     /// Answer with a short generated response (an upstream that failed or misframed).
     Reply {
@@ -141,6 +144,7 @@ impl Outcome {
             entry,
             kind: HitKind::Stale,
             then_remove: false,
+            requester: Vec::new(),
         }
     }
 }

@@ -204,6 +204,7 @@ impl Fetch<'_> {
                 kind: HitKind::Revalidated,
                 // This client is answered from it; nobody else may be.
                 then_remove: !storable,
+                requester: crate::cache::validation::requester_fields(&head),
             });
         }
 
