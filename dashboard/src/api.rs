@@ -88,12 +88,13 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
         }
     }
     let io_uring: u64 = snap.processes.iter().map(|p| p.io_uring_enter).sum();
-    let mut blind_spots = vec![
+    let mut blind_spots = crate::probe_state::gaps(&snap.status);
+    blind_spots.extend([
         "io_uring operations are not syscalls: they pass the syscall tracepoints unseen."
             .to_string(),
         "sendfile can copy inside the kernel for some files (O_DIRECT, sockets without scatter-gather); syscall tracepoints cannot tell.".to_string(),
         "sendmmsg returns a message count, so its bytes are not counted.".to_string(),
-    ];
+    ]);
     if io_uring > 0 {
         blind_spots.insert(
             0,

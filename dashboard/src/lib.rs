@@ -10,6 +10,7 @@ pub mod guard;
 pub(crate) mod history;
 pub(crate) mod metrics;
 pub mod peers;
+pub mod probe_state;
 pub(crate) mod process_metrics;
 pub mod processes;
 pub(crate) mod server;

@@ -290,19 +290,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     r.register(Box::new(unpins))?;
 
     let snap = state.probe.snapshot();
-    let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;
-    up.set(snap.status.is_attached() as i64);
-    r.register(Box::new(up))?;
-    let lost = counter_vec(
-        &r,
-        "zerocache_probe_lost_total",
-        "Probe records lost since start, by what was lost (never silent).",
-        &["what"],
-    )?;
-    lost.with_label_values(&["events"])
-        .inc_by(snap.health.events_lost);
-    lost.with_label_values(&["fd_records"])
-        .inc_by(snap.health.fd_records_lost);
+    crate::probe_state::register(&r, &snap)?;
 
     crate::process_metrics::register(&r, &snap, &["zerocache"], Some(std::process::id()))?;
 

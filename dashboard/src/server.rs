@@ -141,6 +141,7 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/assets/uplot.js", get(uplot_js))
         .route("/assets/uplot.css", get(uplot_css))
         .route("/api/stats", get(stats))
+        .route("/api/probe", get(probe_report))
         .route("/api/connections", get(connections))
         .route("/api/processes", get(processes))
         .route("/api/purge", axum::routing::post(purge))
@@ -282,6 +283,12 @@ async fn metrics_handler(State(state): State<Arc<DashboardState>>) -> Response {
 struct StatsQuery {
     #[serde(default)]
     history: Option<bool>,
+}
+
+async fn probe_report(
+    State(state): State<Arc<DashboardState>>,
+) -> Json<crate::probe_state::ProbeReport> {
+    Json(crate::probe_state::report(&state.probe))
 }
 
 async fn stats(

@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use prometheus::{Encoder, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Serialize;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -58,20 +58,19 @@ pub struct Status {
     pub probe_health: ProbeHealth,
     /// PIDs watched right now.
     pub watched_pids: Vec<u32>,
-    /// See [`BLIND_SPOTS`].
-    pub blind_spots: Vec<&'static str>,
+    /// Programs missing on this kernel and what that costs, then [`BLIND_SPOTS`].
+    pub blind_spots: Vec<String>,
 }
 
 /// Builds `/api/status`.
 pub fn status(probe: &Probe) -> Status {
     let snap = probe.snapshot();
-    let mut blind_spots = BLIND_SPOTS.to_vec();
+    let mut blind_spots = crate::probe_state::gaps(&snap.status);
     if snap.processes.iter().any(|p| p.io_uring_enter > 0) {
-        blind_spots.insert(
-            0,
-            "A watched process calls io_uring_enter: some of its I/O is not counted.",
-        );
+        blind_spots
+            .push("A watched process calls io_uring_enter: some of its I/O is not counted.".into());
     }
+    blind_spots.extend(BLIND_SPOTS.iter().map(|s| s.to_string()));
     Status {
         probe: snap.status,
         copy_loop: probe.copy_loop(),
@@ -102,6 +101,7 @@ pub async fn serve_watch(listener: TcpListener, state: Arc<WatchState>) -> std::
     let app = Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .route("/api/status", get(status_handler))
+        .route("/api/probe", get(probe_handler))
         .route("/api/processes", get(processes_handler))
         .route("/api/process_connections", get(connections_handler))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -133,6 +133,12 @@ async fn status_handler(State(state): State<Arc<WatchState>>) -> Json<Status> {
     Json(status(&state.probe))
 }
 
+async fn probe_handler(
+    State(state): State<Arc<WatchState>>,
+) -> Json<crate::probe_state::ProbeReport> {
+    Json(crate::probe_state::report(&state.probe))
+}
+
 async fn processes_handler(State(state): State<Arc<WatchState>>) -> Json<Vec<Process>> {
     Json(processes::rows(&state.probe))
 }
@@ -151,21 +157,7 @@ pub fn render_metrics(state: &WatchState) -> prometheus::Result<String> {
     let r = Registry::new();
     crate::metrics::build_info(&r)?;
     let snap = state.probe.snapshot();
-    let up = IntGauge::new("zerocache_probe_up", "1 when the eBPF probe is attached.")?;
-    up.set(snap.status.is_attached() as i64);
-    r.register(Box::new(up))?;
-    let lost = IntCounterVec::new(
-        Opts::new(
-            "zerocache_probe_lost_total",
-            "Probe records lost since start, by what was lost (never silent).",
-        ),
-        &["what"],
-    )?;
-    r.register(Box::new(lost.clone()))?;
-    lost.with_label_values(&["events"])
-        .inc_by(snap.health.events_lost);
-    lost.with_label_values(&["fd_records"])
-        .inc_by(snap.health.fd_records_lost);
+    crate::probe_state::register(&r, &snap)?;
     let names: Vec<&str> = state.names.iter().map(String::as_str).collect();
     crate::process_metrics::register(&r, &snap, &names, None)?;
     r.register(Box::new(

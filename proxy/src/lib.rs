@@ -13,6 +13,7 @@ pub(crate) mod fleet;
 pub mod fuzzing;
 pub(crate) mod http;
 pub(crate) mod notify;
+pub mod probe_check;
 pub(crate) mod purge;
 pub(crate) mod request_id;
 pub(crate) mod residency;

@@ -1,4 +1,4 @@
-//! The `zerocache` command: `run`, `check`, `check-cache` and `watch`.
+//! The `zerocache` command: `run`, `check`, `check-cache`, `probe-check` and `watch`.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -46,6 +46,15 @@ enum Command {
         #[arg(long)]
         remove: bool,
     },
+    /// Load and attach every probe program on this kernel, print one line per program (ok, or
+    /// missing and why), detach, and exit 1 if the proxy's accounting would be incomplete here.
+    /// Writes nothing; needs the probe's privileges (root, or CAP_BPF, CAP_PERFMON and
+    /// CAP_DAC_READ_SEARCH).
+    ProbeCheck {
+        /// Print the report as JSON (the dashboard's `/api/probe` object).
+        #[arg(long)]
+        json: bool,
+    },
     /// Watch other processes with the probe, without the proxy: bytes by syscall per process and
     /// connection, and copy loops (file bytes read and written to a socket where sendfile would
     /// do). A dashboard on 127.0.0.1:9181. Needs CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH.
@@ -80,6 +89,10 @@ fn main() -> ExitCode {
         Command::CheckCache { config, remove } => {
             init_logging("warn");
             check_cache(&config, remove)
+        }
+        Command::ProbeCheck { json } => {
+            init_logging("error");
+            zerocache::probe_check::main(json)
         }
         Command::Run { config: path } => run(path),
         Command::Watch(args) => zerocache::watch::main(args, init_logging),

@@ -217,6 +217,38 @@ pub struct WatchSlot {
     pub index: u32,
 }
 
+/// Where the programs read the tracepoint records: compiled into the load instructions (the
+/// verifier refuses a context read at an offset held in a register), and checked by the loader
+/// against each tracepoint's format in tracefs before it attaches a program, so a kernel whose
+/// record differs gets that program refused with the reason instead of wrong numbers.
+///
+/// The syscall records (`trace_event_raw_sys_enter`/`_exit`) have been the same since Linux 3.x:
+/// an 8-byte common header, `int __syscall_nr` at 8, then 8-byte arguments from 16 (enter) or
+/// `long ret` at 16 (exit). `sched_process_exit` is not: `bool group_dead` at 32 exists only from
+/// Linux 6.16, so the program has a second way to tell the process's last thread (see
+/// [`exit_mode`]).
+pub mod layout {
+    /// Syscall enter records: argument 0 (`fd`, `oldfd`).
+    pub const SYSCALL_ARG0: usize = 16;
+    /// Syscall enter records: argument 1 (`newfd`, `max_fd`).
+    pub const SYSCALL_ARG1: usize = 24;
+    /// Syscall exit records: `ret`.
+    pub const SYSCALL_RET: usize = 16;
+    /// `sched_process_exit`: `group_dead`, where the kernel has it (Linux 6.16 and later).
+    pub const SCHED_EXIT_GROUP_DEAD: usize = 32;
+}
+
+/// How `sched_exit` tells that the last thread of a process is leaving, chosen by the loader per
+/// kernel and frozen into the object (`EXIT_MODE`); the verifier prunes the branch not taken, so
+/// the record field is never read on a kernel whose record lacks it.
+pub mod exit_mode {
+    /// The record's `group_dead` field at [`super::layout::SCHED_EXIT_GROUP_DEAD`].
+    pub const RECORD: u32 = 0;
+    /// The exiting task's `signal->live`, read through BTF offsets: `do_exit()` decrements it
+    /// before the tracepoint fires, so it is 0 for the last thread.
+    pub const SIGNAL_LIVE: u32 = 1;
+}
+
 /// Indices into the `STATS` array map: the probe's own health counters.
 pub mod stat {
     /// Ring-buffer events that could not be reserved (buffer full): lost close events.

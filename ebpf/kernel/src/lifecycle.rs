@@ -5,13 +5,16 @@
 
 use crate::programs::{
     ARG0, ARG1, EVENTS, FD_INFO, FD_RECORDS, GENERATION, GROUP_DEAD, RET, SWITCHES, arg, bump_stat,
-    current_tgid, field, table_slot, totals, watch_index, watched,
+    current_task, current_tgid, field, table_slot, tgid_of, totals, watch_index, watched,
 };
 use aya_ebpf::{
-    helpers::generated::bpf_get_smp_processor_id, macros::tracepoint, programs::TracePointContext,
+    Global,
+    helpers::{bpf_probe_read_kernel, generated::bpf_get_smp_processor_id},
+    macros::tracepoint,
+    programs::TracePointContext,
 };
 use zerocache_probe_common::{
-    Event, FD_CLASS_OTHER, FdInfo, FdKey, FdRecord, event, fd_flags, stat, switch,
+    Event, FD_CLASS_OTHER, FdInfo, FdKey, FdRecord, event, exit_mode, fd_flags, stat, switch,
 };
 
 /// Emits the final record of (tgid, fd) and forgets the fd. Accepted connections get an event even
@@ -225,15 +228,45 @@ fn uring() -> u32 {
     0
 }
 
+/// How this kernel tells the last thread (a `zerocache_probe_common::exit_mode`), and the BTF
+/// offsets of `task_struct.signal` and `signal_struct.live` for the fallback; set by the loader.
+#[unsafe(no_mangle)]
+static EXIT_MODE: Global<u32> = Global::new(exit_mode::RECORD);
+#[unsafe(no_mangle)]
+static TASK_SIGNAL: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SIGNAL_LIVE: Global<u32> = Global::new(0);
+
 /// `sched/sched_process_exit` of a watched process's last thread: user space flushes its records.
 #[tracepoint]
 pub fn sched_exit(ctx: TracePointContext) -> u32 {
-    let tgid = current_tgid();
+    let task = current_task();
+    let tgid = tgid_of(task);
     if !watched(tgid) {
         return 0;
     }
-    if field::<u8>(&ctx, GROUP_DEAD) != 0 {
+    // EXIT_MODE is frozen before load: the verifier follows one branch only, so a kernel whose
+    // record has no `group_dead` never sees the read past its record (which it refuses at attach).
+    let last = if EXIT_MODE.load() == exit_mode::RECORD {
+        field::<u8>(&ctx, GROUP_DEAD) != 0
+    } else {
+        // do_exit() has already decremented signal->live: 0 for the last thread. Two threads
+        // exiting together can both read 0; user space's flush is idempotent.
+        let signal = read_kernel::<u64>(task as u64 + TASK_SIGNAL.load() as u64);
+        match signal {
+            Some(s) if s != 0 => read_kernel::<i32>(s + SIGNAL_LIVE.load() as u64) == Some(0),
+            _ => false,
+        }
+    };
+    if last {
         lifecycle_event(event::PROCESS_EXIT, tgid, 0, 0);
     }
     0
+}
+
+#[inline(always)]
+fn read_kernel<T: Copy>(addr: u64) -> Option<T> {
+    // SAFETY: bpf_probe_read_kernel copies from any kernel address and returns an error instead
+    // of faulting.
+    unsafe { bpf_probe_read_kernel(addr as *const T).ok() }
 }

@@ -14,13 +14,12 @@ use zerocache_probe_common::{
     stat, switch,
 };
 
-/// Offsets in the syscall tracepoint records: arguments are 8 bytes each from offset 16, and an
-/// exit record's return value sits at 16.
-pub(crate) const ARG0: usize = 16;
-pub(crate) const ARG1: usize = 24;
-pub(crate) const RET: usize = 16;
-/// `sched_process_exit`: `bool group_dead` (the last thread of the process is leaving).
-pub(crate) const GROUP_DEAD: usize = 32;
+/// Offsets in the tracepoint records (see `zerocache_probe_common::layout`: the loader checks
+/// each against the kernel's format before it attaches a program that reads it).
+pub(crate) use zerocache_probe_common::layout::{
+    SCHED_EXIT_GROUP_DEAD as GROUP_DEAD, SYSCALL_ARG0 as ARG0, SYSCALL_ARG1 as ARG1,
+    SYSCALL_RET as RET,
+};
 
 /// Byte offsets in x86-64 `struct pt_regs` (UAPI `asm/ptrace.h`, so stable) of the registers that
 /// carry syscall arguments 0 to 4. The kernel leaves them as user space set them until the syscall

@@ -1,11 +1,11 @@
-//! Reads one struct member's offset from the kernel's BTF (`/sys/kernel/btf/vmlinux`).
+//! Reads struct member offsets and enum values from the kernel's BTF (`/sys/kernel/btf/vmlinux`).
 //!
 //! Rust BPF programs get no CO-RE relocations, so a program that loads a kernel struct field needs
 //! the field's offset from user space: the loader looks it up here and hands it to the program as a
-//! `.rodata` constant, which the verifier then checks against the same BTF. The probe needs exactly
-//! one such field (`task_struct.tgid`), so this walks the type section itself rather than pulling
-//! in a BTF library: the format is a header, a string table and a flat list of types whose sizes
-//! follow from their kind (`Documentation/bpf/btf.rst`).
+//! `.rodata` constant, which the verifier then checks against the same BTF. The probe needs a few
+//! such fields and one enum (which BPF helpers the kernel has), so this walks the type section
+//! itself rather than pulling in a BTF library: the format is a header, a string table and a flat
+//! list of types whose sizes follow from their kind (`Documentation/bpf/btf.rst`).
 
 use std::borrow::Cow;
 
@@ -18,6 +18,8 @@ const HEADER_LEN: usize = 24;
 /// `struct btf_type`: name_off, info, size/type.
 const TYPE_LEN: usize = 12;
 const KIND_STRUCT: u32 = 4;
+const KIND_ENUM: u32 = 6;
+const KIND_ENUM64: u32 = 19;
 
 /// Why an offset could not be found.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -25,16 +27,27 @@ pub enum BtfError {
     /// Not a BTF blob this reader understands.
     #[error("not kernel BTF: {0}")]
     Format(Cow<'static, str>),
-    /// The struct is not in the BTF.
-    #[error("BTF has no struct {0}")]
+    /// The struct (or `enum NAME`) is not in the BTF.
+    #[error("BTF has no {0}")]
     NoStruct(String),
     /// The struct has no such direct member, or it is a bitfield.
     #[error("BTF struct {0} has no member {1} at a byte offset")]
     NoMember(String, String),
 }
 
-/// Byte offset of member `member` of struct `strukt` in the BTF blob `data`.
-pub fn member_offset(data: &[u8], strukt: &str, member: &str) -> Result<u32, BtfError> {
+/// One type of a BTF blob: its kind, name, `info` word and the bytes that follow its header.
+struct Type<'a> {
+    kind: u32,
+    name: Option<&'a [u8]>,
+    info: u32,
+    extra: &'a [u8],
+}
+
+/// Calls `f` with every type of the BTF blob `data` until it returns `Some`.
+fn find_type<'a, T>(
+    data: &'a [u8],
+    mut f: impl FnMut(&Type<'a>, &dyn Fn(u32) -> Option<&'a [u8]>) -> Option<Result<T, BtfError>>,
+) -> Result<Option<T>, BtfError> {
     let bad = |what: &'static str| BtfError::Format(Cow::Borrowed(what));
     if data.len() < HEADER_LEN || u16_at(data, 0) != Some(MAGIC) {
         return Err(bad("bad magic"));
@@ -45,7 +58,7 @@ pub fn member_offset(data: &[u8], strukt: &str, member: &str) -> Result<u32, Btf
         section(data, hdr_len, type_off, type_len).ok_or(bad("type section out of range"))?;
     let strings =
         section(data, hdr_len, str_off, str_len).ok_or(bad("string section out of range"))?;
-    let name = |off: u32| -> Option<&[u8]> {
+    let name = move |off: u32| -> Option<&'a [u8]> {
         let rest = strings.get(off as usize..)?;
         rest.split(|b| *b == 0).next()
     };
@@ -55,32 +68,72 @@ pub fn member_offset(data: &[u8], strukt: &str, member: &str) -> Result<u32, Btf
         let info = u32_at(types, at + 4).ok_or(bad("truncated type"))?;
         let kind = (info >> 24) & 0x1f;
         let vlen = (info & 0xffff) as usize;
-        let kind_flag = info >> 31 == 1;
-        let extra = extra_len(kind, vlen).ok_or(bad("unknown type kind"))?;
-        if kind == KIND_STRUCT && name(name_off) == Some(strukt.as_bytes()) {
-            for m in 0..vlen {
-                let base = at + TYPE_LEN + m * 12;
-                let m_name = u32_at(types, base).ok_or(bad("truncated member"))?;
-                let m_off = u32_at(types, base + 8).ok_or(bad("truncated member"))?;
-                if name(m_name) != Some(member.as_bytes()) {
-                    continue;
-                }
-                // With kind_flag set the top 8 bits hold a bitfield size.
-                let (bits, bitfield) = if kind_flag {
-                    (m_off & 0xff_ffff, m_off >> 24 != 0)
-                } else {
-                    (m_off, false)
-                };
-                if bitfield || bits % 8 != 0 {
-                    break;
-                }
-                return Ok(bits / 8);
-            }
-            return Err(BtfError::NoMember(strukt.into(), member.into()));
+        let len = extra_len(kind, vlen).ok_or(bad("unknown type kind"))?;
+        let extra = types
+            .get(at + TYPE_LEN..at + TYPE_LEN + len)
+            .ok_or(bad("truncated type"))?;
+        let t = Type {
+            kind,
+            name: name(name_off),
+            info,
+            extra,
+        };
+        if let Some(found) = f(&t, &name) {
+            return found.map(Some);
         }
-        at += TYPE_LEN + extra;
+        at += TYPE_LEN + len;
     }
-    Err(BtfError::NoStruct(strukt.into()))
+    Ok(None)
+}
+
+/// Byte offset of member `member` of struct `strukt` in the BTF blob `data`.
+pub fn member_offset(data: &[u8], strukt: &str, member: &str) -> Result<u32, BtfError> {
+    let found = find_type(data, |t, name| {
+        if t.kind != KIND_STRUCT || t.name != Some(strukt.as_bytes()) {
+            return None;
+        }
+        let kind_flag = t.info >> 31 == 1;
+        for m in t.extra.chunks_exact(12) {
+            let m_name = u32_at(m, 0).unwrap_or(0);
+            let m_off = u32_at(m, 8).unwrap_or(0);
+            if name(m_name) != Some(member.as_bytes()) {
+                continue;
+            }
+            // With kind_flag set the top 8 bits hold a bitfield size.
+            let (bits, bitfield) = if kind_flag {
+                (m_off & 0xff_ffff, m_off >> 24 != 0)
+            } else {
+                (m_off, false)
+            };
+            if bitfield || bits % 8 != 0 {
+                break;
+            }
+            return Some(Ok(bits / 8));
+        }
+        Some(Err(BtfError::NoMember(strukt.into(), member.into())))
+    })?;
+    found.ok_or_else(|| BtfError::NoStruct(strukt.into()))
+}
+
+/// Whether enum `enumeration` in the BTF blob `data` has a value named `value`: how the probe
+/// asks the running kernel which BPF helpers it has (`enum bpf_func_id` lists every one).
+pub fn enum_has(data: &[u8], enumeration: &str, value: &str) -> Result<bool, BtfError> {
+    let found = find_type(data, |t, name| {
+        let width = match t.kind {
+            KIND_ENUM => 8,
+            KIND_ENUM64 => 12,
+            _ => return None,
+        };
+        if t.name != Some(enumeration.as_bytes()) {
+            return None;
+        }
+        let has = t
+            .extra
+            .chunks_exact(width)
+            .any(|v| name(u32_at(v, 0).unwrap_or(0)) == Some(value.as_bytes()));
+        Some(Ok(has))
+    })?;
+    found.ok_or_else(|| BtfError::NoStruct(format!("enum {enumeration}")))
 }
 
 /// Bytes that follow a `btf_type` of this kind with `vlen` entries.
@@ -176,6 +229,28 @@ mod tests {
             member_offset(b"not btf at all, no", "task", "pid"),
             Err(BtfError::Format(Cow::Borrowed("bad magic")))
         );
+    }
+
+    #[test]
+    fn finds_enum_values_in_the_running_kernel() {
+        let data = std::fs::read(VMLINUX).expect("this kernel publishes BTF");
+        assert_eq!(
+            enum_has(&data, "bpf_func_id", "BPF_FUNC_map_lookup_elem"),
+            Ok(true)
+        );
+        assert_eq!(
+            enum_has(&data, "bpf_func_id", "BPF_FUNC_task_pt_regs"),
+            Ok(true)
+        );
+        assert_eq!(
+            enum_has(&data, "bpf_func_id", "BPF_FUNC_no_such_helper"),
+            Ok(false)
+        );
+        assert_eq!(
+            enum_has(&data, "no_such_enum", "X"),
+            Err(BtfError::NoStruct("enum no_such_enum".into()))
+        );
+        assert!(enum_has(&blob(), "bpf_func_id", "X").is_err());
     }
 
     /// The running kernel's task_struct: `tgid` follows `pid` (both pid_t) in every kernel since

@@ -10,12 +10,15 @@
 //! file reads pending per process, matched by socket sends (`read_side`, and
 //! `ebpf/kernel/src/copy_loop.rs` for the rule), and the peers of accepted connections
 //! (`accepted`, `peers`). Files: `probe` (the handle), `loader`, `maps`, `watching` (the watch
-//! list), `events` (the ring buffer), `fd_table`, `btf`, `procfs`, `store`, `model`.
+//! list), `events` (the ring buffer), `fd_table`, `btf`, `procfs`, `store`, `model`; `kernel`
+//! (the minimum kernel, asked of its BTF) and `tracefs` (tracepoint record formats), with which the
+//! loader attaches each program where the running kernel allows it and names why where it does not.
 
 mod accepted;
 mod btf;
 mod events;
 mod fd_table;
+mod kernel;
 mod loader;
 mod maps;
 mod model;
@@ -24,11 +27,13 @@ mod probe;
 mod procfs;
 mod read_side;
 mod store;
+pub mod tracefs;
 mod watching;
 
+pub use kernel::{MINIMUM as MINIMUM_KERNEL, release as kernel_release};
 pub use model::{
     ClosedFd, CopyLoopStatus, FdCounts, KindCounts, ProbeHealth, ProbeStatus, ProcessTotals,
-    Snapshot, WatchTarget,
+    ProgramRole, ProgramState, Snapshot, WatchTarget,
 };
 pub use peers::{peer_of, peers_of};
 pub use probe::{Probe, ProbeOptions};

@@ -20,12 +20,27 @@ pub enum WatchTarget {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ProbeStatus {
-    /// Loaded and attached to every tracepoint.
+    /// Every program the proxy's own accounting needs is attached (others may be missing: see
+    /// `programs`).
     Attached {
         /// Number of tracepoint attachments.
         attachments: usize,
         /// Time taken to load, verify and attach, in milliseconds.
         load_ms: u64,
+        /// Every program, attached or missing and why.
+        programs: Vec<ProgramState>,
+    },
+    /// Loaded, but a program the proxy's accounting needs is missing: the probe counts what its
+    /// other programs see, and its figures are not to be taken as the whole truth.
+    Partial {
+        /// Number of tracepoint attachments.
+        attachments: usize,
+        /// Time taken to load, verify and attach, in milliseconds.
+        load_ms: u64,
+        /// Every program, attached or missing and why.
+        programs: Vec<ProgramState>,
+        /// Which accounting programs are missing, in a line.
+        reason: String,
     },
     /// Turned off in the configuration.
     Disabled,
@@ -37,10 +52,71 @@ pub enum ProbeStatus {
 }
 
 impl ProbeStatus {
-    /// True when the probe is counting.
+    /// True when every program the proxy's own accounting needs is attached: what
+    /// `zerocache_probe_up` reports, so a partial probe never passes for a whole one.
     pub fn is_attached(&self) -> bool {
         matches!(self, ProbeStatus::Attached { .. })
     }
+
+    /// The programs and their states; empty when nothing was loaded.
+    pub fn programs(&self) -> &[ProgramState] {
+        match self {
+            ProbeStatus::Attached { programs, .. } | ProbeStatus::Partial { programs, .. } => {
+                programs
+            }
+            ProbeStatus::Disabled | ProbeStatus::Unavailable { .. } => &[],
+        }
+    }
+}
+
+/// What a program is for, and so what its absence costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgramRole {
+    /// Output syscalls and the fd lifecycle: the per-connection counts themselves.
+    Accounting,
+    /// The exit of a watched process's last thread.
+    ProcessExits,
+    /// `io_uring_enter` calls, counted as I/O the probe cannot classify.
+    IoUring,
+    /// File reads for copy-loop detection (`zerocache watch`), attached only while it runs.
+    CopyLoop,
+}
+
+impl ProgramRole {
+    /// What is lost while a program of this role is missing, in an operator's words.
+    pub fn cost(self) -> &'static str {
+        match self {
+            ProgramRole::Accounting => {
+                "per-connection kernel counts are incomplete, so the proxy does not trust them (zerocache_probe_up 0)"
+            }
+            ProgramRole::ProcessExits => {
+                "exits of watched processes are not seen at once: their records are flushed by the 1 s re-resolve of the watch list instead"
+            }
+            ProgramRole::IoUring => {
+                "io_uring_enter calls are not counted, so I/O submitted through io_uring goes unmentioned"
+            }
+            ProgramRole::CopyLoop => "copy-loop detection is unavailable",
+        }
+    }
+}
+
+/// One BPF program: where it attaches, and whether it is attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProgramState {
+    /// The program's name in the object (`exit_sendfile`).
+    pub program: String,
+    /// What it is for.
+    pub role: ProgramRole,
+    /// `category/name` of each tracepoint it attaches to.
+    pub tracepoints: Vec<String>,
+    /// Attached to every one of them.
+    pub attached: bool,
+    /// Why not, naming the kernel; `None` when attached, or (copy-loop programs) not wanted.
+    pub reason: Option<String>,
+    /// How it works on this kernel where there is a choice (`sched_exit`: which way it tells the
+    /// last thread).
+    pub variant: Option<String>,
 }
 
 /// Counters of one syscall kind.

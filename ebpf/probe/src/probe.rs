@@ -102,14 +102,43 @@ impl Probe {
                 maps,
                 ring,
                 attachments,
+                programs,
                 read_side,
             }) => {
+                let load_ms = started.elapsed().as_millis() as u64;
+                let missing: Vec<String> = programs
+                    .iter()
+                    .filter(|p| !p.attached && p.role == crate::ProgramRole::Accounting)
+                    .map(|p| {
+                        format!(
+                            "{} ({})",
+                            p.program,
+                            p.reason.as_deref().unwrap_or("not attached")
+                        )
+                    })
+                    .collect();
+                let status = if missing.is_empty() {
+                    ProbeStatus::Attached {
+                        attachments,
+                        load_ms,
+                        programs,
+                    }
+                } else {
+                    let reason = format!(
+                        "programs the proxy's accounting needs are missing, so its kernel counts are incomplete: {}",
+                        missing.join("; ")
+                    );
+                    tracing::warn!(%reason, "probe partial");
+                    ProbeStatus::Partial {
+                        attachments,
+                        load_ms,
+                        programs,
+                        reason,
+                    }
+                };
                 let probe = Probe {
                     inner: Arc::new(Inner {
-                        status: ProbeStatus::Attached {
-                            attachments,
-                            load_ms: started.elapsed().as_millis() as u64,
-                        },
+                        status,
                         maps: Some(Mutex::new(maps)),
                         state,
                         closed_tx,
@@ -121,11 +150,7 @@ impl Probe {
                 probe.resolve_targets();
                 probe.spawn_reader(ring);
                 probe.spawn_resolver();
-                tracing::info!(
-                    attachments,
-                    load_ms = started.elapsed().as_millis() as u64,
-                    "probe attached"
-                );
+                tracing::info!(attachments, load_ms, "probe attached");
                 probe
             }
             Err(e) => {
@@ -365,5 +390,68 @@ mod tests {
         let (_, _, _, counts) = live.iter().find(|r| r.0 == fd).expect("record");
         let w = &counts.by_kind[kind::WRITE as usize];
         assert_eq!((w.calls, w.bytes), (1, 123));
+    }
+
+    /// No kernel layout is taken on faith: every record field a program reads is where this
+    /// kernel's tracepoint format puts it (read here with a plain text search, apart from the
+    /// loader's parser), every program attaches, and `sched_exit` chose its variant by whether the
+    /// record has `group_dead` (Linux 6.16 on) or not (the `signal->live` fallback). Run on every
+    /// kernel of the VM matrix (`cargo xtask vm-test`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_record_read_matches_this_kernels_tracepoint_formats() {
+        if !require::root("reads tracefs and loads the eBPF probe") {
+            return;
+        }
+        let format = |tp: &str| {
+            std::fs::read_to_string(format!("{}/events/{tp}/format", crate::tracefs::TRACEFS))
+                .unwrap_or_else(|e| panic!("{tp}: {e}"))
+        };
+        let mut checked = 0;
+        for spec in crate::loader::PROGRAMS {
+            for (category, name) in spec.tracepoints {
+                let text = format(&format!("{category}/{name}"));
+                for (field, offset, size) in spec.reads {
+                    let line = text
+                        .lines()
+                        .find(|l| l.contains(&format!(" {field};")))
+                        .unwrap_or_else(|| panic!("{category}/{name} has no {field}:\n{text}"));
+                    assert!(
+                        line.contains(&format!("offset:{offset};"))
+                            && line.contains(&format!("size:{size};")),
+                        "{category}/{name}: {field} read at {offset} ({size} bytes), format says {line}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 17, "record reads checked");
+        let exit = format("sched/sched_process_exit");
+        let has_group_dead = exit.contains("bool group_dead;\toffset:32;\tsize:1;");
+        let probe = Probe::start(ProbeOptions {
+            enabled: true,
+            watch: vec![WatchTarget::SelfProcess],
+            closed_capacity: 10,
+        });
+        let status = probe.status();
+        assert!(status.is_attached(), "{status:?}");
+        let missing: Vec<&str> = status
+            .programs()
+            .iter()
+            .filter(|p| !p.attached)
+            .map(|p| p.program.as_str())
+            .collect();
+        assert_eq!(missing, Vec::<&str>::new(), "{status:?}");
+        assert_eq!(status.programs().len(), crate::loader::PROGRAMS.len());
+        let sched = status
+            .programs()
+            .iter()
+            .find(|p| p.program == "sched_exit")
+            .expect("sched_exit");
+        let want = if has_group_dead {
+            "group_dead in the record"
+        } else {
+            "task->signal->live (the record has no group_dead)"
+        };
+        assert_eq!(sched.variant.as_deref(), Some(want));
     }
 }

@@ -10,7 +10,7 @@
 //! follows from an fd to its superblock out of the running kernel's BTF and hands them to the
 //! object as frozen globals before it loads (see `ebpf/kernel/src/copy_loop.rs`).
 
-use crate::btf;
+use crate::{btf, tracefs};
 use aya::Ebpf;
 use aya::programs::TracePoint;
 use aya::programs::trace_point::TracePointLinkId;
@@ -25,6 +25,9 @@ const TRACEPOINTS: [&str; 5] = [
     "sys_exit_preadv",
     "sys_exit_preadv2",
 ];
+
+/// The one record field the program reads: the read's return value.
+const RET: (&str, usize, usize) = ("ret", zerocache_probe_common::layout::SYSCALL_RET, 8);
 
 /// (global in the BPF object, struct, member) for every offset the fd walk uses.
 pub(crate) const OFFSETS: [(&str, &str, &str); 8] = [
@@ -88,25 +91,30 @@ impl ReadSide {
             tracing::info!("copy-loop detection: read programs detached");
             return;
         }
+        let formats = TRACEPOINTS.iter().try_for_each(|name| {
+            let fields = tracefs::format("syscalls", name)?;
+            tracefs::check(&fields, &format!("syscalls/{name}"), &[RET])
+        });
+        if let Err(e) = formats {
+            tracing::warn!(error = %e, "copy-loop detection unavailable");
+            self.error = Some(e);
+            return;
+        }
         if prog.fd().is_err()
             && let Err(e) = prog.load()
         {
-            let log = match &e {
-                aya::programs::ProgramError::LoadError { verifier_log, .. } => {
-                    format!("\nverifier log:\n{verifier_log}")
-                }
-                _ => String::new(),
-            };
-            self.error = Some(format!("the verifier rejected {PROGRAM}: {e}{log}"));
+            let e = crate::loader::rejected(PROGRAM, e);
             tracing::warn!(error = %e, "copy-loop detection unavailable");
+            self.error = Some(e);
             return;
         }
         for name in TRACEPOINTS {
             match prog.attach("syscalls", name) {
                 Ok(link) => self.links.push(link),
                 Err(e) => {
-                    self.error = Some(format!("attaching {PROGRAM} to syscalls/{name}: {e}"));
-                    tracing::warn!(error = %e, tracepoint = name, "copy-loop detection unavailable");
+                    let e = crate::loader::attach_failed(PROGRAM, "syscalls", name, &e);
+                    tracing::warn!(error = %e, "copy-loop detection unavailable");
+                    self.error = Some(e);
                     for link in self.links.drain(..) {
                         let _ = prog.detach(link);
                     }
