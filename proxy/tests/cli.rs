@@ -242,3 +242,57 @@ fn check_prints_every_size_in_bytes_and_binary() {
     let v: serde_json::Value = serde_json::from_str(&json).expect("json");
     assert_eq!(v["cache"]["max_size"], 1_073_741_824u64);
 }
+
+/// `probe-check` as root: one `ok` line per program, the copy-loop read side, exit 0; as nobody:
+/// the reason (with the kernel's release) and exit 1, having written nothing.
+#[test]
+fn probe_check_lists_every_program_and_fails_where_accounting_would_be_incomplete() {
+    if !require::root("loads the eBPF probe and drops to nobody with setpriv")
+        || !require::command("setpriv")
+    {
+        return;
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let release = release.trim();
+    let (code, out, err) = zerocache(&["probe-check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("kernel {release} (the probe needs 5.15 or later)")
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.starts_with("ok ")).count(),
+        15,
+        "{out}"
+    );
+    assert!(
+        lines.contains(&"ok       exit_sendfile (accounting): syscalls/sys_exit_sendfile64"),
+        "{out}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("probe: complete (16 attachments): the proxy's accounting is whole on this kernel")
+    );
+    let (code, json, _) = zerocache(&["probe-check", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(v["programs"].as_array().map(Vec::len), Some(14), "{v}");
+    assert_eq!(v["copy_loop"]["attached"], true, "{v}");
+
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_zerocache"))
+        .arg("probe-check")
+        .output()
+        .expect("setpriv");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "probe: unavailable: loading the BPF object failed on kernel {release}: "
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("ok "), "{text}");
+}

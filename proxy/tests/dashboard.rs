@@ -263,6 +263,8 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_cache_evictions_total 0",
         "zerocache_cache_max_size_bytes ",
         "zerocache_probe_lost_total{what=\"events\"} 0",
+        "zerocache_probe_programs{program=\"exit_sendfile\",state=\"attached\"} 1",
+        "zerocache_probe_programs{program=\"sched_exit\",state=\"attached\"} 1",
         "process_resident_memory_bytes ",
         "process_open_fds ",
         "zerocache_worker_unpins_total 0",
@@ -274,6 +276,16 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
             "idle scrape lacks `{family}`:\n{idle}"
         );
     }
+    assert!(!idle.contains("state=\"missing\""), "{idle}");
+    // /api/probe: the kernel, the floor and all 14 programs, each attached on this kernel.
+    let report = proxy.api("/api/probe");
+    assert_eq!(report["minimum_kernel"], "5.15", "{report}");
+    assert_eq!(report["status"]["state"], "attached", "{report}");
+    let programs = report["programs"].as_array().expect("programs");
+    assert_eq!(programs.len(), 14, "{report}");
+    assert!(programs.iter().all(|p| p["attached"] == true), "{report}");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    assert_eq!(report["kernel"], kernel.trim());
     let mut c = proxy.client();
     for s in [1000, 2000, 1000, 3000, 1000] {
         c.get(&format!("/obj/{s}"), &[]);
