@@ -124,6 +124,72 @@ fn rfc9111_4_2_1_invalid_expires_means_stale() {
     assert_eq!(origin.hits("/exp0"), 2);
 }
 
+/// The HTTP cache conformance suite's `freshness-expires-invalid-*` forms, each a year ahead but
+/// not one of RFC 9110's three date formats (or, last, two Expires lines), so already expired
+/// (RFC 9111 §5.3); beside them the valid forms, fresh.
+#[test]
+fn rfc9111_5_3_expires_not_in_the_three_formats_is_already_expired() {
+    let (origin, _rt) = origin();
+    let year = 1970
+        + SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs()
+            / 31_556_952
+        + 2;
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "/x1",
+            vec![format!("Mon, 02 Jan {year} 1:00:00 GMT")],
+            "EXPIRED",
+        ),
+        (
+            "/x2",
+            vec![format!("Mon, 02-Jan-{year} 10:00:00 GMT")],
+            "EXPIRED",
+        ),
+        (
+            "/x3",
+            vec![format!("Mon,  02 Jan {year} 10:00:00 GMT")],
+            "EXPIRED",
+        ),
+        (
+            "/x4",
+            vec![format!("Mon, 02 Jan {year} 10:00:00 UTC")],
+            "EXPIRED",
+        ),
+        (
+            "/x5",
+            vec![
+                format!("Mon, 02 Jan {year} 10:00:00 GMT"),
+                format!("Tue, 03 Jan {year} 10:00:00 GMT"),
+            ],
+            "EXPIRED",
+        ),
+        (
+            "/ok1",
+            vec![format!("Mon, 02 Jan {year} 10:00:00 GMT")],
+            "HIT",
+        ),
+        (
+            "/ok2",
+            vec![format!("mOn, 02 jAn {year} 10:00:00 gmt")],
+            "HIT",
+        ),
+        ("/ok3", vec![format!("Mon Jan  2 10:00:00 {year}")], "HIT"),
+    ];
+    for (path, expires, _) in &cases {
+        let fields: Vec<(&str, &str)> = expires.iter().map(|e| ("Expires", e.as_str())).collect();
+        origin.script(path, reply("e", &fields));
+    }
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    for (path, expires, second) in &cases {
+        assert_eq!(c.get(path, &[]).x_cache(), "MISS", "{path}");
+        assert_eq!(c.get(path, &[]).x_cache(), *second, "{path}: {expires:?}");
+    }
+}
+
 #[test]
 fn rfc9111_4_2_3_age_is_carried_and_grows() {
     let (origin, _rt) = origin();

@@ -47,8 +47,10 @@ pub fn lifetime(
         return Some((Duration::from_secs(s), Source::Explicit));
     }
     // A targeted field (RFC 9213) replaces Expires as well as Cache-Control.
-    if let Some(expires) = res.field("expires").filter(|_| !targeted) {
-        let life = match crate::http::date::parse(expires) {
+    // Joined: two Expires lines make a list, which is no date, so the response is already
+    // expired (RFC 9111 §5.3) rather than fresh until whichever line came first.
+    if let Some(expires) = res.joined("expires").filter(|_| !targeted) {
+        let life = match crate::http::date::parse(&expires) {
             Some(exp) => exp.duration_since(date).unwrap_or_default(),
             None => Duration::ZERO,
         };
@@ -207,6 +209,14 @@ mod tests {
         assert_eq!(
             life(&format!("Date: {date}\r\nExpires: {exp}\r\n"), t),
             Some((Duration::from_secs(100), Source::Explicit))
+        );
+        assert_eq!(
+            life(
+                &format!("Date: {date}\r\nExpires: {exp}\r\nExpires: {exp}\r\n"),
+                t
+            ),
+            Some((Duration::ZERO, Source::Explicit)),
+            "two Expires lines are invalid, so already expired"
         );
         assert_eq!(
             life("Expires: 0\r\n", t),
