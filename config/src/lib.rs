@@ -3,6 +3,7 @@
 //!
 //! Parsing is strict (`deny_unknown_fields` everywhere) because a misspelt key in a cache config
 //! silently falls back to a default, and the default is usually "cache more than you meant".
+#![forbid(unsafe_code)]
 
 pub mod cidr;
 pub mod error;

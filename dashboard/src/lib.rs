@@ -2,6 +2,7 @@
 //! kernel records, crate `zerocache-ledger`) served as an HTML dashboard, a JSON API and
 //! Prometheus `/metrics` by one axum app. It only reads the ledger and the probe; what it changes
 //! goes through functions the proxy hands it: the purge, and in tests the cache clock.
+#![forbid(unsafe_code)]
 
 pub(crate) mod api;
 pub mod clock;

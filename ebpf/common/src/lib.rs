@@ -261,13 +261,21 @@ pub mod stat {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: every type is #[repr(C)], Copy, made of integers only, with explicit padding.
+    // Each impl below: the type is #[repr(C)], Copy, made of integers only, with explicit
+    // padding, so every byte pattern is a valid value and none is uninitialised.
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::FdKey {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::FdInfo {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::FdRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::WatchSlot {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcTotals {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::Event {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::Pending {}
 }
 

@@ -7,6 +7,7 @@
 //! zero-copy ratio and the **violations**: body bytes the proxy meant to send with sendfile that
 //! the kernel saw going through a copying syscall. It also holds the process-wide counters that
 //! `/metrics` exports. The data plane writes to it; the dashboard only reads it.
+#![forbid(unsafe_code)]
 
 mod accounting;
 mod copy_reason;
