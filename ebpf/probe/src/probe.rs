@@ -324,7 +324,7 @@ mod tests {
     use std::os::fd::AsRawFd;
     use zerocache_probe_common::{FAST_FDS, FAST_WATCHED, FdRecord, SyscallCounts, kind};
 
-    /// `proxy/tests/support/require.rs`'s rule for this crate-internal test (that file cannot be
+    /// `proxy/tests/it/support/require.rs`'s rule for this crate-internal test (that file cannot be
     /// included into a module nested in `src/`): go on as root; otherwise print why the test was
     /// skipped, or fail under `ZEROCACHE_REQUIRE_PRIVILEGED=1`.
     mod require {

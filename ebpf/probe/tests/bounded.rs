@@ -1,7 +1,7 @@
 //! Memory stays bounded under 100,000 short connections: closed records are capped, nothing stays
 //! behind in the kernel maps, and every event is either received or counted as lost.
 
-#[path = "../../../proxy/tests/support/require.rs"]
+#[path = "../../../proxy/tests/it/support/require.rs"]
 #[allow(dead_code)]
 mod require;
 

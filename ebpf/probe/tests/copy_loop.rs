@@ -4,7 +4,7 @@
 //! connection gets its own copy-loop bytes. And the read
 //! programs are attached only while detection is on and something is watched. Needs root.
 
-#[path = "../../../proxy/tests/support/require.rs"]
+#[path = "../../../proxy/tests/it/support/require.rs"]
 #[allow(dead_code)]
 mod require;
 

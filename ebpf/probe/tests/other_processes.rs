@@ -2,7 +2,7 @@
 //! kept apart from files, records flushed by dup2 and by process exit, and nginx serving a file.
 //! Needs root (CI runs as root).
 
-#[path = "../../../proxy/tests/support/require.rs"]
+#[path = "../../../proxy/tests/it/support/require.rs"]
 #[allow(dead_code)]
 mod require;
 

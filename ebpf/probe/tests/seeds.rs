@@ -8,7 +8,7 @@
 //! `cargo xtask setup`); a missing one skips with its reason, or fails under
 //! `ZEROCACHE_REQUIRE_PRIVILEGED=1`.
 
-#[path = "../../../proxy/tests/support/require.rs"]
+#[path = "../../../proxy/tests/it/support/require.rs"]
 #[allow(dead_code)]
 mod require;
 mod seeds_support;

@@ -1,7 +1,7 @@
 //! The probe counts this test process's own syscalls exactly: sendfile bytes, write bytes, and one
 //! record per connection even when the fd number is reused. Needs root (CI runs as root).
 
-#[path = "../../../proxy/tests/support/require.rs"]
+#[path = "../../../proxy/tests/it/support/require.rs"]
 #[allow(dead_code)]
 mod require;
 

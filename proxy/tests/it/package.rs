@@ -1,0 +1,345 @@
+//! The Debian package, for real: `cargo xtask package` builds it, dpkg installs it, the installed
+//! binary checks the installed config, and `dpkg -r` / `dpkg -P` remove it as dpkg promises
+//! (conffiles kept on remove, gone on purge). Needs root, dpkg and cargo-deb (which
+//! `cargo xtask setup` installs); skips with the reason otherwise (fails under
+//! `ZEROCACHE_REQUIRE_PRIVILEGED=1`). The release build makes it the slowest test (minutes on a
+//! fresh target directory), so it builds once and checks everything on that one package.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+use crate::support::require;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// (exit code, stdout, stderr) of a command; panics if it cannot start.
+fn run(program: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} {args:?}: {e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// stdout of a command that must succeed.
+fn ok(program: &str, args: &[&str]) -> String {
+    let (code, out, err) = run(program, args);
+    assert_eq!(code, 0, "{program} {args:?}: {err}{out}");
+    out
+}
+
+fn works(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// dpkg's status of a package ("install ok installed", "deinstall ok config-files"), or None.
+fn status(package: &str) -> Option<String> {
+    let (code, out, _) = run("dpkg-query", &["-W", "-f=${Status}", package]);
+    (code == 0).then_some(out)
+}
+
+/// True if this machine can run the test; otherwise the skip (or, under
+/// `ZEROCACHE_REQUIRE_PRIVILEGED=1`, the failure) says why.
+fn can_run() -> bool {
+    if !require::root("installs a package with dpkg") {
+        return false;
+    }
+    if !["dpkg", "dpkg-deb", "dpkg-query", "readelf"]
+        .iter()
+        .all(|tool| require::command(tool))
+    {
+        return false;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if !require::that(
+        works(&cargo, &["deb", "--version"]),
+        "cargo-deb (`cargo xtask setup` installs it)",
+    ) {
+        return false;
+    }
+    ["zerocache", "zerocache-dbgsym"].iter().all(|package| {
+        let installed = status(package).filter(|s| !s.ends_with("not-installed"));
+        require::that(
+            installed.is_none(),
+            &format!(
+                "no `{package}` package on this machine (it is {}; the test would replace it)",
+                installed.as_deref().unwrap_or("")
+            ),
+        )
+    })
+}
+
+/// Purges what the test installed and the cache directory `check` created, even when an
+/// assertion failed half-way.
+struct Cleanup {
+    cache_dir_existed: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = run("dpkg", &["-P", "zerocache-dbgsym", "zerocache"]);
+        if !self.cache_dir_existed {
+            let _ = std::fs::remove_dir_all("/var/cache/zerocache");
+        }
+    }
+}
+
+/// ELF section names, from `readelf -S --wide`.
+fn sections(file: &str) -> Vec<String> {
+    ok("readelf", &["-S", "--wide", file])
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(']')?;
+            let name = rest.split_whitespace().next()?;
+            name.starts_with('.').then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// The GNU build id of an ELF file, in hex.
+fn build_id(file: &str) -> String {
+    ok("readelf", &["-n", file])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .unwrap_or_else(|| panic!("{file} has no build id"))
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .len()
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
+    if !can_run() {
+        return;
+    }
+    let root = workspace();
+    let _cleanup = Cleanup {
+        cache_dir_existed: Path::new("/var/cache/zerocache").exists(),
+    };
+
+    // Build it the way the README says. The outer `cargo test` does not hold the build lock while
+    // tests run, and the release build goes to target/release anyway.
+    let started = Instant::now();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = Command::new(&cargo)
+        .args(["xtask", "package"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo xtask package");
+    assert!(built.success(), "cargo xtask package: {built}");
+    eprintln!("package built in {:.0} s", started.elapsed().as_secs_f64());
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|t| root.join(t))
+        .unwrap_or_else(|| root.join("target"));
+    let debian = target.join("debian");
+    let deb = debian.join(format!("zerocache_{VERSION}_amd64.deb"));
+    let ddeb = debian.join(format!("zerocache-dbgsym_{VERSION}_amd64.ddeb"));
+    let (deb_s, ddeb_s) = (deb.to_str().expect("utf8"), ddeb.to_str().expect("utf8"));
+
+    // The control fields: a native amd64 package that needs only the C runtime, no toolchain.
+    let fields = ok(
+        "dpkg-deb",
+        &["-f", deb_s, "Package", "Version", "Architecture"],
+    );
+    assert_eq!(
+        fields,
+        format!("Package: zerocache\nVersion: {VERSION}\nArchitecture: amd64\n")
+    );
+    let depends = ok("dpkg-deb", &["-f", deb_s, "Depends"]);
+    let names: Vec<&str> = depends
+        .split(',')
+        .filter_map(|d| d.split_whitespace().next())
+        .collect();
+    assert!(
+        !names.is_empty() && names.iter().all(|n| ["libc6", "libgcc-s1"].contains(n)),
+        "Depends: {depends}"
+    );
+    let mut conffiles: Vec<String> = ok("dpkg-deb", &["-I", deb_s, "conffiles"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    conffiles.sort();
+    assert_eq!(
+        conffiles,
+        [
+            "/etc/logrotate.d/zerocache",
+            "/etc/zerocache/zerocache.yaml"
+        ]
+    );
+
+    // Install.
+    ok("dpkg", &["-i", deb_s]);
+    assert_eq!(status("zerocache").as_deref(), Some("install ok installed"));
+    let bin = "/usr/bin/zerocache";
+    assert_eq!(ok(bin, &["--version"]), format!("zerocache {VERSION}\n"));
+    for (installed, source) in [
+        (
+            "/lib/systemd/system/zerocache.service",
+            "config/zerocache.service",
+        ),
+        (
+            "/etc/zerocache/zerocache.yaml",
+            "config/packaging/zerocache.yaml",
+        ),
+        ("/etc/logrotate.d/zerocache", "config/packaging/logrotate"),
+        ("/usr/share/doc/zerocache/README.md", "README.md"),
+        (
+            "/usr/share/doc/zerocache/zerocache.example.yaml",
+            "config/zerocache.example.yaml",
+        ),
+        (
+            "/usr/share/doc/zerocache/grafana/zerocache.json",
+            "dashboard/grafana/zerocache.json",
+        ),
+        (
+            "/usr/share/doc/zerocache/grafana/prometheus.yml",
+            "dashboard/grafana/prometheus.yml",
+        ),
+    ] {
+        assert_eq!(
+            read(installed),
+            read(root.join(source).to_str().expect("utf8")),
+            "{installed} is {source}"
+        );
+    }
+    assert!(Path::new("/usr/share/doc/zerocache/copyright").is_file());
+    // Enabled for boot by the generated postinst (deb-systemd-helper), not started.
+    let wants = Path::new("/etc/systemd/system/multi-user.target.wants/zerocache.service");
+    assert_eq!(
+        std::fs::read_link(wants).ok(),
+        Some(PathBuf::from("/lib/systemd/system/zerocache.service"))
+    );
+
+    // The installed config is valid as shipped, and says what the package promises.
+    assert_eq!(
+        run(bin, &["check", "-q", "-c", "/etc/zerocache/zerocache.yaml"]),
+        (0, String::new(), String::new())
+    );
+    let effective: serde_json::Value = serde_json::from_str(&ok(
+        bin,
+        &["check", "--json", "-c", "/etc/zerocache/zerocache.yaml"],
+    ))
+    .expect("check --json");
+    assert_eq!(effective["listen"], "127.0.0.1:8080");
+    assert_eq!(effective["cache"]["path"], "/var/cache/zerocache");
+    assert_eq!(
+        effective["upstreams"]["origin"]["servers"],
+        serde_json::json!(["127.0.0.1:8081"])
+    );
+    assert_eq!(effective["dashboard"]["listen"], "127.0.0.1:9180");
+    assert_eq!(
+        effective["logging"]["access_log"],
+        "/var/log/zerocache/access.log"
+    );
+
+    // Stripped, and much smaller than the release build it came from; the debug info is in the
+    // dbgsym package, under the binary's build id.
+    let names = sections(bin);
+    assert!(names.iter().any(|n| n == ".text"), "{names:?}");
+    // (.debug_gdb_scripts is rustc's pointer to gdb pretty-printers, not debug info.)
+    for debug in [".debug_info", ".debug_line", ".debug_str", ".symtab"] {
+        assert!(!names.iter().any(|n| n == debug), "{debug} in {names:?}");
+    }
+    assert!(names.iter().any(|n| n == ".gnu_debuglink"), "{names:?}");
+    let unstripped = target.join("release/zerocache");
+    let unstripped_s = unstripped.to_str().expect("utf8");
+    assert!(
+        sections(unstripped_s).iter().any(|n| n == ".debug_info"),
+        "the release build has debug info"
+    );
+    let (small, big) = (size(Path::new(bin)), size(&unstripped));
+    eprintln!(
+        "/usr/bin/zerocache: {small} bytes; target/release/zerocache: {big} bytes; .deb {} bytes; .ddeb {} bytes",
+        size(&deb),
+        size(&ddeb)
+    );
+    assert!(small * 2 < big, "stripped {small} bytes vs {big}");
+    let id = build_id(bin);
+    assert_eq!(id, build_id(unstripped_s));
+    let debug_file = format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    ok("dpkg", &["-i", ddeb_s]);
+    assert!(
+        sections(&debug_file).iter().any(|n| n == ".debug_info"),
+        "{debug_file} holds the debug info"
+    );
+
+    // The unit and the logrotate snippet parse as what they claim to be.
+    if require::command("systemd-analyze") {
+        let (code, out, err) = run(
+            "systemd-analyze",
+            &["verify", "/lib/systemd/system/zerocache.service"],
+        );
+        assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""));
+    }
+    if require::command("logrotate") {
+        let (code, _, err) = run("logrotate", &["-d", "/etc/logrotate.d/zerocache"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            err.contains("rotating pattern: /var/log/zerocache/*.log  after 1 days (14 rotations)"),
+            "{err}"
+        );
+    }
+
+    // Remove: the program and the unit go, the conffiles stay.
+    ok("dpkg", &["-r", "zerocache-dbgsym", "zerocache"]);
+    assert_eq!(
+        status("zerocache").as_deref(),
+        Some("deinstall ok config-files")
+    );
+    for gone in [
+        bin,
+        "/lib/systemd/system/zerocache.service",
+        debug_file.as_str(),
+    ] {
+        assert!(!Path::new(gone).exists(), "{gone} after dpkg -r");
+    }
+    for kept in [
+        "/etc/zerocache/zerocache.yaml",
+        "/etc/logrotate.d/zerocache",
+    ] {
+        assert!(Path::new(kept).is_file(), "{kept} after dpkg -r");
+    }
+
+    // Purge: the conffiles and the boot-time symlink go too.
+    ok("dpkg", &["-P", "zerocache"]);
+    let after = status("zerocache");
+    assert!(
+        after
+            .as_deref()
+            .is_none_or(|s| s.ends_with("not-installed")),
+        "{after:?}"
+    );
+    for gone in [
+        "/etc/zerocache/zerocache.yaml",
+        "/etc/zerocache",
+        "/etc/logrotate.d/zerocache",
+    ] {
+        assert!(!Path::new(gone).exists(), "{gone} after dpkg -P");
+    }
+    assert!(
+        wants.symlink_metadata().is_err(),
+        "{} after dpkg -P",
+        wants.display()
+    );
+}
