@@ -234,7 +234,11 @@ fn run(path: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(zerocache::run::run(config, path)) {
+    let result = rt.block_on(zerocache::run::run(config, path));
+    // The drain is over: a blocking-pool task still running (a cold-hit read on a stuck disk)
+    // must not hold the exit, as dropping the runtime would.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

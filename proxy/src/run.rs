@@ -370,10 +370,20 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // Stop accepting (the listener closes with the accept loop) and close idle connections;
     // responses in flight run to their end or to the drain timeout.
     draining.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = shared.shutdown.send(true);
-    workers.stopped().await;
+    // send_replace, not send: send fails, and keeps `false`, while no accept loop has subscribed
+    // yet (a SIGTERM just after start), and the loops would then never see the shutdown.
+    shared.shutdown.send_replace(true);
+    // Every wait has a deadline: the drain timeout covers the workers' stopping too.
+    let deadline = tokio::time::Instant::now() + current.limits.drain_timeout;
+    if tokio::time::timeout_at(deadline, workers.stopped())
+        .await
+        .is_err()
+    {
+        tracing::warn!("workers did not stop accepting within the drain timeout; exiting");
+    }
     let open = shared.open_connections();
-    if shared.drain(current.limits.drain_timeout).await {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if shared.drain(left).await {
         tracing::info!(drained = open, "all connections finished; exiting");
     } else {
         tracing::warn!(

@@ -329,7 +329,9 @@ async fn accept_loop(
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
-            _ = stop.changed() => return,
+            // wait_for looks at the current value first: a loop that subscribed after the
+            // shutdown was sent (a SIGTERM right after start) stops at once instead of never.
+            _ = async { stop.wait_for(|stopping| *stopping).await.map(|_| ()) } => return,
         }
     }
 }

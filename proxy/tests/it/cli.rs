@@ -1,7 +1,7 @@
 //! The `zerocache` command line: `check` validates without connecting, `run` fails fast.
 
-use std::process::Command;
 use crate::support::require;
+use std::process::Command;
 
 fn zerocache(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_zerocache"))

@@ -1,8 +1,8 @@
 //! Cold hits never block the runtime: pages not in the page cache are read in on the blocking
 //! pool before sendfile, and hot hits are not even checked.
 
-use std::time::Duration;
 use crate::support::*;
+use std::time::Duration;
 
 fn cold_offloads(proxy: &Proxy) -> u64 {
     proxy

@@ -1,13 +1,13 @@
 //! The dashboard as a person sees it (headless Chromium through chromedriver, both from Debian),
 //! `/metrics` as Prometheus sees it (promtool), and the API's authentication.
 
+use crate::support::*;
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::{Value, json};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 fn artifacts() -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("../test-artifacts");

@@ -3,10 +3,10 @@
 //! is no token. Real zerocache processes, raw requests on real sockets, so every `Host`, `Origin`
 //! and `Content-Type` is exactly what the test wrote.
 
+use crate::support::*;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 const PURGE_BODY: &str = r#"{"url": "http://test.example/obj/1000"}"#;
 

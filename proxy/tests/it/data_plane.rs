@@ -1,7 +1,7 @@
 //! The data plane end to end: a real origin, the real zerocache binary, a real client.
 
-use std::time::Duration;
 use crate::support::*;
+use std::time::Duration;
 
 #[test]
 fn miss_then_hit_is_byte_exact_at_every_size() {

@@ -1,9 +1,9 @@
 //! Bad input and faults: every one gets its answer, nothing bad is stored, and the proxy keeps
 //! serving other connections.
 
+use crate::support::*;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 fn raw(proxy: &Proxy, request: &[u8]) -> (Response, bool) {
     let mut c = proxy.client();

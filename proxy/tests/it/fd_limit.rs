@@ -4,10 +4,10 @@
 //! descriptor, each failed open(2) was taken for a vanished file and deleted its entry (234 of 400
 //! were lost), and the accept loop logged "accept failed" 178 times a second.
 
+use crate::support::*;
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 /// Exactly what a connection refused for want of fds receives.
 const CANNED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 24\r\n\r\n503 Service Unavailable\n";

@@ -3,9 +3,9 @@
 //! a headless Service, a PodDisruptionBudget, the probe's capabilities, host PID namespace and
 //! tracefs), and the configs they and the systemd example carry pass `zerocache check`.
 
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use crate::support::*;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -4,9 +4,9 @@
 //! return brings them back, a fleet purge reaches every node (and one that missed it catches
 //! up), and the hop header cannot be forged.
 
+use crate::support::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use crate::support::*;
 use zerocache_origin::body;
 use zerocache_origin::client::SimpleClient;
 

@@ -1,11 +1,11 @@
 //! The dashboard page of a fleet member, in headless Chromium: the fleet card appears, lists the
 //! peer as up with its forwards, and says when the peer goes down.
 
+use crate::support::*;
 use fantoccini::ClientBuilder;
 use serde_json::{Value, json};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 struct Driver(std::process::Child);
 impl Drop for Driver {

@@ -4,11 +4,11 @@
 //! reported, give the fleet's true hit ratio and origin requests; the Grafana fleet dashboard
 //! uses only real families and rules, with fleet totals and a per-node row.
 
+use crate::support::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use crate::support::*;
 
 fn grafana_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboard/grafana")

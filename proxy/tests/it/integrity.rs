@@ -2,13 +2,12 @@
 //! verification after a restart, and by `zerocache check-cache`, and the entry is discarded
 //! instead of being served forever.
 
-
+use crate::support::{Opts, Proxy, assert_eventually_eq, body, metric, origin};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use crate::support::{Opts, Proxy, assert_eventually_eq, body, metric, origin};
 use zerocache::exports as entry;
 
 const CORRUPT: &str = "zerocache_cache_corrupt_entries_total";

@@ -9,9 +9,9 @@
 //! socket. A small hit leaving as one segment shows the head's `MSG_MORE` at work. The other
 //! cliff, a cold hit read from disk on the event loop, is `cold_hits.rs`'s offload counter.
 
+use crate::support::*;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
-use crate::support::*;
 
 /// An integer socket option of `fd`.
 fn sockopt_int(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {

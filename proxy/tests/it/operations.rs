@@ -1,10 +1,10 @@
 //! Operations: SIGHUP reload, graceful shutdown, the access log, connection limits and the
 //! systemd unit's capabilities.
 
+use crate::support::*;
 use std::io::Read;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 const BIG: usize = 64 * 1024 * 1024;
 
@@ -146,6 +146,37 @@ fn sigterm_finishes_the_transfer_in_flight_refuses_new_connections_and_exits_0()
     check_big(&inflight.join().expect("in-flight hit"));
     let status = proxy.child.wait().expect("wait");
     assert_eq!(status.code(), Some(0));
+}
+
+/// A SIGTERM at any point after start ends the process: ten proxies, each stopped the moment it
+/// answers, with a drain timeout (60 s) far beyond the 20 s this waits. Two waits used to have no
+/// deadline: an accept loop that subscribed to the shutdown after it was sent never saw it, and
+/// the workers' stopping was awaited before the drain timeout started.
+#[test]
+fn sigterm_right_after_start_exits_0_without_waiting_for_the_drain_timeout() {
+    let (origin, _rt) = origin();
+    for _ in 0..10 {
+        let mut proxy = Proxy::start(
+            origin.addr(),
+            Opts {
+                extra_yaml: "limits:\n  drain_timeout: 60s\n".into(),
+                ..Opts::default()
+            },
+        );
+        signal(&proxy, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = proxy.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running 20 s after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0));
+    }
 }
 
 #[test]

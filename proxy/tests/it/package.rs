@@ -5,10 +5,10 @@
 //! `ZEROCACHE_REQUIRE_PRIVILEGED=1`). The release build makes it the slowest test (minutes on a
 //! fresh target directory), so it builds once and checks everything on that one package.
 
+use crate::support::require;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-use crate::support::require;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 

@@ -4,9 +4,9 @@
 //! test` runs) runs test binaries one at a time: no other test's pinned worker shares that CPU
 //! meanwhile. A runner that runs binaries in parallel (nextest) would let it slow others down.
 
+use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use crate::support::*;
 use zerocache::exports::{allow_current_thread, allowed_cpus, pin_current_thread};
 
 /// `Cpus_allowed_list` text (`0-2,5`) as CPU numbers.

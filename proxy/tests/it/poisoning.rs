@@ -6,8 +6,8 @@
 //! what the origin received, and the exact status, body and `X-Cache` the innocent client gets: a
 //! shared cache must never hand one client's crafted answer to another.
 
-use std::time::Duration;
 use crate::support::*;
+use std::time::Duration;
 use zerocache_origin::Received;
 
 const LAST_MODIFIED: &str = "Mon, 30 Nov 2026 00:00:00 GMT";

@@ -2,8 +2,8 @@
 //! section it checks. Every test that expects a hit also checks, from the proxy's own accounting,
 //! that the hit's body went out through sendfile.
 
-use std::time::{Duration, SystemTime};
 use crate::support::*;
+use std::time::{Duration, SystemTime};
 
 fn http_date(t: SystemTime) -> String {
     httpdate::fmt_http_date(t)

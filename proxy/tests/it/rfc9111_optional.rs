@@ -1,8 +1,8 @@
 //! The optional behaviours of RFC 9111 and 9110 that zerocache implements, one test each, named
 //! after the section. Every expected hit also checks that its body went out through sendfile.
 
-use std::time::{Duration, SystemTime};
 use crate::support::*;
+use std::time::{Duration, SystemTime};
 
 fn reply(body: &str, headers: &[(&str, &str)]) -> Reply {
     Reply::ok(body.as_bytes().to_vec()).headers(headers)

@@ -1,8 +1,8 @@
 //! HTTP caching semantics II: invalidation (RFC 9111 §4.4), serving stale (RFC 5861 and the
 //! default grace), purge and bypass rules.
 
-use std::time::{Duration, Instant};
 use crate::support::*;
+use std::time::{Duration, Instant};
 
 fn reply(body: &str, headers: &[(&str, &str)]) -> Reply {
     Reply::ok(body.as_bytes().to_vec()).headers(headers)

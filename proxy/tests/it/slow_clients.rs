@@ -4,9 +4,9 @@
 //! bounds how long a stalled client keeps its own connection, and a fill nobody reads any more
 //! stops at `cache.abandoned_fill_max`.
 
+use crate::support::*;
 use std::io::Read;
 use std::time::{Duration, Instant};
-use crate::support::*;
 
 /// Reads the head of a response and nothing more.
 fn read_head_only(c: &mut Client) -> String {

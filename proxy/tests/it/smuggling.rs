@@ -7,10 +7,10 @@
 //! back 200 and reach the origin as exactly one separate request: nothing was left over, nothing
 //! was swallowed. All failing cases are collected and reported together, so one run shows them all.
 
+use crate::support::*;
 use std::io::{Read, Write};
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
-use crate::support::*;
 use zerocache_origin::Received;
 
 /// What the origin must have received for one case (besides the follow-up `GET /ok`).

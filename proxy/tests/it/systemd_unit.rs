@@ -3,10 +3,10 @@
 //! the test's, and `$NOTIFY_SOCKET` pointing at a socket the test reads, so `Type=notify`,
 //! `check -q` and the two-step reload are checked as written in the unit, not as retyped here.
 
+use crate::support::*;
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use crate::support::*;
 
 const UNIT: &str = include_str!("../../../config/zerocache.service");
 

@@ -1,8 +1,8 @@
 //! The test clock (`debug.adjustable_clock`): it ages cached responses when, and only when, both
 //! the config and the environment ask for it.
 
-use std::process::Command;
 use crate::support::*;
+use std::process::Command;
 
 #[test]
 fn advancing_the_clock_ages_every_entry_at_once() {

@@ -7,10 +7,9 @@
 //! On a kernel that has kTLS it runs and fails until the key hand-over is written: the claim
 //! "TLS hits go out with sendfile" is not made before a test has seen it.
 
-
-use std::io::Write;
 use crate::support::*;
 use crate::tls_support::*;
+use std::io::Write;
 
 /// Whether the kernel lists the `tls` ULP (loaded), or accepts it on a fresh socket.
 fn kernel_has_ktls() -> bool {

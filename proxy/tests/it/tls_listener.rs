@@ -3,11 +3,10 @@
 //! copied by design (`tls-userspace`, never a violation), and the kernel agrees: writes, no
 //! sendfile.
 
-
-use serde_json::Value;
-use std::time::{Duration, Instant};
 use crate::support::*;
 use crate::tls_support::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
 
 /// A proxy with a TLS listener on a port of its own; returns it with the TLS address.
 fn tls_proxy(

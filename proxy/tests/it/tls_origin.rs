@@ -2,11 +2,10 @@
 //! made here by rcgen, the origin's pinned with `tls.ca`). Upstream TLS costs hits nothing: a
 //! plain client's hit is still sendfile, and (as root) the probe says so.
 
-
-use serde_json::Value;
-use std::time::{Duration, Instant};
 use crate::support::*;
 use crate::tls_support::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
 
 /// A proxy in `dir` whose one upstream is `server` with `tls` (a YAML flow map).
 fn proxy_for(dir: &std::path::Path, server: &str, tls: &str, probe: bool) -> Proxy {

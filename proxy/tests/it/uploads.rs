@@ -2,9 +2,9 @@
 //! arrive, so memory per connection stays bounded whatever clients upload; a client that
 //! trickles its body slower than `limits.read_timeout` gets 408.
 
+use crate::support::*;
 use std::io::Read;
 use std::time::Duration;
-use crate::support::*;
 
 /// The proxy's peak resident memory so far, in bytes (VmHWM).
 fn peak_rss(pid: u32) -> u64 {

@@ -3,10 +3,9 @@
 //! runs the real binary in front of several real origins on loopback and counts what each origin
 //! received.
 
-
+use crate::support::*;
 use std::path::Path;
 use std::time::Duration;
-use crate::support::*;
 
 /// `n` origins on one runtime (kept alive by the caller).
 fn origins(n: usize) -> (Vec<Origin>, tokio::runtime::Runtime) {

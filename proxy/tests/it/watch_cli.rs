@@ -3,11 +3,11 @@
 //! JSON, `/api/processes`, `/api/process_connections` and `/metrics` (promtool-clean); missing
 //! capabilities and bad config files are named. The probe parts need root.
 
+use crate::support::require;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use crate::support::require;
 
 const BIN: &str = env!("CARGO_BIN_EXE_zerocache");
 

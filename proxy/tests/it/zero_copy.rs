@@ -1,8 +1,8 @@
 //! The kernel witness end to end: the real probe (root only; CI runs as root) watching the real
 //! proxy, with exact per-connection figures.
 
-use serde_json::Value;
 use crate::support::*;
+use serde_json::Value;
 
 fn probe_opts(extra: &str) -> Opts {
     Opts {
