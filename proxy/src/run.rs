@@ -101,6 +101,8 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
                     == zerocache_config::PathSpelling::Reject,
                 reject_parameters: config.proxy.path_parameters
                     == zerocache_config::PathSpelling::Reject,
+                reject_encoded_traversal: config.proxy.path_encoded_traversal
+                    == zerocache_config::PathSpelling::Reject,
             },
         },
         header_timeout: config.limits.header_timeout,

@@ -192,6 +192,11 @@ pub struct ProxyConfig {
     /// `reject` (400). A dot-segment with parameters (`..;`) is refused either way.
     #[serde(default = "default_keep")]
     pub path_parameters: PathSpelling,
+    /// A dot-segment beside an encoded separator (`/static/..%2fprivate`, `%2e%2e%2f`, `..%5c`):
+    /// `reject` (400, the default: an origin that decodes `%2F` reads it as a climb out of the
+    /// prefix the cache keys it under, the web cache deception pattern) or `keep` (opaque).
+    #[serde(default = "default_reject")]
+    pub path_encoded_traversal: PathSpelling,
 }
 
 /// What to do with a path spelling that origins read differently.
@@ -242,6 +247,7 @@ impl Default for ProxyConfig {
             trusted_proxies: Vec::new(),
             path_backslash: default_reject(),
             path_parameters: default_keep(),
+            path_encoded_traversal: default_reject(),
         }
     }
 }

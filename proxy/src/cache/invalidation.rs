@@ -10,6 +10,7 @@ use crate::http::target::{self, PathRules};
 const ANY_PATH: PathRules = PathRules {
     reject_backslash: false,
     reject_parameters: false,
+    reject_encoded_traversal: false,
 };
 
 /// Methods known to be safe (RFC 9110 §9.2.1); every other method, unknown ones included,

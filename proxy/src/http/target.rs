@@ -28,6 +28,8 @@ pub struct PathRules {
     pub reject_backslash: bool,
     /// Refuse any `;` in the path (else `;params` are opaque; `..;` and `.;` are refused anyway).
     pub reject_parameters: bool,
+    /// Refuse a dot-segment beside an encoded separator (`..%2F`, `%2e%2e%5C`).
+    pub reject_encoded_traversal: bool,
 }
 
 impl PathRules {
@@ -36,6 +38,7 @@ impl PathRules {
     pub const SAFE: PathRules = PathRules {
         reject_backslash: true,
         reject_parameters: false,
+        reject_encoded_traversal: true,
     };
 }
 
@@ -121,8 +124,11 @@ pub fn normalise(t: &str, rules: PathRules) -> Result<String, Invalid> {
         Some(i) => (&t[..i], Some(&t[i + 1..])),
         None => (t, None),
     };
-    if rules.reject_backslash && path.contains('\\') {
+    if rules.reject_backslash && (path.contains('\\') || contains_escape(path, b'\\')) {
         return Err(Invalid("backslash in path"));
+    }
+    if rules.reject_encoded_traversal && encoded_traversal(path)? {
+        return Err(Invalid("dot-segment beside an encoded separator"));
     }
     if path.contains(';') {
         if rules.reject_parameters {
@@ -148,6 +154,30 @@ pub fn normalise(t: &str, rules: PathRules) -> Result<String, Invalid> {
         out.push_str(&decode_unreserved(q)?);
     }
     Ok(out)
+}
+
+/// True when `s` holds `c` percent-encoded (`%5C`, `%5c` for `\\`).
+fn contains_escape(s: &str, c: u8) -> bool {
+    s.as_bytes().windows(3).any(|w| {
+        w[0] == b'%'
+            && hex(w[1])
+                .zip(hex(w[2]))
+                .is_some_and(|(h, l)| h * 16 + l == c)
+    })
+}
+
+/// True when a `.` or `..` piece of the path (unreserved escapes decoded, so `%2e%2e` counts)
+/// is delimited on some side by an encoded `/` or `\\`: `/static/..%2Fprivate`. Such a path is one
+/// segment to the cache and a climb out of its prefix to an origin that decodes `%2F`.
+fn encoded_traversal(path: &str) -> Result<bool, Invalid> {
+    if !path.contains('%') {
+        return Ok(false);
+    }
+    let decoded = decode_unreserved(path)?;
+    Ok(decoded.split('/').any(|segment| {
+        let pieces: Vec<&str> = segment.split("%2F").flat_map(|p| p.split("%5C")).collect();
+        pieces.len() > 1 && pieces.iter().any(|p| *p == "." || *p == "..")
+    }))
 }
 
 /// True when some segment of `path` is `.` or `..` (before any decoding).
@@ -284,14 +314,43 @@ mod tests {
         ] {
             assert!(normalise(bad, PathRules::SAFE).is_err(), "{bad}");
         }
+        // Web cache deception through an encoded separator: refused, as is an encoded backslash.
+        for bad in [
+            "/static/..%2fprivate/x",
+            "/static/..%2Fprivate/x",
+            "/static/%2e%2e%2fprivate",
+            "/static/%2E%2E%2Fprivate",
+            "/static/..%5cprivate",
+            "/static/x%2F..%2Fprivate",
+            "/static/x%2F.",
+            "/a%5Cb",
+            "/a%5cb",
+        ] {
+            assert!(normalise(bad, PathRules::SAFE).is_err(), "{bad}");
+        }
+        // An encoded separator without a dot-segment beside it is an ordinary, opaque escape.
+        for (good, want) in [
+            ("/-/@scope%2fname", "/-/@scope%2Fname"),
+            ("/a%2F..b/c", "/a%2F..b/c"),
+            ("/a/...%2Fb", "/a/...%2Fb"),
+            ("/q?x=..%2f", "/q?x=..%2F"),
+        ] {
+            assert_eq!(
+                normalise(good, PathRules::SAFE),
+                Ok(want.to_string()),
+                "{good}"
+            );
+        }
         let lenient = PathRules {
             reject_backslash: false,
             reject_parameters: false,
+            reject_encoded_traversal: false,
         };
         assert_eq!(normalise("/a\\b", lenient), Ok("/a\\b".to_string()));
         let strict = PathRules {
             reject_backslash: true,
             reject_parameters: true,
+            reject_encoded_traversal: true,
         };
         assert!(normalise("/x;jsessionid=1", strict).is_err());
         assert!(

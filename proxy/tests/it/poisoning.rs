@@ -780,3 +780,30 @@ fn an_unread_large_body_is_never_parsed_as_the_next_request() {
     assert!(c.is_closed());
     assert_eq!(origin.hits("/smuggled"), 0);
 }
+
+/// Web cache deception through an encoded separator: with the victim's cookie,
+/// `/static/..%2fprivate/x` would be one segment under `/static/` to the cache and `/private/x`
+/// to an origin that decodes `%2F`. Refused (400) and never forwarded, in every spelling; the
+/// same escape without a dot-segment beside it (npm's `@scope%2fname`) is forwarded as it is.
+#[test]
+fn a_dot_segment_beside_an_encoded_separator_is_400_and_never_forwarded() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    for target in [
+        "/static/..%2fprivate/x",
+        "/static/%2e%2e%2fprivate/x",
+        "/static/..%5cprivate/x",
+        "/static/%5c",
+    ] {
+        let r = raw(
+            &proxy,
+            format!("GET {target} HTTP/1.1\r\nHost: a.example\r\nCookie: session=victim\r\n\r\n")
+                .as_bytes(),
+        );
+        assert_eq!(r.status, 400, "{target}");
+    }
+    assert_eq!(origin.request_count(), 0, "{:?}", origin.received());
+    let r = get(&proxy, "/-/@scope%2fname", &[]);
+    assert_eq!(r.status, 404, "the origin's own answer (nothing is scripted there)");
+    assert_eq!(origin.received()[0].path, "/-/@scope%2Fname");
+}
