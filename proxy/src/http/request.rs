@@ -159,7 +159,7 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
         .filter(|h| !h.name.contains('_'))
         .map(|h| (h.name.to_string(), h.value.to_vec()))
         .collect();
-    let (target, target_host) = split_target(raw_target, limits.path)?;
+    let (target, target_host) = split_target(&method, raw_target, limits.path)?;
     let mut host_field: Option<String> = None;
     let mut host_fields = 0;
     let mut close = http10;

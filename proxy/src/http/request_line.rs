@@ -66,14 +66,32 @@ pub(super) fn first_line_len(buf: &[u8]) -> usize {
 /// (`http://host/path`) gives its validated authority and its normalised path; `*` (OPTIONS)
 /// passes.
 pub(super) fn split_target(
+    method: &str,
     t: &str,
     rules: super::target::PathRules,
 ) -> Result<(String, Option<String>), RequestError> {
     let bad = |e: super::target::Invalid| RequestError::Malformed(e.0.into());
+    // RFC 9112 §3.2: a target is visible ASCII (raw non-ASCII and controls are no URI), and a
+    // fragment is never sent (RFC 9110 §4.2.4): a client that sends one means something the
+    // origin and the cache may read differently.
+    if !t.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Err(RequestError::Malformed(
+            "request target has a byte that is not visible ASCII".into(),
+        ));
+    }
+    if t.contains('#') {
+        return Err(RequestError::Malformed("fragment in request target".into()));
+    }
     if t.starts_with('/') {
         return Ok((super::target::normalise(t, rules).map_err(bad)?, None));
     }
     if t == "*" {
+        // asterisk-form is OPTIONS's alone (RFC 9112 §3.2.4).
+        if method != "OPTIONS" {
+            return Err(RequestError::Malformed(
+                "asterisk-form target with a method other than OPTIONS".into(),
+            ));
+        }
         return Ok((t.to_string(), None));
     }
     let lower = t.get(..8).map(str::to_ascii_lowercase).unwrap_or_default();

@@ -17,8 +17,10 @@
 //! (`/static/..;/account`, which Tomcat resolves to `/account`) is always refused: no key could
 //! name what such a path means to the origin.
 //!
-//! The authority grammar is RFC 9112 §3.2's `uri-host [ ":" port ]`: a name with `|`, a space, a
-//! non-ASCII byte or a `/` in it names no origin and gets 400.
+//! The authority is RFC 9112 §3.2's `uri-host [ ":" port ]`, narrowed to what names a host: an IP
+//! literal, or a DNS name (labels of letters, digits, `-` and `_`); one trailing dot and leading
+//! zeros in the port are normalised away, anything else (`%2e`, sub-delims, `-a`, port 99999) is
+//! 400, so one origin has exactly one key.
 
 /// How the two origin-dependent path spellings are treated (`proxy.path_backslash`,
 /// `proxy.path_parameters`).
@@ -51,14 +53,6 @@ fn unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
-/// True for RFC 3986 `sub-delims`.
-fn sub_delim(b: u8) -> bool {
-    matches!(
-        b,
-        b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'='
-    )
-}
-
 fn hex(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
@@ -89,32 +83,58 @@ pub fn authority(a: &str, default_port: &str) -> Result<String, Invalid> {
             Some((h, p)) => (h, Some(p)),
             None => (a, None),
         };
-        let b = host.as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            match b[i] {
-                c if unreserved(c) || sub_delim(c) => i += 1,
-                b'%' if b.len() > i + 2 && hex(b[i + 1]).is_some() && hex(b[i + 2]).is_some() => {
-                    i += 3
-                }
-                _ => return Err(Invalid("invalid character in host")),
-            }
-        }
+        // One trailing dot names the same host (a fully qualified name): keyed once.
+        let host = host.strip_suffix('.').unwrap_or(host);
+        host_name(host)?;
         (host, port)
     };
+    // Decimal, 1 to 65535; leading zeros name the same port (`080` is 80).
     let port = match port {
+        None | Some("") => None,
         Some(p) if p.len() > 5 || !p.bytes().all(|c| c.is_ascii_digit()) => {
             return Err(Invalid("invalid port"));
         }
-        Some(p) if p.is_empty() || p == default_port => None,
-        p => p,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(Invalid("port out of range")),
+            Ok(n) if n.to_string() == default_port => None,
+            Ok(n) => Some(n),
+        },
     };
     let mut out = host.to_ascii_lowercase();
     if let Some(p) = port {
         out.push(':');
-        out.push_str(p);
+        out.push_str(&p.to_string());
     }
     Ok(out)
+}
+
+/// A host name as DNS has them (an IPv4 address is one too): dot-separated labels of 1 to 63
+/// letters, digits, `-` and `_`, none starting or ending with `-`, 253 bytes at most. RFC 3986's
+/// reg-name also allows percent-encoding and sub-delims, which name no host a resolver finds
+/// and would only key one origin several ways (`a%2eexample`, `a.example`), so they are 400.
+fn host_name(host: &str) -> Result<(), Invalid> {
+    if host.is_empty() {
+        return Ok(()); // an empty authority: the callers refuse or default it
+    }
+    if host.len() > 253 {
+        return Err(Invalid("host name too long"));
+    }
+    for label in host.split('.') {
+        let b = label.as_bytes();
+        if b.is_empty() || b.len() > 63 {
+            return Err(Invalid("invalid host name label"));
+        }
+        if !b
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_'))
+        {
+            return Err(Invalid("invalid character in host"));
+        }
+        if b[0] == b'-' || b[b.len() - 1] == b'-' {
+            return Err(Invalid("host name label starts or ends with -"));
+        }
+    }
+    Ok(())
 }
 
 /// The normalised form of an origin-form target (`/path?query`). Returns the input unchanged (and
@@ -262,6 +282,12 @@ mod tests {
             ("[::1]:8080", "[::1]:8080"),
             ("[::1]:80", "[::1]"),
             ("xn--r8jz45g.jp", "xn--r8jz45g.jp"),
+            ("a.example.", "a.example"),
+            ("a.example.:8080", "a.example:8080"),
+            ("a.example:080", "a.example"),
+            ("a.example:0443", "a.example:443"),
+            ("a.example:65535", "a.example:65535"),
+            ("_dmarc.a.example", "_dmarc.a.example"),
         ] {
             assert_eq!(authority(a, "80"), Ok(want.to_string()), "{a}");
         }
@@ -278,6 +304,19 @@ mod tests {
             "a:123456",
             "a%zz",
             "a.example:80:80",
+            "a%2eexample",
+            "a%41.example",
+            "-a.example",
+            "a-.example",
+            "a..example",
+            ".a.example",
+            "a.example..",
+            "a.example:99999",
+            "a.example:65536",
+            "a.example:0",
+            "a!.example",
+            "a;b.example",
+            "a.example:+80",
         ] {
             assert!(authority(bad, "80").is_err(), "{bad:?}");
         }

@@ -804,6 +804,50 @@ fn a_dot_segment_beside_an_encoded_separator_is_400_and_never_forwarded() {
     }
     assert_eq!(origin.request_count(), 0, "{:?}", origin.received());
     let r = get(&proxy, "/-/@scope%2fname", &[]);
-    assert_eq!(r.status, 404, "the origin's own answer (nothing is scripted there)");
+    assert_eq!(
+        r.status, 404,
+        "the origin's own answer (nothing is scripted there)"
+    );
     assert_eq!(origin.received()[0].path, "/-/@scope%2Fname");
+}
+
+/// Request validation (RFC 9112 §3.2, RFC 3986): a fragment, `*` with any method but OPTIONS, raw
+/// non-ASCII in the target, and Host forms no resolver finds are 400 and never forwarded; the
+/// spellings of one host (`a.example.`, port `080`) name it once, so they share one entry.
+#[test]
+fn targets_and_hosts_outside_the_grammar_are_400_and_spellings_of_one_host_share_a_key() {
+    let (origin, _rt) = origin();
+    origin.script("/same", cacheable());
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let hostile: [&[u8]; 9] = [
+        b"GET /static/#x HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"GET * HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a%2eexample\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: -a.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a.example:99999\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a..example\r\n\r\n",
+        b"GET http://a.example/x#frag HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a!b.example\r\n\r\n",
+    ];
+    for req in hostile {
+        let r = raw(&proxy, req);
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(req));
+    }
+    assert_eq!(origin.request_count(), 0, "{:?}", origin.received());
+    // OPTIONS * is the asterisk-form's one use: not refused.
+    let r = raw(&proxy, b"OPTIONS * HTTP/1.1\r\nHost: a.example\r\n\r\n");
+    assert_ne!(r.status, 400);
+    let before = origin.hits("/same");
+    for host in ["a.example", "a.example.", "A.EXAMPLE:080", "a.example.:80"] {
+        let mut c = proxy.client();
+        c.host = host.into();
+        let r = c.get("/same", &[]);
+        assert_eq!(r.status, 200, "{host}");
+    }
+    assert_eq!(
+        origin.hits("/same") - before,
+        1,
+        "one key for every spelling"
+    );
 }
