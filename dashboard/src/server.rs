@@ -136,6 +136,16 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
     } else {
         metrics
     };
+    // The clock hook exists only when the proxy handed over a clock: otherwise every method
+    // gets the router's 404, not a 405 that says a POST route is there.
+    let debug = if state.advance_clock.is_some() {
+        Router::new().route(
+            "/api/debug/clock",
+            axum::routing::post(crate::clock::advance),
+        )
+    } else {
+        Router::new()
+    };
     let app = Router::new()
         .route("/", get(index))
         .route("/assets/uplot.js", get(uplot_js))
@@ -145,10 +155,7 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .route("/api/connections", get(connections))
         .route("/api/processes", get(processes))
         .route("/api/purge", axum::routing::post(purge))
-        .route(
-            "/api/debug/clock",
-            axum::routing::post(crate::clock::advance),
-        )
+        .merge(debug)
         .route("/api/fleet", get(crate::fleet::api))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .merge(metrics)

@@ -147,6 +147,8 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
         eprintln!("error: {}: {why}", config.display());
         return ExitCode::FAILURE;
     }
+    // The effective config is printed for people and logs: its secrets are not.
+    let loaded = loaded.map(|c| c.redacted());
     match loaded {
         Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(c) if json => match serde_json::to_string_pretty(&c) {

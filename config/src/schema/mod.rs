@@ -68,6 +68,19 @@ pub struct Config {
 }
 
 impl Config {
+    /// The config with its secrets (`dashboard.token`, `fleet.secret`) replaced by `<redacted>`:
+    /// what `check` prints, since its output goes to terminals, CI logs and the journal.
+    pub fn redacted(mut self) -> Config {
+        const REDACTED: &str = "<redacted>";
+        if let Some(t) = &mut self.dashboard.token {
+            *t = REDACTED.into();
+        }
+        if let Some(f) = &mut self.fleet {
+            f.secret = REDACTED.into();
+        }
+        self
+    }
+
     /// Every size in the config, by key path, in bytes: what `check` prints beside their binary
     /// form, so nobody is surprised by what `1g` or `10MB` became.
     pub fn sizes(&self) -> Vec<(&'static str, u64)> {

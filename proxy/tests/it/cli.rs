@@ -242,6 +242,36 @@ fn check_prints_every_size_in_bytes_and_binary() {
     assert_eq!(v["cache"]["max_size"], 1_073_741_824u64);
 }
 
+/// `check` prints the effective config for terminals, CI logs and the journal: the dashboard token
+/// and the fleet secret appear as `<redacted>`, in YAML and in JSON.
+#[test]
+fn check_redacts_the_dashboard_token_and_the_fleet_secret() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let cfg = write(
+        tmp.path(),
+        &format!(
+            "listen: 127.0.0.1:7001\ncache: {{path: {}, max_size: 1MiB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\ndashboard: {{token: tok-3f9a1c7e-secret}}\nfleet:\n  self: 127.0.0.1:7001\n  peers: [127.0.0.1:7001, 127.0.0.2:7001]\n  secret: fleet-8d2b44aa-secret\n",
+            tmp.path().join("c").display()
+        ),
+    );
+    for args in [
+        &["check", "-c", &cfg][..],
+        &["check", "-c", &cfg, "--json"][..],
+    ] {
+        let (code, out, err) = zerocache(args);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            !out.contains("tok-3f9a1c7e") && !err.contains("tok-3f9a1c7e"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("fleet-8d2b44aa") && !err.contains("fleet-8d2b44aa"),
+            "{out}"
+        );
+        assert_eq!(out.matches("<redacted>").count(), 2, "{out}");
+    }
+}
+
 /// `probe-check` as root: one `ok` line per program, the copy-loop read side, exit 0; as nobody:
 /// the reason (with the kernel's release) and exit 1, having written nothing.
 #[test]

@@ -84,6 +84,12 @@ fn the_hook_is_off_without_the_config_key() {
         b"{\"advance_secs\": 5}",
     );
     assert_eq!(r.status, 404);
+    // Every method: no 405 with `Allow: POST` that would say the hook is there.
+    for method in ["GET", "HEAD"] {
+        let mut c = Client::connect_dashboard(proxy.dashboard);
+        let r = c.request(method, "/api/debug/clock", &[("Connection", "close")]);
+        assert_eq!((r.status, r.header("allow")), (404, None), "{method}");
+    }
 }
 
 #[test]
