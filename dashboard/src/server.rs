@@ -54,9 +54,10 @@ pub struct DashboardState {
     pub metrics_require_token: bool,
     /// Removes cached entries; answers how many went.
     pub purge: PurgeFn,
-    /// Whether the proxy is serving (`Ok`) or why not (`Err`: draining, cache unwritable), for
-    /// `/healthz`.
-    pub health: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+    /// Whether the proxy is serving (`Ok`, with a note when it serves degraded: the cache not
+    /// storing) or why not (`Err`: draining), for `/healthz`. A node that serves every response
+    /// correctly answers 200: a load balancer must not pull it for a full disk.
+    pub health: Box<dyn Fn() -> Result<Option<String>, String> + Send + Sync>,
     /// Access log lines dropped because the writer fell behind (0 without an access log).
     pub access_log_dropped: Box<dyn Fn() -> u64 + Send + Sync>,
     /// The test hook behind `POST /api/debug/clock`; `None` (the route answers 404) unless
@@ -175,7 +176,8 @@ const HEALTHZ: &str = "/healthz";
 /// cache cannot be written.
 async fn healthz(State(state): State<Arc<DashboardState>>) -> Response {
     let (status, body) = match (state.health)() {
-        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Ok(None) => (StatusCode::OK, "ok\n".to_string()),
+        Ok(Some(note)) => (StatusCode::OK, format!("ok; {note}\n")),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     };
     (

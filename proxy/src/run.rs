@@ -293,9 +293,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
                 if health_draining.load(std::sync::atomic::Ordering::Relaxed) {
                     Err("draining".into())
                 } else if !health_store.is_writable() {
-                    Err("cache unwritable: responses are passed through, not stored".into())
+                    Ok(Some(
+                        "cache unwritable: responses are passed through, not stored".into(),
+                    ))
                 } else {
-                    Ok(())
+                    Ok(None)
                 }
             }),
             fleet: crate::fleet::Fleet::hooks(&fleet, &accounting),

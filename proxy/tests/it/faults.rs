@@ -318,6 +318,81 @@ fn a_dead_pooled_upstream_connection_is_retried_once_on_a_fresh_one() {
     assert_eq!(origin.request_count(), 2);
 }
 
+/// Unmounts a test's tmpfs when the test ends, however it ends.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A tmpfs of `size` (as mount's `size=`) at `dir`, unmounted when the guard drops.
+fn tmpfs(dir: &std::path::Path, size: &str) -> Unmount {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .status()
+        .expect("mount");
+    assert!(ok.success(), "mounting a tmpfs needs root");
+    Unmount(dir.to_path_buf())
+}
+
+/// A file system that fills below `max_size` (another file took the space): the fill that hits
+/// ENOSPC evicts least-recently-used entries and is stored after all, the node stays healthy,
+/// and a `max_size` larger than the file system was clamped to it at start-up.
+#[test]
+fn enospc_evicts_to_make_room_and_max_size_is_clamped_to_the_file_system() {
+    if !require::root("mounts an 8 MiB tmpfs as the cache") {
+        return;
+    }
+    let (origin, _rt) = origin();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("cache");
+    let _unmount = tmpfs(&dir, "8m");
+    let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
+    // The config says 1 GiB; the file system holds 8 MiB.
+    assert_eq!(
+        metric(&proxy.metrics(), "zerocache_cache_max_size_bytes"),
+        8 * 1024 * 1024
+    );
+    let mut c = proxy.client();
+    for i in 0..3 {
+        let path = format!("/obj/{}", 1_000_000 + i);
+        assert_eq!(c.get(&path, &[]).x_cache(), "MISS");
+        assert_eq!(c.get(&path, &[]).x_cache(), "HIT", "{path}");
+    }
+    // Another file takes what is left of the file system.
+    let filler = dir.join("filler");
+    {
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+    }
+    let evictions = metric(&proxy.metrics(), "zerocache_cache_evictions_total");
+    let r = c.get("/obj/1500000", &[]);
+    assert_eq!((r.x_cache(), r.body.len()), ("MISS", 1_500_000));
+    assert!(r.body == body(1_500_000));
+    assert_eventually_eq(
+        "stored after eviction",
+        Duration::from_secs(5),
+        || c.get("/obj/1500000", &[]).x_cache().to_string(),
+        "HIT".to_string(),
+    );
+    let m = proxy.metrics();
+    assert!(
+        metric(&m, "zerocache_cache_evictions_total") > evictions,
+        "{m}"
+    );
+    assert!(m.contains("zerocache_cache_writable 1"), "{m}");
+    let health = Client::connect(proxy.dashboard).get("/healthz", &[]);
+    assert_eq!((health.status, health.body.as_slice()), (200, &b"ok\n"[..]));
+}
+
 #[test]
 fn a_full_disk_degrades_to_pass_through_never_an_error() {
     if !require::root("mounts a 1 MiB tmpfs as the cache") {
@@ -326,24 +401,8 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
     let (origin, _rt) = origin();
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("cache");
-    std::fs::create_dir_all(&dir).expect("mkdir");
     // A 1 MiB filesystem for the cache.
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&dir)
-        .status()
-        .expect("mount");
-    assert!(ok.success(), "mounting a tmpfs needs root");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _unmount = Unmount(dir.clone());
+    let _unmount = tmpfs(&dir, "1m");
     let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
     let mut c = proxy.client();
     // 3 MB cannot fit: the fill fails mid-body, the client still gets every byte.
@@ -354,13 +413,13 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
     }
     let m = proxy.metrics();
     assert!(m.contains("zerocache_cache_writable 0"), "{m}");
-    // Load balancers hear of it: serving, but not caching.
+    // Every response is right, so a load balancer keeps the node: 200, saying it is not caching.
     let health = Client::connect(proxy.dashboard).get("/healthz", &[]);
     assert_eq!(
         (health.status, health.body.as_slice()),
         (
-            503,
-            &b"cache unwritable: responses are passed through, not stored\n"[..]
+            200,
+            &b"ok; cache unwritable: responses are passed through, not stored\n"[..]
         )
     );
     let errors: u64 = m

@@ -90,9 +90,10 @@ pub struct Rebuilt {
 impl Store {
     /// Opens (creating) the cache directory; call [`Store::rebuild_verifying`] next.
     pub fn open(dir: &Path, limits: StoreLimits) -> io::Result<Store> {
+        let layout = Layout::create(dir, limits.levels)?;
         Ok(Store {
-            layout: Layout::create(dir, limits.levels)?,
-            max_size: limits.max_size,
+            max_size: clamp_to_filesystem(dir, limits.max_size),
+            layout,
             max_entries: limits.max_entries.max(1),
             index: Mutex::new(Index::new(Lru::new())),
             files: OpenFiles::new(limits.open_files),
@@ -259,6 +260,43 @@ impl Store {
         self.evict_to_fit(0);
     }
 
+    /// Runs `write` (creating, reserving or writing a fill; idempotent, as positioned writes are)
+    /// and, if the file system is full, evicts entries until `needed` bytes were freed and runs
+    /// it once more. The file system can fill below `max_size`: other files share it, or the
+    /// clamp at start-up could not see what it held.
+    pub fn on_full_disk_evict_and_retry<T>(
+        &self,
+        needed: u64,
+        mut write: impl FnMut() -> io::Result<T>,
+    ) -> io::Result<T> {
+        match write() {
+            Err(e) if is_full(&e) && self.make_room(needed.max(1)) => write(),
+            other => other,
+        }
+    }
+
+    /// Evicts entries until `needed` bytes were freed or none is left; true if any went.
+    fn make_room(&self, needed: u64) -> bool {
+        let (bytes, _) = self.usage();
+        let victims = self
+            .index
+            .lock()
+            .evict_to_fit(needed, bytes, self.max_entries);
+        let n = victims.len();
+        self.evictions.fetch_add(n as u64, Ordering::Relaxed);
+        for v in victims {
+            let _ = fs::remove_file(&v.path);
+        }
+        if n > 0 {
+            tracing::info!(
+                evicted = n,
+                needed,
+                "file system full: evicted to make room"
+            );
+        }
+        n > 0
+    }
+
     /// Evicts entries (the policy's choice) until `extra` more bytes fit under `max_size`.
     pub fn evict_to_fit(&self, extra: u64) {
         let victims = self
@@ -332,5 +370,30 @@ impl Store {
         if !self.writable.swap(true, Ordering::Relaxed) {
             tracing::info!("cache writable again");
         }
+    }
+}
+
+/// ENOSPC or EDQUOT: the file system (or the quota) is full.
+pub(crate) fn is_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// `max_size`, or the size of the file system holding `dir` when that is smaller (with a
+/// warning): a cache configured larger than its disk would fill it and then fail every write.
+fn clamp_to_filesystem(dir: &Path, max_size: u64) -> u64 {
+    let Ok(fs) = nix::sys::statvfs::statvfs(dir) else {
+        return max_size;
+    };
+    let total = (fs.blocks() as u64).saturating_mul(fs.fragment_size() as u64);
+    if total > 0 && max_size > total {
+        tracing::warn!(
+            max_size,
+            filesystem = total,
+            dir = %dir.display(),
+            "cache.max_size is larger than the file system that holds the cache; clamped to it"
+        );
+        total
+    } else {
+        max_size
     }
 }

@@ -237,8 +237,10 @@ impl Fetch<'_> {
                         &self.url,
                         ctx.hash_bits,
                     );
+                    let len = framing.length().unwrap_or(0);
                     match Fill::create(ctx.store.clone(), key.hash, meta).and_then(|f| {
-                        f.reserve(framing.length().unwrap_or(0))?;
+                        ctx.store
+                            .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
                         Ok(f)
                     }) {
                         Ok(f) => {

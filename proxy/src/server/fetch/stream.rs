@@ -245,6 +245,7 @@ pub(super) async fn pump(
     reusable: bool,
     abandon: bool,
 ) {
+    let expected = framing.length();
     let mut reader = BodyReader::new(framing, group.read_timeout);
     let mut piece = Vec::with_capacity(64 * 1024);
     let mut alone_since: Option<Instant> = None;
@@ -254,7 +255,12 @@ pub(super) async fn pump(
             ctx.accounting.upstream_error(&group.name, e.kind());
             return; // Dropping the writer fails the readers; dropping the fill deletes its file.
         }
-        if let Err(e) = fill.write(&piece) {
+        // A full file system evicts room for the rest of the body (or this piece) and retries.
+        let rest = expected.map_or(piece.len() as u64, |n| n.saturating_sub(fill.written()));
+        if let Err(e) = ctx
+            .store
+            .on_full_disk_evict_and_retry(rest, || fill.write(&piece))
+        {
             ctx.store.write_failed(&e);
             return;
         }
