@@ -11,3 +11,4 @@ pub use crate::cpu::affinity::{allow_current_thread, allowed_cpus, pin_current_t
 pub use crate::notify::monotonic_usec;
 pub use crate::server::workers::SLACK;
 pub use crate::tls::check as check_tls;
+pub use crate::tls::client::trust as upstream_trust;

@@ -173,6 +173,15 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
                         zerocache_config::units::binary(bytes)
                     );
                 }
+                // Whom each https upstream trusts, so a pin, a CA file and no check at all are
+                // told apart before a rollout.
+                let trust = zerocache::exports::upstream_trust(&c);
+                if !trust.is_empty() {
+                    println!("# upstream TLS trust:");
+                    for (name, how) in trust {
+                        println!("#   upstreams.{name}: {how}");
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

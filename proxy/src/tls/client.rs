@@ -2,8 +2,9 @@
 //! (`upstreams.NAME.tls`) and the handshake on a new connection.
 //!
 //! Verification is on by default, against the system roots (Debian's ca-certificates, read
-//! once through rustls-native-certs) or the group's `tls.ca`; a self-signed origin certificate
-//! given as `tls.ca` is a trust anchor of its own, accepted when the origin presents exactly it.
+//! once through rustls-native-certs) or the group's `tls.ca`; a certificate in `tls.ca` is also
+//! trusted as itself when the origin presents exactly it, `CA:TRUE` self-signed ones included
+//! (`pinned`), with its name and dates still checked.
 //! The SNI name is `tls.sni` or the server's host name; an IP literal sends none (RFC 6066 §3)
 //! and is verified against the certificate's IP SANs. `verify: false` accepts any certificate
 //! (signatures are still checked), with a warning at start-up and in `check`.
@@ -47,11 +48,30 @@ impl OriginTls {
                 what: e.to_string(),
             })?;
         let builder = if cfg.verify {
-            let roots = match &cfg.ca {
-                Some(ca) => roots_from(ca)?,
-                None => system_roots(),
-            };
-            builder.with_root_certificates(roots)
+            match &cfg.ca {
+                // The CA file's certificates are trust anchors, and each is also trusted as
+                // itself when an origin presents exactly it (see `pinned`).
+                Some(ca) => {
+                    let roots = roots_from(ca)?;
+                    let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                        Arc::new(roots),
+                        provider.clone(),
+                    )
+                    .build()
+                    .map_err(|e| CertError {
+                        path: ca.clone(),
+                        what: e.to_string(),
+                    })?;
+                    let pins = certs::load_certs(ca)?;
+                    builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(Arc::new(super::pinned::PinnedOrChain {
+                            chain,
+                            pins,
+                        }))
+                }
+                None => builder.with_root_certificates(system_roots()),
+            }
         } else {
             builder
                 .dangerous()
@@ -92,8 +112,8 @@ impl OriginTls {
             .map_err(|e| {
                 let rustls_error = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
                 match rustls_error {
-                    Some(r @ rustls::Error::InvalidCertificate(_)) => {
-                        OriginTlsError::Verify(r.to_string())
+                    Some(rustls::Error::InvalidCertificate(c)) => {
+                        OriginTlsError::Verify(certificate_problem(c))
                     }
                     _ => OriginTlsError::Handshake(e.to_string()),
                 }
@@ -198,4 +218,55 @@ pub fn check_all(config: &zerocache_config::Config) -> Result<(), CertError> {
         }
     }
     Ok(())
+}
+
+/// What is wrong with an origin's certificate, in words (rustls prints these with `{:?}`).
+fn certificate_problem(c: &rustls::CertificateError) -> String {
+    use rustls::CertificateError as C;
+    match c {
+        C::BadEncoding => "the certificate is not valid DER".into(),
+        C::Expired | C::ExpiredContext { .. } => "the certificate has expired".into(),
+        C::NotValidYet | C::NotValidYetContext { .. } => "the certificate is not valid yet".into(),
+        C::Revoked => "the certificate is revoked".into(),
+        C::UnknownIssuer => {
+            "the certificate is issued by no CA this upstream trusts (system roots, or tls.ca)"
+                .into()
+        }
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            "the certificate is not valid for the name connected to (tls.sni, or the server's host)"
+                .into()
+        }
+        C::BadSignature => "the certificate's signature does not verify".into(),
+        C::Other(o) => format!("the certificate is refused: {o}"),
+        _ => "the certificate is refused".into(),
+    }
+}
+
+/// How each upstream group that speaks TLS verifies its servers, in a line each, for `check`.
+pub fn trust(config: &zerocache_config::Config) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, up) in &config.upstreams {
+        let https = up
+            .resolved_servers()
+            .iter()
+            .any(|s| zerocache_config::tls::split_scheme(&s.addr).0);
+        if !https && up.tls.is_none() {
+            continue;
+        }
+        let default = UpstreamTls::default();
+        let tls = up.tls.as_ref().unwrap_or(&default);
+        let how = match (&tls.ca, tls.verify) {
+            (_, false) => "NOT verified (tls.verify: false)".to_string(),
+            (Some(ca), true) => {
+                let n = certs::load_certs(ca).map(|c| c.len()).unwrap_or(0);
+                format!(
+                    "pinned: {n} certificate(s) in {}, trusted as issuers and as themselves",
+                    ca.display()
+                )
+            }
+            (None, true) => "the system's CA certificates".to_string(),
+        };
+        out.push((name.clone(), how));
+    }
+    out
 }

@@ -15,6 +15,7 @@ pub mod client;
 pub mod ktls;
 pub mod listener;
 pub mod movable;
+mod pinned;
 pub mod server;
 
 use std::sync::Arc;

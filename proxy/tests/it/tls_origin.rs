@@ -187,6 +187,103 @@ fn a_certificate_that_does_not_verify_is_a_502_with_detail_tls_verify() {
     assert_eq!(origin.request_count(), 0);
 }
 
+/// A self-signed certificate made the usual way, by `openssl req -x509` (which marks it
+/// `CA:TRUE`), with the SAN entries `san`, valid for 30 days.
+fn openssl_cert(dir: &std::path::Path, san: &str) -> Cert {
+    let (key, crt) = (dir.join("ossl.key"), dir.join("ossl.crt"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            &format!("subjectAltName={san}"),
+        ])
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let der = std::process::Command::new("openssl")
+        .args(["x509", "-outform", "DER", "-in"])
+        .arg(&crt)
+        .output()
+        .expect("openssl x509");
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(&crt)
+        .output()
+        .expect("openssl x509 -text");
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("CA:TRUE"),
+        "openssl req -x509 makes a CA certificate"
+    );
+    Cert {
+        pem: std::fs::read_to_string(&crt).expect("crt"),
+        key_pem: std::fs::read_to_string(&key).expect("key"),
+        der: der.stdout,
+    }
+}
+
+/// `openssl req -x509` makes a `CA:TRUE` certificate, which rustls refuses as an end entity; pinned
+/// in `tls.ca` it is trusted as itself (curl's `--cacert` and nginx accept it too), while its name
+/// is still checked: the same kind of certificate for another name is 502. (Its dates are too:
+/// the expired pinned certificate of the test above takes the same path.)
+#[test]
+fn a_pinned_openssl_self_signed_ca_certificate_is_accepted_and_still_name_checked() {
+    if !require::command("openssl") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    for (why, san, want) in [
+        ("pinned", "DNS:localhost,IP:127.0.0.1", 200),
+        ("other name", "DNS:other.example", 502),
+    ] {
+        let sub = dir.path().join(why.replace(' ', "-"));
+        std::fs::create_dir_all(&sub).expect("dir");
+        let c = openssl_cert(&sub, san);
+        let (crt, _) = write(&sub, "origin", &c);
+        let front = TlsFront::start(origin.addr(), &c);
+        let proxy = proxy_for(
+            &sub,
+            &format!("https://localhost:{}", front.addr.port()),
+            &format!("{{ ca: {} }}", crt.display()),
+            false,
+        );
+        let r = proxy.get("/obj/1000");
+        assert_eq!(r.status, want, "{why}: {:?}", r.headers);
+        if want == 200 {
+            assert!(r.body == body(1000));
+            // check says which kind of trust the upstream uses.
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_zerocache"))
+                .args(["check", "-c"])
+                .arg(&proxy.config)
+                .output()
+                .expect("check");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let want_line = format!(
+                "#   upstreams.origin: pinned: 1 certificate(s) in {}, trusted as issuers and as themselves",
+                crt.display()
+            );
+            assert!(text.lines().any(|l| l == want_line), "{text}");
+        } else {
+            assert_eq!(
+                r.header("cache-status"),
+                Some("zerocache; fwd=miss; detail=tls-verify"),
+                "{why}"
+            );
+        }
+    }
+}
+
 #[test]
 fn verify_false_accepts_any_certificate_and_check_warns() {
     let dir = tempfile::tempdir().expect("tmp");
