@@ -66,8 +66,25 @@ impl ConfigError {
     }
 }
 
-pub(crate) fn from_yaml(file: &str, _text: &str, e: &serde_yaml::Error) -> ConfigError {
-    from_yaml_at(file, e, 0)
+pub(crate) fn from_yaml(file: &str, text: &str, e: &serde_yaml::Error) -> ConfigError {
+    let mut out = from_yaml_at(file, e, 0);
+    // libyaml's words for a tab where indentation is read; YAML indents with spaces only.
+    if let ConfigError::At {
+        line,
+        column,
+        message,
+        ..
+    } = &mut out
+        && *line > 0
+        && text
+            .lines()
+            .nth(*line - 1)
+            .and_then(|l| l.chars().nth(column.saturating_sub(1)))
+            == Some('\t')
+    {
+        *message = "a tab cannot indent YAML: indent with spaces".into();
+    }
+    out
 }
 
 /// [`from_yaml`] for an error in a part of the file that starts after `line_offset` lines.
@@ -80,6 +97,23 @@ pub(crate) fn from_yaml_at(file: &str, e: &serde_yaml::Error, line_offset: usize
     // serde_yaml appends " at line L column C"; the location is already in front.
     if let Some(i) = raw.rfind(" at line ") {
         raw.truncate(i);
+    }
+    // A syntax error names the construct it was in with a second place ("did not find expected
+    // ',' or '}' at line 2 column 1, while parsing a flow mapping"): one place per message, so
+    // the construct's start is said as where it starts, not as another error position.
+    if let Some(i) = raw.find(" at line ")
+        && let Some((place, context)) = raw[i + 9..].split_once(", ")
+        && let Some(start) = place
+            .split_whitespace()
+            .next()
+            .and_then(|l| l.parse::<usize>().ok())
+    {
+        let start = start + line_offset;
+        raw = if start == line {
+            format!("{} {context}", &raw[..i])
+        } else {
+            format!("{} {context} that starts on line {start}", &raw[..i])
+        };
     }
     let mut message = plain_words(&raw);
     if let Some(suggestion) = suggest(&message) {

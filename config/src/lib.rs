@@ -31,6 +31,11 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Parses and validates config text; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+    // Not YAML at all: the one syntax error, where the scanner stopped. Parsing the sections
+    // apart would only report it again at another position.
+    if let Err(e) = serde_yaml::from_str::<serde_yaml::Value>(text) {
+        return Err(error::from_yaml(file, text, &e));
+    }
     let mut config: Config = serde_yaml::from_str(text)
         .map_err(|e| sections::errors(text, file, error::from_yaml(file, text, &e)))?;
     apply_env(&mut config, |k| std::env::var(k).ok());

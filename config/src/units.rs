@@ -97,7 +97,13 @@ fn capped(d: Duration, written: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Parses a duration: bare seconds or humantime, at most [`MAX_DURATION`].
+/// The units a duration may be written in, as documented: humantime reads many more (`seconds`,
+/// `weeks`, `months` of 30.44 days), and a config that says `60 seconds` or `1 month` should be
+/// refused with the units it may use, not read as whatever humantime makes of it.
+const DURATION_UNITS: [&str; 7] = ["ms", "s", "m", "h", "d", "day", "days"];
+
+/// Parses a duration: bare seconds, or numbers each with one of [`DURATION_UNITS`] (`1h 30m`), at
+/// most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
@@ -105,6 +111,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .parse::<u64>()
             .map_err(|_| format!("`{s}` seconds is too long"))
             .and_then(|n| capped(Duration::from_secs(n), s));
+    }
+    // Every unit must be a documented one: the alphabetic runs between the numbers.
+    let numbers = t.bytes().any(|b| b.is_ascii_digit());
+    for unit in t
+        .split(|c: char| c.is_ascii_digit() || c.is_whitespace())
+        .filter(|u| numbers && !u.is_empty())
+    {
+        if !DURATION_UNITS.contains(&unit) {
+            return Err(format!(
+                "`{s}`: `{unit}` is not a duration unit here: write seconds (`30`) or a number with \
+                 one of ms, s, m, h, d or day (`500ms`, `30s`, `5m`, `1h`, `1day`)"
+            ));
+        }
     }
     humantime::parse_duration(t)
         .map_err(|_| {
@@ -311,8 +330,19 @@ mod tests {
             "18446744073709551615",
             "3651days",
             "500years",
+            "60 seconds",
+            "1 month",
+            "2weeks",
+            "5min",
+            "1.5h",
+            "30S",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            parse_duration("60 seconds"),
+            Err("`60 seconds`: `seconds` is not a duration unit here: write seconds (`30`) or a number with one of ms, s, m, h, d or day (`500ms`, `30s`, `5m`, `1h`, `1day`)".into())
+        );
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
     }
 }

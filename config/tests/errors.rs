@@ -153,7 +153,16 @@ fn more_error_classes_name_their_key() {
     );
     assert_eq!(
         err("listen: [unclosed\n"),
-        "zc.yaml:2:1: did not find expected ',' or ']' at line 2 column 1, while parsing a flow sequence"
+        "zc.yaml:2:1: did not find expected ',' or ']' while parsing a flow sequence"
+    );
+    // One error per syntax error, and one place in it; a tab where indentation is read says so.
+    assert_eq!(
+        err("listen: 127.0.0.1:1\ncache: {path: /tmp/c\nroutes: []\n"),
+        "zc.yaml:3:7: did not find expected ',' or '}' while parsing a flow mapping"
+    );
+    assert_eq!(
+        err("listen: 127.0.0.1:1\ncache:\n\tpath: /tmp/c\n"),
+        "zc.yaml:3:1: a tab cannot indent YAML: indent with spaces"
     );
     let e = err("listen: \"unterminated\n");
     assert!(e.starts_with("zc.yaml:"), "{e}");

@@ -28,9 +28,10 @@ enum Command {
         /// Print the effective config as JSON instead of YAML.
         #[arg(long)]
         json: bool,
-        /// Print nothing when the config is valid (errors still go to stderr): for systemd's
-        /// ExecStartPre= and ExecReload=, whose output would otherwise fill the journal.
-        #[arg(short, long, conflicts_with = "json")]
+        /// Print nothing when the config is valid (errors still go to stderr, or to stdout as
+        /// JSON with --json): for systemd's ExecStartPre= and ExecReload=, whose output would
+        /// otherwise fill the journal, and for scripts.
+        #[arg(short, long)]
         quiet: bool,
     },
     /// Verify every entry of the configured cache directory, without running the proxy.

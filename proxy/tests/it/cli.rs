@@ -120,8 +120,17 @@ fn check_quiet_prints_nothing_on_success_and_the_error_on_failure() {
             )
         )
     );
-    // -q and --json ask for opposite things.
-    assert_eq!(zerocache(&["check", "-q", "--json", "-c", &cfg]).0, 2);
+    // -q with --json: nothing on success, the errors as JSON (for machines) on failure.
+    let (code, out, err) = zerocache(&["check", "-q", "--json", "-c", &cfg]);
+    assert_eq!((code, err.as_str()), (1, ""));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json errors");
+    assert_eq!(v["valid"], false, "{v}");
+    assert_eq!(v["errors"][0]["line"], 7, "{v}");
+    let good = write(tmp.path(), &valid);
+    assert_eq!(
+        zerocache(&["check", "--json", "-q", "-c", &good]),
+        (0, String::new(), String::new())
+    );
 }
 
 #[test]
