@@ -60,10 +60,13 @@ pub fn bearer(authorization: &str) -> Option<&str> {
 }
 
 /// The `token` query parameter of `uri`, if any.
-pub fn query_token(uri: &Uri) -> Option<&str> {
+pub fn query_token(uri: &Uri) -> Option<std::borrow::Cow<'_, str>> {
+    // Percent-decoded, as a browser encodes what it puts in a URL (`%2B` for `+`); a `+` itself
+    // stays a `+`, since tokens are no form data. Bytes that decode to invalid UTF-8 match nothing.
     uri.query()?
         .split('&')
         .find_map(|kv| kv.strip_prefix("token="))
+        .and_then(|v| percent_encoding::percent_decode_str(v).decode_utf8().ok())
 }
 
 /// The bearer-token gate of both dashboards (the proxy's and `zerocache watch`'s): with no
@@ -78,7 +81,8 @@ pub async fn require(token: Option<&str>, req: Request, next: Next) -> Response 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer);
-    let ok = [header, query_token(req.uri())]
+    let query = query_token(req.uri());
+    let ok = [header, query.as_deref()]
         .into_iter()
         .flatten()
         .any(|given| bearer_matches(given, token));
@@ -125,6 +129,16 @@ mod tests {
         assert_eq!(bearer("Bearer"), None);
         assert_eq!(bearer("Bearer "), Some(""));
         let uri: Uri = "/?a=1&token=s3cret".parse().expect("uri");
-        assert_eq!(query_token(&uri), Some("s3cret"));
+        assert_eq!(query_token(&uri).as_deref(), Some("s3cret"));
+        let uri: Uri = "/?token=a%2Bb%2Fc%3D%3D".parse().expect("uri");
+        assert_eq!(query_token(&uri).as_deref(), Some("a+b/c=="));
+        let uri: Uri = "/?token=a+b".parse().expect("uri");
+        assert_eq!(
+            query_token(&uri).as_deref(),
+            Some("a+b"),
+            "no form decoding"
+        );
+        let uri: Uri = "/?token=%FF%FE".parse().expect("uri");
+        assert_eq!(query_token(&uri), None, "invalid UTF-8 matches nothing");
     }
 }
