@@ -1,4 +1,4 @@
-//! `cargo xtask setup|demo|test|bench|fuzz|soak|package`: everything a fresh machine needs, in the
+//! `cargo xtask setup|demo|test|bench|fuzz|soak|package|vm-test`: everything a fresh machine needs, in the
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
@@ -11,6 +11,7 @@ mod fuzz;
 mod package;
 mod setup;
 mod soak;
+mod vm;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -46,6 +47,9 @@ enum Task {
         /// Seconds per fuzz target after the test suite (0 skips fuzzing).
         #[arg(long, default_value_t = 15)]
         fuzz_time: u64,
+        /// Skip the kernel matrix (`vm-test` on 5.10, 6.1 and 6.12), which runs last, as root.
+        #[arg(long)]
+        no_vm: bool,
     },
     /// Setup, then run the libFuzzer targets in proxy/fuzz (nightly, cargo-fuzz); fails naming
     /// the target and the crash artifact if any crashes. See xtask/src/fuzz.rs for campaigns.
@@ -131,6 +135,24 @@ enum Task {
         #[arg(long)]
         debug: bool,
     },
+    /// Run the probe's tests (and the proxy's zero_copy ones) inside VMs booting Debian's own
+    /// kernels (virtme-ng, QEMU), one boot per kernel; prints a kernel × test table and each
+    /// kernel's time. Fails when a test fails on a kernel expected to pass. See xtask/src/vm/.
+    VmTest {
+        /// Which kernels: 5.10, 6.1, 6.12 (comma-separated) or all.
+        #[arg(long, default_value = "all")]
+        kernel: String,
+        /// Use KVM instead of TCG (software emulation): nested KVM hangs guests on some hosts.
+        #[arg(long, env = "ZEROCACHE_VM_KVM")]
+        kvm: bool,
+        /// Minutes one kernel's boot and test run may take before QEMU is killed.
+        #[arg(long, default_value_t = 20)]
+        timeout: u64,
+        /// Only tests whose name contains one of these, or whose binary is one of these, after
+        /// `--` (e.g. `-- self_counts zero_copy::sendfile`).
+        #[arg(last = true)]
+        filters: Vec<String>,
+    },
 }
 
 /// A port free right now on loopback.
@@ -168,9 +190,9 @@ fn main() -> ExitCode {
                 demo::demo(duration)
             }
         }),
-        Task::Test { fuzz_time } => {
+        Task::Test { fuzz_time, no_vm } => {
             let require = require_privileged();
-            setup::setup_for_tests(require).and_then(|_| test(fuzz_time, require))
+            setup::setup_for_tests(require).and_then(|_| test(fuzz_time, require, !no_vm))
         }
         Task::Fuzz {
             time,
@@ -248,6 +270,20 @@ fn main() -> ExitCode {
                 release: !debug,
             })
         }),
+        Task::VmTest {
+            kernel,
+            kvm,
+            timeout,
+            filters,
+        } => setup::setup().and_then(|_| {
+            vm::vm_test(vm::Options {
+                kernel,
+                filters,
+                kvm,
+                timeout: std::time::Duration::from_secs(timeout * 60),
+            })
+            .map(|_| ())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -259,7 +295,7 @@ fn main() -> ExitCode {
 }
 
 /// Set to `1` for the test suite, it turns every skip for want of root, a second CPU, Chromium or
-/// a tool into a failure (proxy/tests/support/require.rs).
+/// a tool into a failure (proxy/tests/it/support/require.rs).
 const REQUIRE_PRIVILEGED: &str = "ZEROCACHE_REQUIRE_PRIVILEGED";
 
 /// True when running as root.
@@ -279,7 +315,7 @@ fn is_skip_line(line: &str) -> bool {
     line.starts_with("skipped ") && line.contains(": needs ")
 }
 
-fn test(fuzz_time: u64, require: bool) -> anyhow::Result<()> {
+fn test(fuzz_time: u64, require: bool, vm: bool) -> anyhow::Result<()> {
     if !require {
         println!(
             "xtask: not root: the tests that need root (the eBPF probe, tmpfs, setpriv, dpkg, SCHED_FIFO) \
@@ -369,32 +405,50 @@ fn test(fuzz_time: u64, require: bool) -> anyhow::Result<()> {
         "the test suite failed ({status})"
     );
     anyhow::ensure!(passed > 0, "the test suite ran no test");
-    if fuzz_time == 0 {
-        return Ok(());
-    }
     // Each fuzz target counts as one test in the closing total, which stays the last line.
-    let outcomes = fuzz::run_all(fuzz::TARGETS, fuzz_time, false, &[])?;
+    let outcomes = if fuzz_time > 0 {
+        fuzz::run_all(fuzz::TARGETS, fuzz_time, false, &[])?
+    } else {
+        Vec::new()
+    };
     let crashed: Vec<&str> = outcomes
         .iter()
         .filter(|o| o.failure.is_some())
         .map(|o| o.target)
         .collect();
     let fuzz_passed = (outcomes.len() - crashed.len()) as u64;
+    // The kernel matrix, as root (CI): the probe's tests on Debian's kernels in a VM. Each of its
+    // tests counts in the closing total too.
+    let matrix = if vm && require {
+        Some(vm::vm_test(vm::Options::ci()))
+    } else {
+        if vm {
+            println!("xtask: not root: the kernel matrix (cargo xtask vm-test) is skipped");
+        }
+        None
+    };
+    let (vm_passed, vm_failed) = match &matrix {
+        Some(Ok(s)) => (s.passed, s.failed),
+        Some(Err(_)) | None => (0, 0),
+    };
     report_skips(&skipped);
     println!(
-        "xtask: cargo test: {passed} passed; fuzz: {fuzz_passed} of {} targets clean",
+        "xtask: cargo test: {passed} passed; fuzz: {fuzz_passed} of {} targets clean; kernel matrix: {vm_passed} passed, {vm_failed} failed",
         outcomes.len()
     );
     println!(
         "xtask: {} passed, {} failed",
-        passed + fuzz_passed,
-        crashed.len()
+        passed + fuzz_passed + vm_passed,
+        crashed.len() as u64 + vm_failed + matrix.as_ref().is_some_and(|m| m.is_err()) as u64
     );
     anyhow::ensure!(
         crashed.is_empty(),
         "fuzz target(s) failed: {} (artifacts under proxy/fuzz/artifacts/)",
         crashed.join(", ")
     );
+    if let Some(m) = matrix {
+        m?;
+    }
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 //! `[package.metadata.deb]` in proxy/Cargo.toml: a release build (the eBPF object is embedded in
 //! the binary), the stripped binary, the unit, the conffile, the logrotate snippet and the docs in
 //! `target/debian/zerocache_<version>_amd64.deb`, and the debug info in
-//! `target/debian/zerocache-dbgsym_<version>_amd64.ddeb`. proxy/tests/package.rs installs and
+//! `target/debian/zerocache-dbgsym_<version>_amd64.ddeb`. proxy/tests/it/package.rs installs and
 //! removes the result.
 
 use crate::root;

@@ -7,6 +7,8 @@
 //!   bpf-linker that does not run, or that links another nightly's libLLVM, counts as missing;
 //! - `cargo-fuzz`, for `cargo xtask fuzz` and the short fuzz runs of `cargo xtask test`;
 //! - `cargo-deb` at a pinned version, for `cargo xtask package` and the package test;
+//! - virtme-ng in the tools venv, for `cargo xtask vm-test` (xtask/src/vm/tools.rs; the kernels it
+//!   boots are fetched by vm-test itself, on first use);
 //! - tracefs mounted at /sys/kernel/tracing (the probe attaches through it);
 //! - the Debian packages the tests and the benchmark use.
 //!
@@ -31,7 +33,11 @@ use std::time::Instant;
 /// ca-certificates for the system roots `https://` upstreams verify against, and openssl for
 /// `bench --tls` (its certificate); for the watch mode's seed servers
 /// (ebpf/probe/tests/seeds.rs, `cargo xtask demo --seeds`), golang-go (Go 1.19 on bookworm),
-/// default-jdk-headless (OpenJDK 17 on bookworm, the JDK the Java seed is pinned to) and python3.
+/// default-jdk-headless (OpenJDK 17 on bookworm, the JDK the Java seed is pinned to) and python3;
+/// for `cargo xtask vm-test` (virtme-ng): qemu-system-x86, busybox-static (its initramfs), kmod
+/// (depmod for the unpacked kernels, modprobe in the guest), udev (names the guest's virtio-serial
+/// ports, without which vng loses the script's output and exit code) and file (reads a kernel
+/// image's version).
 /// As root the tests fail rather than skip when one of these is missing.
 const APT_PACKAGES: &[&str] = &[
     "nginx",
@@ -53,6 +59,11 @@ const APT_PACKAGES: &[&str] = &[
     "default-jdk-headless",
     "python3",
     "python3-venv",
+    "qemu-system-x86",
+    "busybox-static",
+    "kmod",
+    "udev",
+    "file",
 ];
 
 /// The kubernetes-validate release (PyPI) that checks config/k8s/ in the fleet deployment test.
@@ -89,6 +100,7 @@ fn setup_with(strict: bool) -> anyhow::Result<()> {
     tracefs(&mut changed)?;
     apt(&mut changed, strict)?;
     kubernetes_validate(&mut changed, strict)?;
+    crate::vm::tools::virtme_ng(&mut changed, strict)?;
     if changed.is_empty() {
         println!(
             "xtask: setup: everything present ({} ms)",

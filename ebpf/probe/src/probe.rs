@@ -454,4 +454,34 @@ mod tests {
         };
         assert_eq!(sched.variant.as_deref(), Some(want));
     }
+
+    /// The floor, on whatever kernel runs this: where the kernel's BTF lists both helpers the
+    /// probe calls, it attaches; where it does not (5.10 in the VM matrix), it is unavailable
+    /// with one sentence naming this kernel's release, the minimum and the missing helper, never
+    /// a verifier log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_floor_is_named_with_the_kernel_or_the_probe_attaches() {
+        if !require::root("loads the eBPF probe") {
+            return;
+        }
+        let vmlinux = std::fs::read(crate::btf::VMLINUX).expect("this kernel publishes BTF");
+        let above = crate::kernel::check_floor(&vmlinux).is_ok();
+        let probe = Probe::start(ProbeOptions {
+            enabled: true,
+            watch: vec![WatchTarget::SelfProcess],
+            closed_capacity: 10,
+        });
+        match (above, probe.status()) {
+            (true, status) => assert!(status.is_attached(), "{status:?}"),
+            (false, ProbeStatus::Unavailable { reason }) => {
+                let want = format!(
+                    "kernel {} is below the probe's minimum, Linux 5.15: it lacks the BPF helper bpf_",
+                    crate::kernel::release()
+                );
+                assert!(reason.starts_with(&want), "{reason}");
+                assert!(!reason.contains("verifier"), "{reason}");
+            }
+            (false, other) => panic!("below the floor but {other:?}"),
+        }
+    }
 }
