@@ -388,7 +388,25 @@ fn kubernetes_validate_ok() -> bool {
 /// kubernetes-validate (PyPI), for the fleet's manifests: into [`tools_venv`] when it is not
 /// on PATH already.
 fn kubernetes_validate(changed: &mut Vec<String>, strict: bool) -> anyhow::Result<()> {
-    if kubernetes_validate_ok() {
+    venv_tool(
+        changed,
+        strict,
+        ("kubernetes-validate", KUBERNETES_VALIDATE_VERSION),
+        kubernetes_validate_ok,
+        "the fleet deployment test is skipped",
+    )
+}
+
+/// Installs PyPI package `name==version` into [`tools_venv`] unless `present()` already holds;
+/// `strict` as in setup: without it a failure is a message saying `without_it`.
+pub fn venv_tool(
+    changed: &mut Vec<String>,
+    strict: bool,
+    (name, version): (&str, &str),
+    present: fn() -> bool,
+    without_it: &str,
+) -> anyhow::Result<()> {
+    if present() {
         return Ok(());
     }
     let venv = tools_venv();
@@ -396,24 +414,19 @@ fn kubernetes_validate(changed: &mut Vec<String>, strict: bool) -> anyhow::Resul
         run(Command::new(venv.join("bin/pip")).args([
             "install",
             "--quiet",
-            &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+            &format!("{name}=={version}"),
         ]))
     });
     match made {
-        Ok(()) if kubernetes_validate_ok() => {
-            changed.push(format!("kubernetes-validate {KUBERNETES_VALIDATE_VERSION}"));
+        Ok(()) if present() => {
+            changed.push(format!("{name} {version}"));
             Ok(())
         }
         _ if !strict => {
-            println!(
-                "xtask: setup: could not install kubernetes-validate (python3 -m venv, pip); the fleet deployment test is skipped"
-            );
+            println!("xtask: setup: could not install {name} (python3 -m venv, pip); {without_it}");
             Ok(())
         }
-        Ok(()) => anyhow::bail!(
-            "kubernetes-validate installed in {} but does not run",
-            venv.display()
-        ),
-        Err(e) => Err(e).context("installing kubernetes-validate (python3 -m venv, pip)"),
+        Ok(()) => anyhow::bail!("{name} installed in {} but does not run", venv.display()),
+        Err(e) => Err(e).context(format!("installing {name} (python3 -m venv, pip)")),
     }
 }

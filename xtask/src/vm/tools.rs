@@ -4,9 +4,7 @@
 //! setup stays fast when everything is there. The Debian packages it needs (QEMU, busybox, kmod,
 //! udev) are in setup's apt list.
 
-use anyhow::Context;
 use std::path::PathBuf;
-use std::process::Command;
 
 /// The virtme-ng release vm-test was verified with (`vng -r` of an unpacked Debian kernel,
 /// `--disable-kvm`, `--rwdir`, `--overlay-rwdir`, the script's exit code passed back).
@@ -42,33 +40,11 @@ pub fn vng() -> anyhow::Result<PathBuf> {
 /// Installs virtme-ng into the tools venv unless it is there; `strict` as in setup: without it a
 /// failure is a message, since only vm-test needs it.
 pub fn virtme_ng(changed: &mut Vec<String>, strict: bool) -> anyhow::Result<()> {
-    if virtme_ng_ok() {
-        return Ok(());
-    }
-    let venv = crate::setup::tools_venv();
-    let made =
-        crate::run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).and_then(|()| {
-            crate::run(Command::new(venv.join("bin/pip")).args([
-                "install",
-                "--quiet",
-                &format!("virtme-ng=={VIRTME_NG_VERSION}"),
-            ]))
-        });
-    match made {
-        Ok(()) if virtme_ng_ok() => {
-            changed.push(format!("virtme-ng {VIRTME_NG_VERSION}"));
-            Ok(())
-        }
-        _ if !strict => {
-            println!(
-                "xtask: setup: could not install virtme-ng (python3 -m venv, pip); `cargo xtask vm-test` will not run"
-            );
-            Ok(())
-        }
-        Ok(()) => anyhow::bail!(
-            "virtme-ng installed in {} but its files are not where expected",
-            venv.display()
-        ),
-        Err(e) => Err(e).context("installing virtme-ng (python3 -m venv, pip)"),
-    }
+    crate::setup::venv_tool(
+        changed,
+        strict,
+        ("virtme-ng", VIRTME_NG_VERSION),
+        virtme_ng_ok,
+        "`cargo xtask vm-test` will not run",
+    )
 }
