@@ -41,11 +41,16 @@ impl BodyFraming {
     }
 }
 
-/// Parses a response head from the start of `buf`; `Ok(None)` means incomplete.
+/// Parses a response head from the start of `buf`; `Ok(None)` means incomplete. A head with a
+/// bare CR or LF is an error, as in a request (`request_line::bare_cr_or_lf`): httparse takes a
+/// bare LF as a line end, a downstream cache may not, and the two would read different responses.
 pub fn parse(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, String> {
     let mut storage = [httparse::EMPTY_HEADER; 128];
     let mut res = httparse::Response::new(&mut storage);
     match res.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if super::request_line::bare_cr_or_lf(&buf[..n]) => {
+            Err("bare CR or LF in the response head".into())
+        }
         Ok(httparse::Status::Complete(n)) => Ok(Some((
             ResponseHead {
                 status: res.code.unwrap_or(0),
@@ -160,6 +165,18 @@ pub fn test_response(status: u16, extra: &str) -> ResponseHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_lf_or_cr_in_a_response_head_is_an_error() {
+        assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").is_ok());
+        for bad in [
+            &b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nX-A: 1\rX-B: 2\r\nContent-Length: 2\r\n\r\nok",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
 
     fn head(s: &str) -> ResponseHead {
         parse(s.as_bytes()).expect("ok").expect("complete").0

@@ -506,6 +506,23 @@ fn bytes_arriving_on_an_idle_pooled_connection_never_answer_the_next_request() {
     }
 }
 
+/// An origin head with a bare LF (or CR) is a 502 and nothing is stored: httparse reads a bare LF
+/// as a line end, another parser on the path might not, and the two would see two responses
+/// (docs/security.md; RFC 9112 §2.2 lets a recipient choose, and the proxy chooses the same way
+/// for requests and responses).
+#[test]
+fn a_bare_lf_in_an_origin_head_is_a_502_and_nothing_is_stored() {
+    let addr = raw_origin(|_| {
+        vec![b"HTTP/1.1 200 OK\nCache-Control: max-age=600\nContent-Length: 2\n\nok".to_vec()]
+    });
+    let proxy = Proxy::start(addr, Opts::default());
+    for _ in 0..2 {
+        let r = proxy.get("/lf");
+        assert_eq!((r.status, r.x_cache()), (502, "MISS"));
+    }
+    assert_eq!(metric(&proxy.metrics(), "zerocache_cache_objects"), 0);
+}
+
 #[test]
 fn a_content_length_on_a_204_is_not_relayed() {
     // A client that believed it would read the next response as this one's body.
