@@ -108,6 +108,7 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
         header_timeout: config.limits.header_timeout,
         idle_timeout: config.limits.idle_timeout,
         read_timeout: config.limits.read_timeout,
+        body_min_rate: config.limits.body_min_rate.as_u64(),
         max_body: config.limits.max_body_bytes.as_u64(),
         max_connections: config.limits.max_connections.min(kept.connection_cap),
         sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),

@@ -26,6 +26,12 @@ pub struct Limits {
         with = "crate::units::duration"
     )]
     pub read_timeout: Duration,
+    /// Least average rate of a request body, in bytes per second (Apache mod_reqtimeout's
+    /// `MinRate`): the whole body must arrive by `read_timeout` plus one second per this many
+    /// bytes received, so a client trickling a byte just inside every `read_timeout` is cut off
+    /// (408) instead of holding its connection forever. 0 turns it off.
+    #[serde(default = "default_body_min_rate", with = "crate::units::size")]
+    pub body_min_rate: ByteSize,
     /// Largest request body accepted; larger gets 413.
     #[serde(default = "default_max_body", with = "crate::units::size")]
     pub max_body_bytes: ByteSize,
@@ -39,6 +45,11 @@ pub struct Limits {
     /// a client that stops reading is disconnected after it.
     #[serde(default = "default_send_timeout", with = "crate::units::duration")]
     pub send_timeout: Duration,
+}
+
+/// mod_reqtimeout's suggested `MinRate=500`.
+fn default_body_min_rate() -> ByteSize {
+    ByteSize::b(500)
 }
 
 fn default_send_timeout() -> Duration {
@@ -80,6 +91,7 @@ impl Default for Limits {
             header_timeout: default_header_timeout(),
             idle_timeout: default_idle_timeout(),
             read_timeout: default_client_read_timeout(),
+            body_min_rate: default_body_min_rate(),
             max_body_bytes: default_max_body(),
             max_connections: default_max_connections(),
             drain_timeout: default_drain_timeout(),

@@ -94,6 +94,7 @@ impl Config {
             ("limits.max_header_bytes", l.max_header_bytes.as_u64()),
             ("limits.max_uri_bytes", l.max_uri_bytes.as_u64()),
             ("limits.max_body_bytes", l.max_body_bytes.as_u64()),
+            ("limits.body_min_rate", l.body_min_rate.as_u64()),
         ]
     }
 }

@@ -45,6 +45,9 @@ pub struct Conn {
     pub(super) log_info: crate::accesslog::RequestInfo,
     /// The current request is a fleet peer's (its responses are counted as such).
     pub(super) from_peer: bool,
+    /// The current request body's pace: when its reading started and the bytes received since,
+    /// for `limits.body_min_rate` (see `upload`).
+    pub(super) body_pace: Option<(tokio::time::Instant, u64)>,
 }
 
 /// Why a connection must end without (further) response.
@@ -80,6 +83,7 @@ pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
         must_close: false,
         log_info: Default::default(),
         from_peer: false,
+        body_pace: None,
     };
     /// Closes the connection's record however the task ends (a panic included). Declared after
     /// `conn`, so it runs first: the record must be waiting before the kernel sees the close.

@@ -51,6 +51,8 @@ pub struct Ctx {
     pub idle_timeout: Duration,
     /// Time allowed between reads of a request body.
     pub read_timeout: Duration,
+    /// `limits.body_min_rate`, bytes per second (0: off).
+    pub body_min_rate: u64,
     /// Largest request body accepted (413 beyond).
     pub max_body: u64,
     /// Most open client connections.

@@ -5,6 +5,11 @@
 //! is read before the upstream is asked (so a dead pooled connection can be retried with it); a
 //! larger one is read piece by piece while it is sent, with `limits.read_timeout` between reads
 //! (408 when a client trickles slower) and `limits.max_body_bytes` in total (413).
+//!
+//! A per-read timeout alone lets a client hold a connection forever by sending a byte just inside
+//! every timeout. So the whole body also has a deadline that grows with what arrived, Apache
+//! mod_reqtimeout's `MinRate`: `read_timeout` plus one second per `limits.body_min_rate` bytes
+//! received since the body started; a read that would wait past it is a 408 too.
 
 use super::conn::{Conn, ConnError};
 use crate::http::chunked::ChunkedDecoder;
@@ -88,6 +93,7 @@ impl Conn {
         if req.expect_continue && self.buf.is_empty() {
             self.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
         }
+        self.body_pace = Some((tokio::time::Instant::now(), 0));
         let mut rest = match req.body {
             BodyFraming::Length(n) => Remaining::Length { left: n, total: n },
             _ => Remaining::Chunked {
@@ -164,13 +170,32 @@ impl Conn {
 
     async fn body_read(&mut self, timeout: Duration) -> Result<(), BodyError> {
         self.buf.reserve(16 * 1024);
-        match tokio::time::timeout(timeout, self.sock.read_buf(&mut self.buf)).await {
+        let deadline = self.body_deadline(timeout);
+        match tokio::time::timeout_at(deadline, self.sock.read_buf(&mut self.buf)).await {
             Ok(Ok(0)) => Err(BodyError::Gone(ConnError::Aborted(
                 "client closed mid-body".into(),
             ))),
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(n)) => {
+                if let Some((_, received)) = &mut self.body_pace {
+                    *received += n as u64;
+                }
+                Ok(())
+            }
             Ok(Err(e)) => Err(BodyError::Gone(e.into())),
             Err(_) => Err(BodyError::Timeout),
+        }
+    }
+
+    /// When the next read of the body must have returned: `timeout` from now, and no later than
+    /// the body's own deadline under `limits.body_min_rate` (see the module doc).
+    fn body_deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        let per_read = tokio::time::Instant::now() + timeout;
+        match (self.body_pace, self.ctx.body_min_rate) {
+            (Some((started, received)), rate) if rate > 0 => {
+                let earned = Duration::from_secs_f64(received as f64 / rate as f64);
+                per_read.min(started + timeout + earned)
+            }
+            _ => per_read,
         }
     }
 }

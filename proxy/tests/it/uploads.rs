@@ -3,7 +3,7 @@
 //! trickles its body slower than `limits.read_timeout` gets 408.
 
 use crate::support::*;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::time::Duration;
 
 /// The proxy's peak resident memory so far, in bytes (VmHWM).
@@ -109,4 +109,61 @@ fn a_body_slower_than_read_timeout_gets_408() {
         );
         assert!(text.contains("Connection: close\r\n"), "{text}");
     }
+}
+
+/// A body trickled one byte just inside every `read_timeout` never trips it; the minimum rate
+/// (Apache's MinRate) does: with `read_timeout: 2s` and `body_min_rate: 100`, the body must be in
+/// by 2 s plus 10 ms per byte received, and a byte every 1.5 s is cut off with 408 after the
+/// second byte, long before the 1,000 it announced. Beside it, a body sent at once is forwarded.
+#[test]
+fn a_body_trickled_inside_every_read_timeout_is_cut_off_by_the_minimum_rate() {
+    let (origin, _rt) = origin();
+    origin.script("/up", Reply::ok(b"ok".to_vec()).headers(&[]));
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "limits:\n  read_timeout: 2s\n  body_min_rate: 100\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut quick = proxy.client();
+    let r = quick.send_with_body("POST", "/up", &[], &[b'y'; 1000]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    let mut c = proxy.client();
+    c.send(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n");
+    c.sock
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .expect("timeout");
+    let mut sent = 0;
+    let mut answer = Vec::new();
+    while sent < 10 {
+        if c.sock.write_all(b"x").is_err() {
+            break;
+        }
+        sent += 1;
+        let mut buf = [0u8; 4096];
+        match c.sock.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                break;
+            }
+            Err(_) => {} // nothing yet: the next byte, 1.5 s after this one
+        }
+    }
+    c.sock
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let _ = c.sock.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "after {sent} bytes: {text}"
+    );
+    assert!(sent <= 3, "cut off after {sent} of 1000 bytes");
+    assert_eq!(
+        origin.hits("/up"),
+        1,
+        "only the quick body reached the origin"
+    );
 }
