@@ -384,7 +384,7 @@ fn clamp_to_filesystem(dir: &Path, max_size: u64) -> u64 {
     let Ok(fs) = nix::sys::statvfs::statvfs(dir) else {
         return max_size;
     };
-    let total = (fs.blocks() as u64).saturating_mul(fs.fragment_size() as u64);
+    let total = fs.blocks().saturating_mul(fs.fragment_size());
     if total > 0 && max_size > total {
         tracing::warn!(
             max_size,
