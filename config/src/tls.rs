@@ -21,10 +21,19 @@ pub struct TlsListener {
     /// Time allowed for a client's handshake to complete (nginx's `ssl_handshake_timeout`).
     #[serde(default = "default_handshake_timeout", with = "crate::units::duration")]
     pub handshake_timeout: Duration,
+    /// Answer 421 Misdirected Request (RFC 9110 §15.5.20) to a request whose `Host` is not a
+    /// name of the certificate this connection was served: a client must not reuse a connection
+    /// made for one site (SNI) for a host routed elsewhere. Default true.
+    #[serde(default = "default_strict_sni")]
+    pub strict_sni: bool,
 }
 
 fn default_handshake_timeout() -> Duration {
     Duration::from_secs(10)
+}
+
+fn default_strict_sni() -> bool {
+    true
 }
 
 /// One certificate chain and its private key, both PEM files.

@@ -59,12 +59,26 @@ pub enum ClientSock {
 /// A TLS client connection.
 pub struct TlsClient {
     stream: tokio_rustls::server::TlsStream<TcpStream>,
+    /// The certificate served, with `tls.strict_sni` on.
+    served: Option<crate::tls::server::Served>,
 }
 
 impl ClientSock {
-    /// Wraps a completed TLS handshake.
-    pub fn tls(stream: tokio_rustls::server::TlsStream<TcpStream>) -> ClientSock {
-        ClientSock::Tls(Box::new(TlsClient { stream }))
+    /// Wraps a completed TLS handshake; `served` is its certificate when `tls.strict_sni` is on.
+    pub fn tls(
+        stream: tokio_rustls::server::TlsStream<TcpStream>,
+        served: Option<crate::tls::server::Served>,
+    ) -> ClientSock {
+        ClientSock::Tls(Box::new(TlsClient { stream, served }))
+    }
+
+    /// True for a TLS connection (with `tls.strict_sni`) whose certificate does not name
+    /// `host`: the request belongs on another connection (421, RFC 9110 §15.5.20).
+    pub fn misdirected(&self, host: &str) -> bool {
+        match self {
+            ClientSock::Tls(t) => t.served.as_ref().is_some_and(|s| !s.covers_host(host)),
+            ClientSock::Plain(_) => false,
+        }
     }
 
     /// The TCP socket underneath.

@@ -39,6 +39,13 @@ impl Conn {
         // 502 before the body went upstream), the next bytes on the connection are no request.
         // The streaming exchange clears this once it has read the body to its end.
         self.must_close = matches!(body, RequestBody::Streaming { .. });
+        if self.sock.misdirected(&req.host) {
+            // A connection made (by SNI) for one site, asked for a host its certificate does
+            // not name: the client must not have reused it (tls.strict_sni).
+            return self
+                .respond_simple(&req, 421, CacheStatus::Error, &[], started)
+                .await;
+        }
         let ctx = self.ctx.clone();
         use super::fleet_intake::Intake;
         let from_peer = match self.fleet_intake(&mut req, &body).await? {

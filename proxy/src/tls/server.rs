@@ -36,6 +36,9 @@ const PLAIN_HTTP_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: tex
 pub struct TlsServer {
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
+    /// The certificates, as the resolver has them, to tell which one a connection was served.
+    certs: Arc<Vec<Arc<CertifiedKey>>>,
+    strict_sni: bool,
 }
 
 impl TlsServer {
@@ -45,6 +48,7 @@ impl TlsServer {
         for pair in &cfg.certificates {
             certs.push(certs::certified(&pair.cert, &pair.key)?);
         }
+        let certs = Arc::new(certs);
         let mut config = ServerConfig::builder_with_provider(super::provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| CertError {
@@ -52,7 +56,9 @@ impl TlsServer {
                 what: e.to_string(),
             })?
             .with_no_client_auth()
-            .with_cert_resolver(Arc::new(SniResolver { certs }));
+            .with_cert_resolver(Arc::new(SniResolver {
+                certs: certs.clone(),
+            }));
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         // 0-RTT data can be replayed: a cache must never act on a replayed request.
         config.max_early_data_size = 0;
@@ -63,6 +69,8 @@ impl TlsServer {
         Ok(TlsServer {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             handshake_timeout: cfg.handshake_timeout,
+            certs,
+            strict_sni: cfg.strict_sni,
         })
     }
 }
@@ -94,23 +102,57 @@ fn ticketer() -> Option<Arc<dyn rustls::server::ProducesTickets>> {
 /// scheme the client offers; the first usable one for no SNI or an unknown name.
 #[derive(Debug)]
 struct SniResolver {
-    certs: Vec<Arc<CertifiedKey>>,
+    certs: Arc<Vec<Arc<CertifiedKey>>>,
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let schemes = hello.signature_schemes();
-        let usable = |c: &&Arc<CertifiedKey>| c.key.choose_scheme(schemes).is_some();
-        let by_name = hello.server_name().and_then(|name| {
-            let name = rustls::pki_types::ServerName::try_from(name).ok()?;
-            self.certs.iter().filter(usable).find(|c| {
-                c.end_entity_cert()
-                    .ok()
-                    .and_then(|der| webpki::EndEntityCert::try_from(der).ok())
-                    .is_some_and(|ee| ee.verify_is_valid_for_subject_name(&name).is_ok())
-            })
-        });
-        by_name.or_else(|| self.certs.iter().find(usable)).cloned()
+        pick(&self.certs, hello.server_name(), |c| {
+            c.key.choose_scheme(schemes).is_some()
+        })
+    }
+}
+
+/// The certificate for SNI name `sni` among those `usable`: the first whose SANs cover it, else
+/// the first usable one (no SNI, or an unknown name).
+fn pick(
+    certs: &[Arc<CertifiedKey>],
+    sni: Option<&str>,
+    usable: impl Fn(&Arc<CertifiedKey>) -> bool,
+) -> Option<Arc<CertifiedKey>> {
+    let by_name = sni.and_then(|name| {
+        let name = rustls::pki_types::ServerName::try_from(name).ok()?;
+        certs
+            .iter()
+            .filter(|c| usable(c))
+            .find(|c| covers(c, &name))
+    });
+    by_name
+        .or_else(|| certs.iter().find(|c| usable(c)))
+        .cloned()
+}
+
+/// Whether `cert`'s leaf is valid for `name` (its SANs, wildcards as RFC 6125 has them).
+fn covers(cert: &CertifiedKey, name: &rustls::pki_types::ServerName<'_>) -> bool {
+    cert.end_entity_cert()
+        .ok()
+        .and_then(|der| webpki::EndEntityCert::try_from(der).ok())
+        .is_some_and(|ee| ee.verify_is_valid_for_subject_name(name).is_ok())
+}
+
+/// What a connection keeps of its handshake for `tls.strict_sni`: the certificate it was served.
+pub struct Served(Arc<CertifiedKey>);
+
+impl Served {
+    /// Whether `host` (a request's `Host`, lower-cased, maybe with a port) is a name of the
+    /// certificate served, so the request belongs on this connection.
+    pub fn covers_host(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            Some(rest) => rest.split(']').next().unwrap_or(rest),
+            None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+        };
+        rustls::pki_types::ServerName::try_from(name).is_ok_and(|n| covers(&self.0, &n))
     }
 }
 
@@ -187,7 +229,14 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
             ctx.accounting.tls.handshake(HandshakeResult::Ok);
             let (_, conn) = s.get_ref();
             tracing::trace!(%peer, version = ?conn.protocol_version().unwrap_or(ProtocolVersion::Unknown(0)), sni = ?conn.server_name(), "TLS handshake done");
-            Some(ClientSock::tls(s))
+            // The certificate the resolver chose for this SNI (its key's scheme aside, which
+            // does not change the names).
+            let served = server
+                .strict_sni
+                .then(|| pick(&server.certs, conn.server_name(), |_| true))
+                .flatten()
+                .map(Served);
+            Some(ClientSock::tls(s, served))
         }
     }
 }

@@ -14,12 +14,30 @@ fn tls_proxy(
     certs: &[(std::path::PathBuf, std::path::PathBuf)],
     probe: bool,
 ) -> (Proxy, std::net::SocketAddr) {
+    tls_proxy_opts(origin, certs, probe, "")
+}
+
+/// [`tls_proxy`] with `extra` added to the `tls:` section (indented two spaces).
+fn tls_proxy_with(
+    origin: std::net::SocketAddr,
+    certs: &[(std::path::PathBuf, std::path::PathBuf)],
+    extra: &str,
+) -> (Proxy, std::net::SocketAddr) {
+    tls_proxy_opts(origin, certs, false, extra)
+}
+
+fn tls_proxy_opts(
+    origin: std::net::SocketAddr,
+    certs: &[(std::path::PathBuf, std::path::PathBuf)],
+    probe: bool,
+    extra: &str,
+) -> (Proxy, std::net::SocketAddr) {
     let tport = free_port();
     let proxy = Proxy::start(
         origin,
         Opts {
             probe,
-            extra_yaml: listener_yaml(tport, certs),
+            extra_yaml: format!("{}{extra}", listener_yaml(tport, certs)),
             ..Opts::default()
         },
     );
@@ -199,7 +217,47 @@ fn sni_chooses_the_certificate_from_its_sans_and_the_first_is_the_default() {
     assert!(got("127.0.0.1") == a.der, "no SNI: the first");
     // And a verifying client accepts what it was given for its name.
     let mut v = TlsClient::connect(taddr, "b.example", client_config(Some(&b)));
-    assert_eq!(v.get("/obj/10", &[]).status, 200);
+    assert_eq!(v.get_host("b.example", "/obj/10").status, 200);
+}
+
+/// tls.strict_sni (on by default): a connection made by SNI for one site and asked for a host its
+/// certificate does not name is answered 421 Misdirected Request, never served or forwarded;
+/// names its certificate covers (a wildcard's too, the Host's port aside) are served; off, the
+/// host is served as before.
+#[test]
+fn a_host_the_served_certificate_does_not_name_is_421_misdirected() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = cert(&["a.example"]);
+    let b = cert(&["b.example", "*.b.example"]);
+    let fa = write(dir.path(), "a", &a);
+    let fb = write(dir.path(), "b", &b);
+    let (origin, _rt) = origin();
+    let (_proxy, taddr) = tls_proxy(origin.addr(), &[fa.clone(), fb.clone()], false);
+    let mut c = TlsClient::connect(taddr, "a.example", client_config(Some(&a)));
+    for (host, want) in [
+        ("a.example", 200),
+        ("b.example", 421),
+        ("A.EXAMPLE:8443", 200),
+        ("www.b.example", 421),
+        ("a.example", 200),
+    ] {
+        let r = c.get_host(host, "/obj/10");
+        assert_eq!(r.status, want, "{host}");
+    }
+    let mut w = TlsClient::connect(taddr, "www.b.example", client_config(Some(&b)));
+    assert_eq!(w.get_host("x.b.example", "/obj/10").status, 200);
+    assert_eq!(w.get_host("a.example", "/obj/10").status, 421);
+    // a.example, a.example:8443 and x.b.example are three keys; no 421 reached the origin.
+    assert_eq!(
+        origin.hits("/obj/10"),
+        3,
+        "only served hosts reached the origin"
+    );
+    drop(_proxy);
+    let (proxy, taddr) = tls_proxy_with(origin.addr(), &[fa, fb], "  strict_sni: false\n");
+    let mut off = TlsClient::connect(taddr, "a.example", client_config(Some(&a)));
+    assert_eq!(off.get_host("b.example", "/obj/10").status, 200);
+    drop(proxy);
 }
 
 #[test]

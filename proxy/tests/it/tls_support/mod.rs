@@ -220,6 +220,15 @@ impl TlsClient {
         self.tls.sock.local_addr().expect("local")
     }
 
+    /// GET `path` with `Host: host`.
+    pub fn get_host(&mut self, host: &str, path: &str) -> TlsResponse {
+        self.tls
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .expect("send");
+        self.tls.flush().expect("flush");
+        self.read_response()
+    }
+
     /// GET `path` with `Host: test.example`.
     pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> TlsResponse {
         let mut req = format!("GET {path} HTTP/1.1\r\nHost: test.example\r\n");
