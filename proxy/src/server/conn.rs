@@ -267,6 +267,12 @@ impl Conn {
         Ok(!req.close)
     }
 
+    /// The access-log line (and response count) of a request whose client left before its body
+    /// was read: 499, nothing sent.
+    pub(super) fn record_client_gone(&self, req: &crate::http::request::RequestHead) {
+        self.record_simple(&req.method, &req.target, 499, 0, false, Duration::ZERO);
+    }
+
     fn record_simple(
         &self,
         method: &str,
@@ -353,7 +359,7 @@ impl Conn {
                     .await
             }
             Outcome::RefuseBody(e) => {
-                self.refuse_body(e).await?;
+                self.refuse_body(req, e).await?;
                 Ok(false)
             }
         }

@@ -109,14 +109,15 @@ impl Conn {
                     return Ok(Some(RequestBody::Streaming { first, rest }));
                 }
                 Ok(false) => {}
-                Err(e) => return self.refuse_body(e).await.map(|_| None),
+                Err(e) => return self.refuse_body(req, e).await.map(|_| None),
             }
         }
     }
 
     /// Answers a body that could not be read (408, 400, 413) and closes, or reports the client
-    /// gone.
-    pub async fn refuse_body(&mut self, e: BodyError) -> Result<(), ConnError> {
+    /// gone. A client that left mid-body was sent nothing, yet its request gets its access-log
+    /// line, with nginx's 499 (client closed request): every request has one.
+    pub async fn refuse_body(&mut self, req: &RequestHead, e: BodyError) -> Result<(), ConnError> {
         match e.status() {
             Some(status) => {
                 tracing::info!(conn = self.id, status, "request body refused");
@@ -124,7 +125,11 @@ impl Conn {
                 Ok(())
             }
             None => match e {
-                BodyError::Gone(e) => Err(e),
+                BodyError::Gone(e) => {
+                    self.head.clear();
+                    self.record_client_gone(req);
+                    Err(e)
+                }
                 _ => Ok(()),
             },
         }

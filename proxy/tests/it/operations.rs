@@ -148,6 +148,37 @@ fn sigterm_finishes_the_transfer_in_flight_refuses_new_connections_and_exits_0()
     assert_eq!(status.code(), Some(0));
 }
 
+/// A client that leaves in the middle of its request body was sent nothing, and its request still
+/// gets its access-log line: nginx's 499 (client closed request), 0 bytes, `aborted`, for a body
+/// held in memory (small) and one already streaming to the origin (large) alike.
+#[test]
+fn a_request_body_abandoned_mid_way_still_gets_its_access_log_line_as_499() {
+    let (origin, _rt) = origin();
+    origin.script("/up", Reply::ok(b"ok".to_vec()).headers(&[]));
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("access.log");
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("logging:\n  access_log: {}\n", log.display()),
+            ..Opts::default()
+        },
+    );
+    for (n, sent) in [1000usize, 200_000].into_iter().enumerate() {
+        let mut c = proxy.client();
+        c.send(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n");
+        c.send(&vec![b'x'; sent]);
+        drop(c);
+        let lines = log_lines(&log, n + 1);
+        let line = &lines[n];
+        assert!(
+            line.contains("\"POST /up HTTP/1.1\" 499 0 ERROR copy "),
+            "{sent}: {line}"
+        );
+        assert!(line.contains(" aborted \"a\" "), "{sent}: {line}");
+    }
+}
+
 /// A SIGTERM at any point after start ends the process: ten proxies, each stopped the moment it
 /// answers, with a drain timeout (60 s) far beyond the 20 s this waits. Two waits used to have no
 /// deadline: an accept loop that subscribed to the shutdown after it was sent never saw it, and
