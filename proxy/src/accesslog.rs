@@ -43,6 +43,10 @@ pub struct RequestInfo {
     pub referer: String,
     /// The upstream exchange, when there was one.
     pub upstream: Option<UpstreamInfo>,
+    /// A response relayed from the fleet member that owns the key: the owner's cache status
+    /// (its `X-Cache`), which the line says in place of this node's `MISS`, so hit ratios read
+    /// from logs are right. The metrics count it once, on the owner, as before.
+    pub relayed_cache: Option<zerocache_ledger::CacheStatus>,
 }
 
 /// The upstream part of a line.
@@ -67,6 +71,7 @@ impl RequestInfo {
             user_agent: field("user-agent"),
             referer: field("referer"),
             upstream: None,
+            relayed_cache: None,
         }
     }
 }
@@ -208,6 +213,7 @@ pub fn format_line(
         zerocache_ledger::DataPath::Copy => "copy",
     };
     let ended = if r.complete { "complete" } else { "aborted" };
+    let cache = info.relayed_cache.unwrap_or(r.cache_status);
     let proto = if info.http10 { "HTTP/1.0" } else { "HTTP/1.1" };
     // Absent values are `-`, as in nginx's logs.
     let or_dash = |s: &str| {
@@ -235,7 +241,7 @@ pub fn format_line(
                 escape(r.target),
                 r.status,
                 r.body_bytes,
-                r.cache_status.as_str(),
+                cache.as_str(),
                 r.duration.as_secs_f64(),
                 or_dash(&info.host),
                 or_dash(&info.user_agent),
@@ -253,13 +259,13 @@ pub fn format_line(
             r.body_bytes,
             or_dash(&info.referer),
             or_dash(&info.user_agent),
-            r.cache_status.as_str(),
+            cache.as_str(),
         ),
         AccessLogFormat::Json => {
             let v = serde_json::json!({
                 "time": rfc3339(now), "peer": peer.to_string(), "method": r.method,
                 "path": r.target, "protocol": proto, "status": r.status, "bytes": r.body_bytes,
-                "cache": r.cache_status.as_str(), "data_path": path,
+                "cache": cache.as_str(), "data_path": path,
                 "duration_s": r.duration.as_secs_f64(), "complete": r.complete,
                 "host": info.host, "user_agent": info.user_agent, "referer": info.referer,
                 "upstream_addr": up.map(|u| u.addr.to_string()),
@@ -362,6 +368,7 @@ mod tests {
             user_agent: "curl/8.5.0".into(),
             referer: String::new(),
             upstream: None,
+            relayed_cache: None,
         };
         assert_eq!(
             format_line(AccessLogFormat::Text, t, &peer, &r, &hit),

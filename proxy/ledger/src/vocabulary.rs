@@ -38,6 +38,13 @@ impl CacheStatus {
         CacheStatus::Error,
     ];
 
+    /// The status an `X-Cache` value names (a fleet owner's, relayed), if it is one of ours.
+    pub fn from_x_cache(value: &str) -> Option<CacheStatus> {
+        CacheStatus::ALL
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(value.trim()))
+    }
+
     /// The `X-Cache` token and metric label.
     pub fn as_str(self) -> &'static str {
         match self {

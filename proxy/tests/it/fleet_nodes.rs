@@ -633,3 +633,47 @@ fn an_upstream_host_override_does_not_change_which_node_owns_a_key() {
     let stored: u64 = (0..3).map(|n| f.objects(n)).sum();
     assert_eq!(stored, items.len() as u64, "each stored once, by its owner");
 }
+
+/// A member's access log says what the owner's cache did for a response it relayed (the owner's
+/// `X-Cache`), not its own `MISS`: hit ratios read from logs are right. The bytes went through
+/// user space here, so the path stays `copy`; the metrics still count the hit once, on the owner.
+#[test]
+fn a_relayed_hit_is_logged_as_the_owners_hit() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("access.log");
+    let f = TestFleet::start_with(
+        origin.addr(),
+        2,
+        "",
+        false,
+        &format!("logging:\n  access_log: {}\n", log.display()),
+    );
+    let items: Vec<usize> = (0..20).collect();
+    let owner = owners(&f, &items);
+    let i = *items
+        .iter()
+        .find(|i| owner[i] == 0)
+        .expect("node 0 owns one of 20");
+    let mut c = f.client(1);
+    let r = c.get(&path(i), &[]);
+    assert_eq!((r.status, r.x_cache()), (200, "HIT"));
+    let local = c.sock.local_addr().expect("local").to_string();
+    let want = format!(
+        " {local} \"GET {} HTTP/1.1\" 200 {} HIT copy ",
+        path(i),
+        1000 + i
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().any(|l| l.contains(&want)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with `{want}` in:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

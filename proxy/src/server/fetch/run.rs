@@ -374,6 +374,7 @@ impl Fetch<'_> {
         let stored = matches!(body, Body::Behind(..));
         if self.via_peer.is_some() {
             let (x_cache, cache_status) = crate::fleet::forward::cache_fields(&head, stored);
+            conn.log_info.relayed_cache = CacheStatus::from_x_cache(&x_cache);
             put(h, "X-Cache", x_cache.as_bytes());
             put(h, "Cache-Status", cache_status.as_bytes());
         } else {
