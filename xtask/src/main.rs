@@ -281,6 +281,7 @@ fn main() -> ExitCode {
                 filters,
                 kvm,
                 timeout: std::time::Duration::from_secs(timeout * 60),
+                heavy_on: None,
             })
             .map(|_| ())
         }),
