@@ -26,6 +26,24 @@ pub struct TlsListener {
     /// made for one site (SNI) for a host routed elsewhere. Default true.
     #[serde(default = "default_strict_sni")]
     pub strict_sni: bool,
+    /// Whether the keys of a completed handshake go to the kernel (kTLS), so hits on TLS
+    /// connections are sent with sendfile as on plain ones. Default `auto`.
+    #[serde(default)]
+    pub ktls: KtlsMode,
+}
+
+/// `tls.ktls`: kernel TLS for the `tls:` listener's connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KtlsMode {
+    /// Wherever the kernel takes the negotiated version and cipher; user space elsewhere, with
+    /// the reason reported.
+    #[default]
+    Auto,
+    /// Never: every TLS connection is encrypted in user space.
+    Off,
+    /// Start only if the kernel offers kTLS for at least one cipher the listener negotiates.
+    Require,
 }
 
 fn default_handshake_timeout() -> Duration {

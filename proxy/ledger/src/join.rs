@@ -7,6 +7,7 @@
 
 use crate::accounting::Accounting;
 use crate::records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
+use crate::tls_transport::{TlsTransport, UserspaceReason};
 use crate::vocabulary::{ConnId, DataPath};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -56,6 +57,9 @@ impl Accounting {
             violations: 0,
             active: true,
             tls_userspace: false,
+            tls_userspace_reason: None,
+            ktls: false,
+            tls_control_bytes: 0,
             started: Some(Instant::now()),
             zc_responses: VecDeque::new(),
         };
@@ -63,10 +67,27 @@ impl Accounting {
         id
     }
 
-    /// Connection `id` is TLS encrypted in user space (no kTLS): its bodies are copied by design.
-    pub fn conn_tls_userspace(&self, id: ConnId) {
+    /// Connection `id` is TLS with record layer `t`: in user space its bodies are copied by
+    /// design; with kTLS they are held to sendfile like a plain connection's. (Counting it in
+    /// `zerocache_tls_connections_total` is [`crate::TlsStats::connection`], once a handshake
+    /// completed.)
+    pub fn conn_tls(&self, id: ConnId, t: TlsTransport) {
         if let Some(c) = self.state.lock().active.get_mut(&id) {
-            c.tls_userspace = true;
+            match t {
+                TlsTransport::Ktls => c.ktls = true,
+                TlsTransport::Userspace(r) => {
+                    c.tls_userspace = true;
+                    c.tls_userspace_reason = Some(r);
+                }
+            }
+        }
+    }
+
+    /// Connection `id`'s transport wrote `bytes` that are neither heads nor bodies (a kTLS
+    /// connection's handshake before the hand-over, its closing alert).
+    pub fn conn_tls_control(&self, id: ConnId, bytes: u64) {
+        if let Some(c) = self.state.lock().active.get_mut(&id) {
+            c.tls_control_bytes += bytes;
         }
     }
 
@@ -138,12 +159,12 @@ impl Accounting {
             counts: k.counts,
         });
         st.body.zerocopy_bytes += zc;
-        st.body.copy_bytes += copied.saturating_sub(c.head_bytes);
+        st.body.copy_bytes += copied.saturating_sub(non_body(&c));
         st.body.intended_copy_bytes += intended_copy(&c, copied);
         st.body.connections += 1;
         // Body bytes meant for sendfile that sendfile did not carry, and that the copy path did.
         let missing = c.zerocopy_body_bytes.saturating_sub(zc);
-        let excess_copy = copied.saturating_sub(c.head_bytes + c.copy_body_bytes);
+        let excess_copy = copied.saturating_sub(non_body(&c) + c.copy_body_bytes);
         let violated = missing.min(excess_copy);
         if violated > 0 {
             // Attribute whole responses, oldest first, until the missing bytes are covered.
@@ -180,7 +201,7 @@ impl Accounting {
             }
             st.recent_violations.push_back(v);
         }
-        c.verdict = conn_verdict(&c, zc, copied.saturating_sub(c.head_bytes));
+        c.verdict = conn_verdict(&c, zc, copied.saturating_sub(non_body(&c)));
         self.push_closed(&mut st, c);
     }
 
@@ -232,7 +253,7 @@ impl Accounting {
                 if let Some((generation, counts)) = live.get(&c.fd) {
                     let zc = counts.zero_copy_bytes();
                     let copied = counts.copy_bytes();
-                    c.verdict = conn_verdict(&c, zc, copied.saturating_sub(c.head_bytes));
+                    c.verdict = conn_verdict(&c, zc, copied.saturating_sub(non_body(&c)));
                     c.kernel = Some(KernelView {
                         zerocopy_bytes: zc,
                         copy_bytes: copied,
@@ -278,7 +299,7 @@ impl Accounting {
                 SortKey::Copied => c
                     .kernel
                     .as_ref()
-                    .map_or(c.copy_body_bytes + c.head_bytes, |k| k.copy_bytes),
+                    .map_or(c.copy_body_bytes + non_body(c), |k| k.copy_bytes),
                 SortKey::Violations => c.violations,
                 SortKey::Duration => c.duration_ms,
                 SortKey::Id => c.id,
@@ -300,7 +321,7 @@ impl Accounting {
         for c in st.active.values() {
             if let Some((_, counts)) = live.get(&c.fd) {
                 t.zerocopy_bytes += counts.zero_copy_bytes();
-                t.copy_bytes += counts.copy_bytes().saturating_sub(c.head_bytes);
+                t.copy_bytes += counts.copy_bytes().saturating_sub(non_body(c));
                 t.intended_copy_bytes += intended_copy(c, counts.copy_bytes());
             }
         }
@@ -331,19 +352,30 @@ fn proxy_verdict(c: &ConnRecord) -> &'static str {
     conn_verdict(c, c.zerocopy_body_bytes, c.copy_body_bytes)
 }
 
-/// A TLS connection in user space is a copy by design, whatever the figures.
+/// A TLS connection in user space is a copy by design, whatever the figures, and says why; a
+/// kTLS connection whose bodies all went by sendfile says so.
 fn conn_verdict(c: &ConnRecord, zc: u64, copied_body: u64) -> &'static str {
     if c.tls_userspace && copied_body > 0 {
-        crate::tls_stats::TLS_USERSPACE_VERDICT
+        c.tls_userspace_reason
+            .unwrap_or(UserspaceReason::KernelHasNoKtls)
+            .verdict()
     } else {
-        verdict(zc, copied_body)
+        match verdict(zc, copied_body) {
+            "zero-copy" if c.ktls => crate::tls_transport::KTLS_VERDICT,
+            v => v,
+        }
     }
+}
+
+/// Bytes on `c`'s socket that carry no body: heads, and a kTLS connection's handshake and alerts.
+fn non_body(c: &ConnRecord) -> u64 {
+    c.head_bytes + c.tls_control_bytes
 }
 
 /// Of the kernel's `copied` bytes on `c`'s socket, the body bytes the proxy meant to copy: all of
 /// them on a TLS connection in user space (records, handshake and all), else its declared ones.
 fn intended_copy(c: &ConnRecord, copied: u64) -> u64 {
-    let body = copied.saturating_sub(c.head_bytes);
+    let body = copied.saturating_sub(non_body(c));
     if c.tls_userspace {
         body
     } else {

@@ -14,10 +14,12 @@ mod copy_reason;
 mod join;
 mod records;
 mod tls_stats;
+mod tls_transport;
 mod vocabulary;
 
 pub use accounting::Accounting;
 pub use copy_reason::{CopiedBytes, CopyReason};
 pub use records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
-pub use tls_stats::{HandshakeResult, TLS_USERSPACE_VERDICT, TlsSnapshot, TlsStats};
+pub use tls_stats::{HandshakeResult, TlsSnapshot, TlsStats};
+pub use tls_transport::{KTLS_VERDICT, TLS_USERSPACE_VERDICT, TlsTransport, UserspaceReason};
 pub use vocabulary::{CacheStatus, ConnId, DataPath, REJECT_REASONS, RejectReason};

@@ -2,6 +2,7 @@
 //! per connection ([`ConnRecord`]) with the kernel's view joined in ([`KernelView`]), the
 //! violations found by the join, and the kernel-verified body totals.
 
+use crate::tls_transport::UserspaceReason;
 use crate::vocabulary::{CacheStatus, ConnId, DataPath};
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -65,6 +66,14 @@ pub struct ConnRecord {
     pub active: bool,
     /// A TLS connection without kTLS: every body byte is copied by design.
     pub tls_userspace: bool,
+    /// Why it is in user space (`tls_userspace`), as the metric label has it.
+    pub tls_userspace_reason: Option<UserspaceReason>,
+    /// A TLS connection whose keys were handed to the kernel (kTLS): its hit bodies go out with
+    /// sendfile, and any copied hit body is a violation, as on a plain connection.
+    pub ktls: bool,
+    /// Bytes the transport wrote that are neither heads nor bodies: the TLS handshake before the
+    /// keys went to the kernel, and the closing alert. Counted beside heads in the join.
+    pub tls_control_bytes: u64,
     #[serde(skip)]
     pub(crate) started: Option<Instant>,
     /// (request line, body length) of recent zero-copy responses, for naming violations.

@@ -2,6 +2,7 @@
 //! and whether the kernel offers kTLS (`zerocache_ktls_available`). Kept apart from the
 //! per-response accounting: a handshake that fails has no response to attach to.
 
+use crate::tls_transport::{TlsTransport, UserspaceReason};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -40,10 +41,11 @@ impl HandshakeResult {
     }
 }
 
-/// Handshake counters and the kTLS flag.
+/// Handshake counters, connections by record layer, and the kTLS flag.
 #[derive(Default)]
 pub struct TlsStats {
     handshakes: [AtomicU64; HandshakeResult::ALL.len()],
+    connections: [AtomicU64; 1 + UserspaceReason::ALL.len()],
     ktls_available: AtomicBool,
     listener: AtomicBool,
 }
@@ -57,6 +59,8 @@ pub struct TlsSnapshot {
     pub ktls_available: bool,
     /// Handshakes by result label.
     pub handshakes: std::collections::BTreeMap<&'static str, u64>,
+    /// Completed handshakes by record layer: `txrx` (kTLS) and each reason for user space.
+    pub connections: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl TlsStats {
@@ -68,6 +72,16 @@ impl TlsStats {
     /// Handshakes so far that ended with `r`.
     pub fn handshakes(&self, r: HandshakeResult) -> u64 {
         self.handshakes[r as usize].load(Ordering::Relaxed)
+    }
+
+    /// A completed handshake's connection goes on with `t`.
+    pub fn connection(&self, t: TlsTransport) {
+        self.connections[t.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections so far that went on with `t`.
+    pub fn connections(&self, t: TlsTransport) -> u64 {
+        self.connections[t.index()].load(Ordering::Relaxed)
     }
 
     /// Records what start-up found: a TLS listener or not, kTLS or not.
@@ -90,13 +104,12 @@ impl TlsStats {
                 .iter()
                 .map(|r| (r.as_str(), self.handshakes(*r)))
                 .collect(),
+            connections: TlsTransport::all()
+                .map(|t| (t.reason_label(), self.connections(t)))
+                .collect(),
         }
     }
 }
-
-/// A connection's verdict when TLS is encrypted in user space: its bodies are copied by design,
-/// never violations.
-pub const TLS_USERSPACE_VERDICT: &str = "copy (TLS in user space: kernel has no kTLS)";
 
 #[cfg(test)]
 mod tests {
@@ -138,7 +151,10 @@ mod tests {
     fn tls_userspace_is_a_copy_by_design_not_a_violation() {
         let a = Accounting::new(10, true);
         let tls = a.conn_opened(7, "127.0.0.1:1".parse().expect("addr"));
-        a.conn_tls_userspace(tls);
+        a.conn_tls(
+            tls,
+            crate::TlsTransport::Userspace(crate::UserspaceReason::KernelHasNoKtls),
+        );
         a.response(tls, &hit(DataPath::Copy, 10_000));
         a.conn_closed(tls);
         a.kernel_closed(&closed(7, 0, 12_345));
@@ -151,7 +167,60 @@ mod tests {
         assert_eq!(a.body_totals().copy_bytes, 12_245);
         assert_eq!(a.body_totals().intended_copy_bytes, 12_245);
         let (page, _, _) = a.closed_page(0, 10, crate::SortKey::Id, true);
-        assert_eq!(page[0].verdict, super::TLS_USERSPACE_VERDICT);
+        assert_eq!(page[0].verdict, crate::TLS_USERSPACE_VERDICT);
         assert_eq!(page[1].verdict, "zero-copy");
+    }
+
+    /// A kTLS connection is held to sendfile like a plain one: its handshake (written before the
+    /// hand-over) and closing alert count beside heads, its hit bodies by sendfile give the kTLS
+    /// verdict, and a hit body the kernel saw copied is a violation.
+    #[test]
+    fn ktls_is_held_to_sendfile_with_its_handshake_beside_heads() {
+        let a = Accounting::new(10, true);
+        let good = a.conn_opened(7, "127.0.0.1:1".parse().expect("addr"));
+        a.tls.connection(crate::TlsTransport::Ktls);
+        a.conn_tls(good, crate::TlsTransport::Ktls);
+        a.conn_tls_control(good, 3_000);
+        a.response(good, &hit(DataPath::Zerocopy, 1_000_000));
+        a.conn_tls_control(good, 2);
+        a.conn_closed(good);
+        // head 100 + handshake 3,000 + alert 2 written; the body by sendfile.
+        a.kernel_closed(&closed(7, 1_000_000, 3_102));
+        assert_eq!(a.violations(), 0);
+        assert_eq!(a.body_totals().copy_bytes, 0);
+        let bad = a.conn_opened(8, "127.0.0.1:2".parse().expect("addr"));
+        a.tls.connection(crate::TlsTransport::Ktls);
+        a.conn_tls(bad, crate::TlsTransport::Ktls);
+        a.conn_tls_control(bad, 3_000);
+        a.response(bad, &hit(DataPath::Zerocopy, 1_000_000));
+        a.conn_closed(bad);
+        a.kernel_closed(&closed(8, 0, 1_003_100));
+        assert_eq!(a.violations(), 1);
+        let (page, _, _) = a.closed_page(0, 10, crate::SortKey::Id, true);
+        assert_eq!(page[0].verdict, crate::KTLS_VERDICT);
+        assert!(page[0].ktls && !page[0].tls_userspace);
+        assert_eq!(page[1].verdict, "copied");
+        assert_eq!(page[1].violations, 1);
+        let snap = a.tls.snapshot();
+        assert_eq!(snap.connections["offloaded"], 2);
+        assert_eq!(snap.connections["kernel-has-no-ktls"], 0);
+    }
+
+    /// Each reason for user space gives its own verdict.
+    #[test]
+    fn a_userspace_connection_says_why() {
+        let a = Accounting::new(10, false);
+        let c = a.conn_opened(9, "127.0.0.1:3".parse().expect("addr"));
+        let t = crate::TlsTransport::Userspace(crate::UserspaceReason::CipherNotOffloadable);
+        a.tls.connection(t);
+        a.conn_tls(c, t);
+        a.response(c, &hit(DataPath::Copy, 10));
+        a.conn_closed(c);
+        let (page, _, _) = a.closed_page(0, 10, crate::SortKey::Id, true);
+        assert_eq!(
+            page[0].verdict,
+            "copy (TLS in user space: cipher not offloadable)"
+        );
+        assert_eq!(a.tls.snapshot().connections["cipher-not-offloadable"], 1);
     }
 }
