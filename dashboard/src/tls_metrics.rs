@@ -1,12 +1,14 @@
 //! The `/metrics` families for copies by reason and TLS: `zerocache_copied_body_bytes_total`,
 //! `zerocache_kernel_body_intended_copy_bytes_total` (what the hero ratio leaves out),
-//! `zerocache_tls_handshakes_total` and `zerocache_ktls_available`, every label value present
+//! `zerocache_tls_handshakes_total`, `zerocache_tls_connections_total` and
+//! `zerocache_ktls_available`, every label value present
 //! from start-up.
 
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use zerocache_ledger::Accounting;
 use zerocache_ledger::CopyReason;
 use zerocache_ledger::HandshakeResult;
+use zerocache_ledger::TlsTransport;
 
 /// Adds the three families to `r`.
 pub(crate) fn register(
@@ -46,9 +48,22 @@ pub(crate) fn register(
             .inc_by(acc.tls.handshakes(result));
     }
     r.register(Box::new(handshakes))?;
+    let connections = IntCounterVec::new(
+        Opts::new(
+            "zerocache_tls_connections_total",
+            "Completed TLS handshakes by who encrypts the connection: ktls=\"txrx\" (the kernel, both directions; hits by sendfile) or \"none\" (rustls in user space) with the reason (kernel-has-no-ktls, ktls-off, cipher-not-offloadable, hand-over-failed).",
+        ),
+        &["ktls", "reason"],
+    )?;
+    for t in TlsTransport::all() {
+        connections
+            .with_label_values(&[t.ktls_label(), t.reason_label()])
+            .inc_by(acc.tls.connections(t));
+    }
+    r.register(Box::new(connections))?;
     let ktls = IntGauge::new(
         "zerocache_ktls_available",
-        "1 when the kernel offers kTLS (the tls upper-layer protocol), so TLS hits could be sent with sendfile; 0 when TLS is encrypted in user space.",
+        "1 when the kernel offers kTLS (the tls upper-layer protocol), so TLS hits can be sent with sendfile; zerocache_tls_connections_total says which connections were.",
     )?;
     ktls.set(i64::from(acc.tls.ktls_available()));
     r.register(Box::new(ktls))?;

@@ -12,3 +12,4 @@ pub use crate::notify::monotonic_usec;
 pub use crate::server::workers::SLACK;
 pub use crate::tls::check as check_tls;
 pub use crate::tls::client::trust as upstream_trust;
+pub use crate::tls::ktls_summary;

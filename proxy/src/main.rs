@@ -176,6 +176,9 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
                 }
                 // Whom each https upstream trusts, so a pin, a CA file and no check at all are
                 // told apart before a rollout.
+                if let Some(k) = zerocache::exports::ktls_summary(&c) {
+                    println!("# tls.ktls {k}");
+                }
                 let trust = zerocache::exports::upstream_trust(&c);
                 if !trust.is_empty() {
                     println!("# upstream TLS trust:");

@@ -1,14 +1,18 @@
-//! The client's socket, plain or TLS, and the three ways a response leaves through it: a small
-//! buffer, a head that a file body follows, and a body from a cache file.
+//! The client's socket, plain, TLS in the kernel (kTLS) or TLS in user space, and the three ways
+//! a response leaves through it: a small buffer, a head that a file body follows, and a body
+//! from a cache file.
 //!
 //! The plain socket keeps its exact syscalls: the head in one send(2) with `MSG_MORE` and the
-//! body with sendfile(2) ([`crate::sendfile`]); this type only chooses. A TLS socket without kTLS
-//! cannot use sendfile: the file is read in large chunks and written through rustls, which
+//! body with sendfile(2) ([`crate::sendfile`]); this type only chooses. A kTLS socket takes the
+//! very same syscalls (the kernel makes the records; `MSG_MORE` keeps the head's record open
+//! for the body's first bytes). A TLS socket without kTLS cannot use sendfile: the file is read in large chunks and written through rustls, which
 //! encrypts in user space, and the accounting calls that a copy by design (`tls-userspace`).
 //! The head is queued in rustls and leaves with the body's first write, as `MSG_MORE` does for
 //! the plain socket.
 
 use crate::sendfile::{self, SendfileError};
+use crate::tls::ktls::handshake_io::HandshakeIo;
+use crate::tls::ktls::stream::KtlsStream;
 use std::fs::File;
 use std::io::{self, Write};
 use std::pin::Pin;
@@ -16,6 +20,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use zerocache_ledger::{TlsTransport, UserspaceReason};
 
 /// Plaintext read from a cache file per write into rustls: large, so a 16 MiB hit is 64 reads
 /// and rustls cuts records of 16 KiB from each chunk without a partial record per chunk.
@@ -52,52 +57,100 @@ fn give_back(buf: Vec<u8>) {
 pub enum ClientSock {
     /// Plain TCP: sendfile for bodies.
     Plain(TcpStream),
+    /// TLS whose keys were handed to the kernel: a plain socket for sending.
+    Ktls(Box<KtlsClient>),
     /// TLS in user space (rustls).
     Tls(Box<TlsClient>),
 }
 
-/// A TLS client connection.
+/// A TLS client connection in user space.
 pub struct TlsClient {
-    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    stream: tokio_rustls::server::TlsStream<HandshakeIo>,
     /// The certificate served, with `tls.strict_sni` on.
+    served: Option<crate::tls::server::Served>,
+    /// Why not kTLS.
+    why: UserspaceReason,
+}
+
+/// A kTLS client connection.
+pub struct KtlsClient {
+    stream: KtlsStream,
     served: Option<crate::tls::server::Served>,
 }
 
 impl ClientSock {
-    /// Wraps a completed TLS handshake; `served` is its certificate when `tls.strict_sni` is on.
+    /// Wraps a completed TLS handshake that stays in user space for `why`; `served` is its
+    /// certificate when `tls.strict_sni` is on.
     pub fn tls(
-        stream: tokio_rustls::server::TlsStream<TcpStream>,
+        stream: tokio_rustls::server::TlsStream<HandshakeIo>,
         served: Option<crate::tls::server::Served>,
+        why: UserspaceReason,
     ) -> ClientSock {
-        ClientSock::Tls(Box::new(TlsClient { stream, served }))
+        ClientSock::Tls(Box::new(TlsClient {
+            stream,
+            served,
+            why,
+        }))
+    }
+
+    /// Wraps a connection handed to the kernel.
+    pub fn ktls(stream: KtlsStream, served: Option<crate::tls::server::Served>) -> ClientSock {
+        ClientSock::Ktls(Box::new(KtlsClient { stream, served }))
     }
 
     /// True for a TLS connection (with `tls.strict_sni`) whose certificate does not name
     /// `host`: the request belongs on another connection (421, RFC 9110 §15.5.20).
     pub fn misdirected(&self, host: &str) -> bool {
-        match self {
-            ClientSock::Tls(t) => t.served.as_ref().is_some_and(|s| !s.covers_host(host)),
-            ClientSock::Plain(_) => false,
-        }
+        let served = match self {
+            ClientSock::Tls(t) => &t.served,
+            ClientSock::Ktls(t) => &t.served,
+            ClientSock::Plain(_) => return false,
+        };
+        served.as_ref().is_some_and(|s| !s.covers_host(host))
     }
 
     /// The TCP socket underneath.
     pub fn tcp(&self) -> &TcpStream {
         match self {
             ClientSock::Plain(s) => s,
-            ClientSock::Tls(t) => t.stream.get_ref().0,
+            ClientSock::Ktls(t) => t.stream.tcp(),
+            ClientSock::Tls(t) => t.stream.get_ref().0.tcp(),
         }
     }
 
-    /// Whether the connection is TLS (encrypted in user space).
+    /// Whether the connection is TLS (in the kernel or in user space): its scheme is https.
     pub fn is_tls(&self) -> bool {
+        !matches!(self, ClientSock::Plain(_))
+    }
+
+    /// How a TLS connection's records are made (None for plain).
+    pub fn tls_transport(&self) -> Option<TlsTransport> {
+        match self {
+            ClientSock::Plain(_) => None,
+            ClientSock::Ktls(_) => Some(TlsTransport::Ktls),
+            ClientSock::Tls(t) => Some(TlsTransport::Userspace(t.why)),
+        }
+    }
+
+    /// Whether bodies are encrypted in user space (TLS without kTLS): copies by design.
+    pub fn tls_userspace(&self) -> bool {
         matches!(self, ClientSock::Tls(_))
+    }
+
+    /// Bytes a kTLS transport wrote that are neither heads nor bodies (the handshake, the
+    /// closing alert) since the last call; 0 otherwise.
+    pub fn take_control_bytes(&mut self) -> u64 {
+        match self {
+            ClientSock::Ktls(t) => t.stream.take_control_bytes(),
+            _ => 0,
+        }
     }
 
     /// Writes all of `buf`, within `timeout` per write that makes progress.
     pub async fn send_all(&mut self, buf: &[u8], timeout: Duration) -> io::Result<()> {
         match self {
             ClientSock::Plain(s) => sendfile::send_all(s, buf, timeout).await,
+            ClientSock::Ktls(t) => sendfile::send_all(t.stream.tcp(), buf, timeout).await,
             ClientSock::Tls(t) => {
                 t.write_all(buf, timeout).await?;
                 t.flush(timeout).await
@@ -110,6 +163,7 @@ impl ClientSock {
     pub async fn send_head(&mut self, head: &[u8], timeout: Duration) -> io::Result<()> {
         match self {
             ClientSock::Plain(s) => sendfile::send_head(s, head, timeout).await,
+            ClientSock::Ktls(t) => sendfile::send_head(t.stream.tcp(), head, timeout).await,
             ClientSock::Tls(t) => {
                 let queued = t.stream.get_mut().1.writer().write(head)?;
                 t.write_all(&head[queued..], timeout).await
@@ -134,6 +188,12 @@ impl ClientSock {
                 sendfile::send_by_copy(s, file, offset, len, timeout).await
             }
             ClientSock::Plain(s) => sendfile::send(s, file, offset, len, max_chunk, timeout).await,
+            ClientSock::Ktls(t) if copy => {
+                sendfile::send_by_copy(t.stream.tcp(), file, offset, len, timeout).await
+            }
+            ClientSock::Ktls(t) => {
+                sendfile::send(t.stream.tcp(), file, offset, len, max_chunk, timeout).await
+            }
             ClientSock::Tls(t) => t.send_file(file, offset, len, timeout).await,
         }
     }
@@ -209,6 +269,7 @@ impl AsyncRead for ClientSock {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientSock::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
         }
     }
@@ -222,6 +283,7 @@ impl AsyncWrite for ClientSock {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             ClientSock::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
         }
     }
@@ -229,6 +291,7 @@ impl AsyncWrite for ClientSock {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientSock::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_flush(cx),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_flush(cx),
         }
     }
@@ -236,6 +299,7 @@ impl AsyncWrite for ClientSock {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientSock::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
         }
     }

@@ -68,9 +68,12 @@ pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
     // partial segment behind a delayed ACK (the ~40 ms stall nginx shows with tcp_nopush).
     let _ = sock.tcp().set_nodelay(true);
     let fd = sock.tcp().as_raw_fd() as u32;
+    let mut sock = sock;
     let id = ctx.accounting.conn_opened(fd, peer);
-    if sock.is_tls() {
-        ctx.accounting.conn_tls_userspace(id);
+    if let Some(t) = sock.tls_transport() {
+        ctx.accounting.conn_tls(id, t);
+        ctx.accounting
+            .conn_tls_control(id, sock.take_control_bytes());
     }
     let mut conn = Conn {
         sock,
@@ -111,6 +114,9 @@ pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
     } else if conn.sock.is_tls() {
         // A TLS close says it is one (close_notify), so a close-delimited body is known whole.
         let _ = tokio::time::timeout(conn.ctx.send_timeout, conn.sock.shutdown()).await;
+        // A kTLS connection's close_notify is a write the probe sees: not a body byte.
+        let alert = conn.sock.take_control_bytes();
+        conn.ctx.accounting.conn_tls_control(id, alert);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Which data path a response really took, and why its body was copied if it was: the one place
 //! that turns what a response path declares (`Zerocopy`: served from a cache file; `Copy`:
 //! relayed or generated) into what the transport made of it. A cache-file body on a TLS
-//! connection without kTLS is a copy by design (`tls-userspace`), never a violation; the planted
+//! connection without kTLS is a copy by design (`tls-userspace`), never a violation; on a kTLS
+//! connection it went by sendfile like a plain one, and is held to that; the planted
 //! bug (`debug.copy_hits`) still declares zero-copy, so the probe flags it, and is counted as
 //! `debug-copy`. [`Conn::record_as`] applies it to every response the connection records.
 
@@ -30,7 +31,7 @@ impl Conn {
     /// path becomes what the transport made of it (see `copy_account`).
     pub(super) fn record_as(&self, r: &ResponseRecord<'_>, relay: CopyReason) {
         let acc = &self.ctx.accounting;
-        let (path, reason) = classify(r.path, relay, self.sock.is_tls(), self.ctx.copy_hits);
+        let (path, reason) = classify(r.path, relay, self.sock.tls_userspace(), self.ctx.copy_hits);
         if let Some(reason) = reason {
             acc.copied.add(reason, r.body_bytes);
         }

@@ -7,6 +7,7 @@ use super::server::TlsServer;
 use anyhow::Context;
 use std::sync::Arc;
 use zerocache_config::Config;
+use zerocache_config::tls::KtlsMode;
 
 /// What start-up found.
 pub struct Started {
@@ -25,10 +26,20 @@ pub fn start(
 ) -> anyhow::Result<Started> {
     warn_unverified(config);
     super::client::check_all(config).context("upstreams: TLS files")?;
-    let ktls = ktls::detect();
+    let (ktls, _) = ktls::offered();
     let Some(cfg) = &config.tls else {
         return Ok(Started { server: None, ktls });
     };
+    let plan = super::server::ktls_plan(cfg.ktls);
+    if cfg.ktls == KtlsMode::Require
+        && let Err(why) = plan
+    {
+        anyhow::bail!(
+            "tls.ktls is require, but this kernel cannot take TLS keys ({}): {}",
+            why.as_str(),
+            ktls.describe()
+        );
+    }
     let server = TlsServer::load(cfg).context("tls.certificates")?;
     for addr in cfg
         .listen
@@ -42,12 +53,21 @@ pub fn start(
             true,
         ));
     }
-    tracing::info!(
-        listen = %cfg.listen,
-        certificates = cfg.certificates.len(),
-        ktls = %ktls.describe(),
-        "TLS listener ready; hits on it are encrypted in user space (tls-userspace)"
-    );
+    match plan {
+        Ok(offload) => tracing::info!(
+            listen = %cfg.listen,
+            certificates = cfg.certificates.len(),
+            ktls = %offload.describe(),
+            "TLS listener ready; these versions and ciphers go to the kernel (kTLS) and their hits are sent with sendfile, others are encrypted in user space"
+        ),
+        Err(why) => tracing::info!(
+            listen = %cfg.listen,
+            certificates = cfg.certificates.len(),
+            ktls = %ktls.describe(),
+            reason = why.as_str(),
+            "TLS listener ready; hits on it are encrypted in user space (tls-userspace)"
+        ),
+    }
     Ok(Started {
         server: Some(Arc::new(server)),
         ktls,

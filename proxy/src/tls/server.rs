@@ -8,6 +8,9 @@
 //! not be able to fill the log.
 
 use super::certs::{self, CertError};
+use super::ktls::handover::{self, HandOver};
+use super::ktls::handshake_io::HandshakeIo;
+use super::ktls::{self, Offload};
 use crate::server::Shared;
 use crate::server::client_sock::ClientSock;
 use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache};
@@ -19,8 +22,8 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
-use zerocache_config::tls::TlsListener;
-use zerocache_ledger::HandshakeResult;
+use zerocache_config::tls::{KtlsMode, TlsListener};
+use zerocache_ledger::{HandshakeResult, TlsTransport, UserspaceReason};
 
 /// Sessions remembered for resumption by id (TLS 1.2), shared by all workers.
 const SESSION_CACHE: usize = 4096;
@@ -39,6 +42,9 @@ pub struct TlsServer {
     /// The certificates, as the resolver has them, to tell which one a connection was served.
     certs: Arc<Vec<Arc<CertifiedKey>>>,
     strict_sni: bool,
+    /// Handshakes are read record by record and their keys offered to the kernel; else every
+    /// connection stays in user space for this reason.
+    ktls: Result<&'static Offload, UserspaceReason>,
 }
 
 impl TlsServer {
@@ -63,6 +69,9 @@ impl TlsServer {
         // 0-RTT data can be replayed: a cache must never act on a replayed request.
         config.max_early_data_size = 0;
         config.session_storage = session_cache();
+        let ktls = ktls_plan(cfg.ktls);
+        // Secrets are kept for extraction only where they may go to the kernel.
+        config.enable_secret_extraction = ktls.is_ok();
         if let Some(t) = ticketer() {
             config.ticketer = t;
         }
@@ -71,7 +80,24 @@ impl TlsServer {
             handshake_timeout: cfg.handshake_timeout,
             certs,
             strict_sni: cfg.strict_sni,
+            ktls,
         })
+    }
+}
+
+/// What `tls.ktls` and the kernel allow: the offered ciphers, or why every connection stays in
+/// user space.
+pub fn ktls_plan(mode: KtlsMode) -> Result<&'static Offload, UserspaceReason> {
+    if mode == KtlsMode::Off {
+        return Err(UserspaceReason::KtlsOff);
+    }
+    let (ulp, offload) = ktls::offered();
+    if !ulp.available() {
+        Err(UserspaceReason::KernelHasNoKtls)
+    } else if !offload.any() {
+        Err(UserspaceReason::CipherNotOffloadable)
+    } else {
+        Ok(offload)
     }
 }
 
@@ -169,7 +195,7 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
         let acc = &ctx.accounting;
         acc.tls.handshake(result);
         let id = acc.conn_opened(fd, peer);
-        acc.conn_tls_userspace(id);
+        acc.conn_tls(id, TlsTransport::Userspace(UserspaceReason::HandOverFailed));
         acc.conn_closed(id);
     };
     let Some(server) = ctx.tls.as_ref() else {
@@ -201,7 +227,8 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
     }
     // Fallible, and polled beside the deadline rather than under a timeout, so the socket is
     // still here (and still open) when the failure is recorded.
-    let mut handshake = std::pin::pin!(server.acceptor.accept(tcp).into_fallible());
+    let io = HandshakeIo::new(tcp, server.ktls.is_ok());
+    let mut handshake = std::pin::pin!(server.acceptor.accept(io).into_fallible());
     let done = tokio::select! {
         r = &mut handshake => r,
         _ = tokio::time::sleep_until(deadline) => {
@@ -236,7 +263,31 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
                 .then(|| pick(&server.certs, conn.server_name(), |_| true))
                 .flatten()
                 .map(Served);
-            Some(ClientSock::tls(s, served))
+            let sock = match server.ktls {
+                Err(why) => ClientSock::tls(s, served, why),
+                Ok(offload) => match handover::hand_over(s, offload) {
+                    HandOver::Kernel(k) => {
+                        tracing::trace!(%peer, suite = %k.describe(), "TLS handed to the kernel");
+                        ClientSock::ktls(k, served)
+                    }
+                    HandOver::Userspace(s, why) => ClientSock::tls(*s, served, why),
+                    HandOver::Lost(why, tcp) => {
+                        tracing::warn!(%peer, %why, "kTLS hand-over failed after the keys left rustls; connection closed");
+                        let lost = TlsTransport::Userspace(UserspaceReason::HandOverFailed);
+                        let acc = &ctx.accounting;
+                        acc.tls.connection(lost);
+                        let id = acc.conn_opened(fd, peer);
+                        acc.conn_tls(id, lost);
+                        acc.conn_closed(id);
+                        drop(tcp);
+                        return None;
+                    }
+                },
+            };
+            if let Some(t) = sock.tls_transport() {
+                ctx.accounting.tls.connection(t);
+            }
+            Some(sock)
         }
     }
 }

@@ -39,11 +39,19 @@ const SELECTION: &[Selected] = &[
         test: None,
         filters: &[],
     },
-    // The proxy's zero-copy tests, a module of its one integration-test binary.
+    // The proxy's zero-copy tests and its kTLS tests (the hand-over, sendfile under kTLS: these
+    // machines' kernel has no kTLS, Debian's 6.1 and 6.12 do), modules of its one
+    // integration-test binary.
     Selected {
         package: "zerocache",
         test: Some("it"),
-        filters: &["zero_copy::"],
+        filters: &["zero_copy::", "tls_ktls::"],
+    },
+    // The kTLS unit tests: which versions and ciphers the kernel takes.
+    Selected {
+        package: "zerocache",
+        test: Some(LIB),
+        filters: &["tls::ktls::"],
     },
 ];
 

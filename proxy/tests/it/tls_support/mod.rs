@@ -211,6 +211,74 @@ impl TlsClient {
         }
     }
 
+    /// Connects and writes `early` (a request) into the connection before the handshake ends:
+    /// rustls sends it in the same write as its Finished, so it arrives right behind the
+    /// handshake.
+    pub fn connect_pipelined(
+        addr: SocketAddr,
+        sni: &str,
+        config: Arc<ClientConfig>,
+        early: &[u8],
+    ) -> TlsClient {
+        let sock = TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let name = ServerName::try_from(sni.to_string()).expect("name");
+        let mut conn = ClientConnection::new(config, name).expect("client");
+        conn.writer().write_all(early).expect("buffer early");
+        let mut tls = StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() || tls.conn.wants_write() {
+            tls.conn
+                .complete_io(&mut tls.sock)
+                .expect("TLS handshake with the proxy");
+        }
+        TlsClient {
+            tls,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends raw request bytes.
+    pub fn send(&mut self, req: &[u8]) {
+        self.tls.write_all(req).expect("send");
+        self.tls.flush().expect("flush");
+    }
+
+    /// Reads one response (its body by Content-Length).
+    pub fn response(&mut self) -> TlsResponse {
+        self.read_response()
+    }
+
+    /// Reads one response head only (for HEAD, whose Content-Length has no body behind it).
+    pub fn head_only(&mut self) -> String {
+        let end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(self.fill() > 0, "closed before a response head");
+        };
+        let head = String::from_utf8(self.buf[..end].to_vec()).expect("utf8 head");
+        self.buf.drain(..end);
+        head
+    }
+
+    /// Whether the server ends the connection with close_notify and nothing else: the next
+    /// read is a clean end (rustls reports a close without close_notify as an error).
+    pub fn closed_cleanly(&mut self) -> Result<(), String> {
+        if !self.buf.is_empty() {
+            return Err(format!("{} unread bytes", self.buf.len()));
+        }
+        let mut chunk = [0u8; 4096];
+        match self.tls.read(&mut chunk) {
+            Ok(0) => Ok(()),
+            Ok(n) => Err(format!(
+                "{n} more bytes: {:?}",
+                String::from_utf8_lossy(&chunk[..n])
+            )),
+            Err(e) => Err(format!("not a clean close: {e}")),
+        }
+    }
+
     /// The certificate the server presented.
     pub fn peer_cert(&self) -> Vec<u8> {
         self.tls.conn.peer_certificates().expect("certs")[0].to_vec()
@@ -437,4 +505,22 @@ pub fn expired_cert(names: &[&str]) -> Cert {
         key_pem: key.serialize_pem(),
         der: cert.der().to_vec(),
     }
+}
+
+/// A client config that offers exactly one protocol version and one cipher suite (and accepts
+/// any certificate).
+pub fn client_config_suite(
+    version: &'static rustls::SupportedProtocolVersion,
+    suite: rustls::SupportedCipherSuite,
+) -> Arc<ClientConfig> {
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![suite];
+    let mut c = ClientConfig::builder_with_provider(Arc::new(p))
+        .with_protocol_versions(&[version])
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert))
+        .with_no_client_auth();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(c)
 }
