@@ -10,7 +10,10 @@
 //! browser's are; nginx's `$ssl_session_reused` said `r` for 4,132 of 4,134 of them.
 //!
 //! Each server is warmed over TLS and its warm bodies checked byte for byte (curl), and the
-//! negotiated suite is checked on both (openssl s_client) before anything is measured.
+//! negotiated suite is checked on both (openssl s_client) before anything is measured. The
+//! report says who encrypted zerocache's connections (`zerocache_tls_connections_total`): on
+//! this project's machines `ktls: unavailable (kernel-has-no-ktls)`; on a kTLS host (`modprobe
+//! tls` first) the same command measures TLS hits by sendfile, and nginx's `ssl_sendfile` too.
 
 use crate::bench::{Running, cpu_ns, median, parse_bytes, pids, size_name, start_origin};
 use crate::{free_port, root, run};
@@ -87,10 +90,13 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
         .chain([Row::Handshakes])
         .collect();
     warm(nginx.addr, "nginx")?;
+    let zc_path;
     {
         let z = start_zerocache(&base, zc_port, origin.addr, &cert, &key)?;
         warm(z.addr, "zerocache")?;
         println!("xtask: bench --tls: suite {} on both", negotiated(z.addr)?);
+        zc_path = tls_path(&z)?;
+        println!("xtask: bench --tls: zerocache's TLS connections: {zc_path}");
     }
     let started = Instant::now();
     // results[0] zerocache, results[1] nginx; [row] = samples
@@ -132,6 +138,7 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
         &rows,
         &results,
         started.elapsed().as_secs_f64(),
+        &zc_path,
     )?;
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
@@ -250,6 +257,42 @@ fn start_zerocache(
         child,
         addr,
         dashboard: Some(format!("127.0.0.1:{dport}").parse()?),
+    })
+}
+
+/// Who encrypted zerocache's warm-up connections, from `zerocache_tls_connections_total`:
+/// `ktls: txrx (hits by sendfile)` on a kTLS kernel, else `ktls: unavailable (<reason>)`.
+fn tls_path(z: &Running) -> anyhow::Result<String> {
+    let dash = z.dashboard.context("zerocache has a dashboard")?;
+    let out = Command::new("curl")
+        .args(["-s", &format!("http://{dash}/metrics")])
+        .output()
+        .context("curl /metrics")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut used: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("zerocache_tls_connections_total{"))
+        .filter_map(|l| l.split_once("} "))
+        .filter(|(_, v)| v.trim().parse::<f64>().is_ok_and(|n| n > 0.0))
+        .map(|(labels, _)| {
+            let get = |k: &str| {
+                labels
+                    .split(',')
+                    .find_map(|p| p.strip_prefix(&format!("{k}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+                    .unwrap_or_default()
+            };
+            (get("ktls"), get("reason"))
+        })
+        .collect();
+    used.sort();
+    Ok(match used.as_slice() {
+        [] => "unknown (no TLS connection counted)".into(),
+        [(k, _)] if k == "txrx" => "ktls: txrx (keys in the kernel, hits by sendfile)".into(),
+        [(_, reason)] => format!(
+            "ktls: unavailable ({reason}; hits encrypted in user space, accounted as tls-userspace)"
+        ),
+        many => format!("mixed: {many:?}"),
     })
 }
 
@@ -373,6 +416,7 @@ fn report(
     rows: &[Row],
     results: &[Vec<Vec<Sample>>],
     took: f64,
+    zc_path: &str,
 ) -> anyhow::Result<String> {
     let mut r = String::new();
     let date = Command::new("date")
@@ -391,7 +435,7 @@ fn report(
     )?;
     writeln!(
         r,
-        "{date}. Machine: {} cores, kernel {} (kTLS: {}). Both serve clients over TLS 1.3 with {SUITE}, X25519, one ECDSA P-256 certificate; nginx proxy_cache with `sendfile on` and `ssl_conf_command Options KTLS` (its ssl_sendfile, which needs kTLS), zerocache with the probe attached (hits on TLS encrypted in user space, accounted as tls-userspace). wrk -t2, {duration} s per run after 1 s of warm-up, {reps} repetitions in alternating order, medians; 32 connections below 1 MB, 8 from 1 MB up. The handshake row sends `Connection: close`: a new connection and a handshake per request (wrk resumes its TLS session, so a TLS 1.3 resumption with a fresh key exchange). CPU from /proc/PID/task/*/schedstat. Took {took:.0} s.\n",
+        "{date}. Machine: {} cores, kernel {} (kTLS: {}). Both serve clients over TLS 1.3 with {SUITE}, X25519, one ECDSA P-256 certificate; nginx proxy_cache with `sendfile on` and `ssl_conf_command Options KTLS` (its ssl_sendfile, which needs kTLS), zerocache with the probe attached and `tls.ktls: auto`; its TLS connections: {zc_path}. wrk -t2, {duration} s per run after 1 s of warm-up, {reps} repetitions in alternating order, medians; 32 connections below 1 MB, 8 from 1 MB up. The handshake row sends `Connection: close`: a new connection and a handshake per request (wrk resumes its TLS session, so a TLS 1.3 resumption with a fresh key exchange). CPU from /proc/PID/task/*/schedstat. Took {took:.0} s.\n",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
