@@ -15,8 +15,10 @@ pub enum UserspaceReason {
     KtlsOff,
     /// The negotiated version and cipher are not among those the kernel accepted at start-up.
     CipherNotOffloadable,
-    /// The kernel refused the socket when it was handed over (TCP_ULP failed before any key
-    /// left rustls); the connection went on in user space.
+    /// The connection could not be handed over cleanly, and went on in user space: the kernel
+    /// refused the `tls` ULP, or the client's next record had only partly arrived when the
+    /// handshake ended (rustls had read part of it). Also a connection closed because the
+    /// kernel refused its keys, or the client updated keys before the hand-over.
     HandOverFailed,
 }
 

@@ -45,6 +45,9 @@ pub struct TlsServer {
     /// Handshakes are read record by record and their keys offered to the kernel; else every
     /// connection stays in user space for this reason.
     ktls: Result<&'static Offload, UserspaceReason>,
+    /// TLS 1.3 session tickets are sent after every handshake (see the hand-over's KeyUpdate
+    /// check).
+    tickets: bool,
 }
 
 impl TlsServer {
@@ -75,11 +78,13 @@ impl TlsServer {
         if let Some(t) = ticketer() {
             config.ticketer = t;
         }
+        let tickets = config.send_tls13_tickets > 0;
         Ok(TlsServer {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             handshake_timeout: cfg.handshake_timeout,
             certs,
             strict_sni: cfg.strict_sni,
+            tickets,
             ktls,
         })
     }
@@ -195,7 +200,13 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
         let acc = &ctx.accounting;
         acc.tls.handshake(result);
         let id = acc.conn_opened(fd, peer);
-        acc.conn_tls(id, TlsTransport::Userspace(UserspaceReason::HandOverFailed));
+        // Never handed over: the listener's own reason, if it has one.
+        let why = ctx
+            .tls
+            .as_ref()
+            .and_then(|s| s.ktls.err())
+            .unwrap_or(UserspaceReason::HandOverFailed);
+        acc.conn_tls(id, TlsTransport::Userspace(why));
         acc.conn_closed(id);
     };
     let Some(server) = ctx.tls.as_ref() else {
@@ -265,7 +276,7 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
                 .map(Served);
             let sock = match server.ktls {
                 Err(why) => ClientSock::tls(s, served, why),
-                Ok(offload) => match handover::hand_over(s, offload) {
+                Ok(offload) => match handover::hand_over(s, offload, server.tickets) {
                     HandOver::Kernel(k) => {
                         tracing::trace!(%peer, suite = %k.describe(), "TLS handed to the kernel");
                         ClientSock::ktls(k, served)

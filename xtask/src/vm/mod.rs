@@ -402,6 +402,8 @@ fn run_kernel<'a>(
             },
             env: vec![
                 (crate::REQUIRE_PRIVILEGED.to_string(), "1".to_string()),
+                // A failure in the guest is read from its output alone: say where.
+                ("RUST_BACKTRACE".to_string(), "1".to_string()),
                 (
                     "CARGO_MANIFEST_DIR".to_string(),
                     b.manifest_dir.to_string_lossy().into_owned(),

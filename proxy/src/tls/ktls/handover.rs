@@ -50,7 +50,7 @@ pub fn kernel_suite(v: ProtocolVersion, s: CipherSuite) -> Option<(Version, Ciph
 }
 
 /// Hands `s` to the kernel if `offload` takes its version and cipher.
-pub fn hand_over(s: TlsStream<HandshakeIo>, offload: &Offload) -> HandOver {
+pub fn hand_over(s: TlsStream<HandshakeIo>, offload: &Offload, tickets_sent: bool) -> HandOver {
     let userspace = |mut s: TlsStream<HandshakeIo>, why| {
         s.get_mut().0.read_freely();
         HandOver::Userspace(Box::new(s), why)
@@ -81,9 +81,14 @@ pub fn hand_over(s: TlsStream<HandshakeIo>, offload: &Offload) -> HandOver {
     let tcp = io.into_tcp();
     let mut early = Vec::new();
     let mut chunk = [0u8; 4096];
+    let mut closed = false;
     loop {
         match conn.reader().read(&mut chunk) {
-            Ok(0) => break,
+            Ok(0) => {
+                // The client's close_notify came with its first records.
+                closed = true;
+                break;
+            }
             Ok(n) => early.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => return HandOver::Lost(format!("reading what rustls decrypted: {e}"), tcp),
@@ -93,6 +98,14 @@ pub fn hand_over(s: TlsStream<HandshakeIo>, offload: &Offload) -> HandOver {
         Ok(s) => s,
         Err(e) => return HandOver::Lost(format!("extracting the secrets: {e}"), tcp),
     };
+    // rustls reads on after the client's Finished while records keep arriving. A TLS 1.3
+    // KeyUpdate among them that asks for ours resets rustls's send keys (sequence 0) and queues
+    // its reply where the extraction cannot see it: handed over, the kernel would encrypt with
+    // keys the client never got. The server always sends session tickets first (sequence >= 1),
+    // so sequence 0 means exactly that; the connection is closed rather than corrupted.
+    if version == Version::Tls13 && secrets.tx.0 == 0 && tickets_sent {
+        return HandOver::Lost("the client updated keys before the hand-over".into(), tcp);
+    }
     for (dir, (seq, secret)) in [(Direction::Tx, secrets.tx), (Direction::Rx, secrets.rx)] {
         let (key, iv) = match &secret {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv }
@@ -125,6 +138,7 @@ pub fn hand_over(s: TlsStream<HandshakeIo>, offload: &Offload) -> HandOver {
     HandOver::Kernel(KtlsStream::new(
         tcp,
         early,
+        closed,
         handshake_bytes,
         version,
         cipher,

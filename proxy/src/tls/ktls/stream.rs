@@ -5,7 +5,7 @@
 //! Reads differ. The kernel hands application data to `read`, but fails a plain read of any
 //! other record with EIO, so every read is a `recvmsg` that asks for the record type
 //! (`TLS_GET_RECORD_TYPE`): data is returned; the client's `close_notify` is the end of input;
-//! another alert is an error named by its code; a handshake message (TLS 1.3 KeyUpdate, the
+//! another warning alert is passed over, a fatal one is an error named by its code; a handshake message (TLS 1.3 KeyUpdate, the
 //! only one a client may send now) ends input too, since the kernels users run (before 6.14)
 //! cannot take the new keys and every later record would fail to decrypt. The connection then
 //! closes as after close_notify: what was asked before is answered, then the closing alert.
@@ -43,10 +43,12 @@ pub struct KtlsStream {
 
 impl KtlsStream {
     /// The socket with both directions in the kernel; `early`: plaintext rustls decrypted
-    /// before the hand-over; `handshake_bytes`: what the handshake wrote.
+    /// before the hand-over (`closed`: and the client's close_notify after it);
+    /// `handshake_bytes`: what the handshake wrote.
     pub fn new(
         tcp: TcpStream,
         early: Vec<u8>,
+        closed: bool,
         handshake_bytes: u64,
         version: Version,
         cipher: Cipher,
@@ -55,7 +57,7 @@ impl KtlsStream {
             tcp,
             early,
             early_at: 0,
-            read_done: false,
+            read_done: closed,
             close_notify_sent: false,
             cmsg: nix::cmsg_space!(u8),
             control_bytes: handshake_bytes,
@@ -181,6 +183,11 @@ impl AsyncRead for KtlsStream {
                 Ok(Record::Alert(CLOSE_NOTIFY)) | Ok(Record::Alert([2, 0])) => {
                     this.read_done = true;
                     return Poll::Ready(Ok(()));
+                }
+                Ok(Record::Alert([1, code])) => {
+                    // A warning (user_canceled, TLS 1.2 no_renegotiation): noted, read on.
+                    tracing::debug!(code, "kTLS: client sent a warning alert");
+                    continue;
                 }
                 Ok(Record::Alert([level, code])) => {
                     this.read_done = true;

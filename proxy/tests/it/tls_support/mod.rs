@@ -195,7 +195,7 @@ impl TlsClient {
     /// Connects to `addr`, sending `sni` (none when it is an IP literal), verifying with `config`.
     pub fn connect(addr: SocketAddr, sni: &str, config: Arc<ClientConfig>) -> TlsClient {
         let sock = TcpStream::connect(addr).expect("connect");
-        sock.set_read_timeout(Some(Duration::from_secs(20)))
+        sock.set_read_timeout(Some(Duration::from_secs(120)))
             .expect("timeout");
         let name = ServerName::try_from(sni.to_string()).expect("name");
         let conn = ClientConnection::new(config, name).expect("client");
@@ -221,7 +221,7 @@ impl TlsClient {
         early: &[u8],
     ) -> TlsClient {
         let sock = TcpStream::connect(addr).expect("connect");
-        sock.set_read_timeout(Some(Duration::from_secs(20)))
+        sock.set_read_timeout(Some(Duration::from_secs(120)))
             .expect("timeout");
         let name = ServerName::try_from(sni.to_string()).expect("name");
         let mut conn = ClientConnection::new(config, name).expect("client");
