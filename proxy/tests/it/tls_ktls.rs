@@ -384,7 +384,7 @@ fn head_and_range_hits_are_exact() {
 /// Ignored in the default run: in the kernel-matrix VM the 64 MiB *miss* over kTLS (the body
 /// sent behind its fill) stalled for more than the client's read timeout in 2 of 5 runs (6.1
 /// once, 6.12 once; the hit and every 1 MiB miss never did). Not yet root-caused (issue #29);
-/// run it with `cargo xtask vm-test -- a_64_mib --include-ignored`.
+/// run it as root on a kTLS kernel with `cargo test -p zerocache --test it -- --ignored a_64_mib`.
 #[test]
 #[ignore = "a 64 MiB read-behind miss over kTLS intermittently stalls in the VM: issue #29"]
 fn a_64_mib_hit_and_a_client_that_leaves_mid_body() {
