@@ -128,6 +128,22 @@ fn without_ktls_a_connection_stays_in_user_space_and_says_why() {
     assert_eq!(hit.body, body(5000));
     let local = c.local_addr().to_string();
     drop(c);
+    // The connection's record closes after its responses are accounted: wait for it, then read.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let rec = loop {
+        let conns = s.proxy.api("/api/connections?limit=100");
+        if let Some(r) = conns["closed"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["peer"] == local.as_str()))
+        {
+            break r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no record of {local}: {conns}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let m = s.proxy.metrics();
     assert_eq!(connections(&m, "none", reason), 1, "{m}");
     assert_eq!(
@@ -137,12 +153,6 @@ fn without_ktls_a_connection_stays_in_user_space_and_says_why() {
         ),
         10_000
     );
-    let conns = s.proxy.api("/api/connections?limit=100");
-    let rec = conns["closed"]
-        .as_array()
-        .and_then(|a| a.iter().find(|c| c["peer"] == local.as_str()))
-        .unwrap_or_else(|| panic!("no record of {local}: {conns}"))
-        .clone();
     assert_eq!(rec["verdict"], verdict, "{rec}");
     assert_eq!(
         (&rec["ktls"], &rec["tls_userspace"]),
@@ -381,22 +391,16 @@ fn head_and_range_hits_are_exact() {
 /// A 64 MiB hit over kTLS is byte-exact, and a client that leaves in the middle of one costs
 /// the proxy nothing: the next connection is served.
 ///
-/// Ignored in the default run: in the kernel-matrix VM the 64 MiB *miss* over kTLS (the body
-/// sent behind its fill) stalled for more than the client's read timeout in 2 of 5 runs (6.1
-/// once, 6.12 once; the hit and every 1 MiB miss never did). Not yet root-caused (issue #29);
-/// run it as root on a kTLS kernel with `cargo test -p zerocache --test it -- --ignored a_64_mib`.
+/// Under the VM's software emulation the miss takes ~50 s (the in-process test origin, a debug
+/// build, spends ~20 s making the 64 MiB body before its first byte) and the hit ~20 s (the
+/// kernel's AES-GCM, emulated): the client's 120 s read timeout only stops a hung test.
 #[test]
-#[ignore = "a 64 MiB read-behind miss over kTLS intermittently stalls in the VM: issue #29"]
 fn a_64_mib_hit_and_a_client_that_leaves_mid_body() {
     let s = setup(false, "");
     let mut c = s.client();
-    let t = std::time::Instant::now();
     let first = c.get("/obj/67108864", &[]);
-    println!("64 MiB miss in {:?}", t.elapsed());
     assert!(first.body == body(64 << 20), "miss body differs");
-    let t = std::time::Instant::now();
     let hit = c.get("/obj/67108864", &[]);
-    println!("64 MiB hit in {:?}", t.elapsed());
     assert_eq!(hit.header("x-cache"), Some("HIT"));
     assert!(hit.body == body(64 << 20), "hit body differs");
     drop(c);

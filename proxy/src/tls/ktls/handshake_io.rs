@@ -1,22 +1,29 @@
 //! The client socket under a TLS handshake. When the keys may go to the kernel afterwards, it
-//! reads one TLS record at a time (the 5-byte header, then exactly the length it gives), so
-//! rustls never holds bytes past the last whole record it was given: a request the client sent
-//! right behind its Finished stays in the socket for the kernel to decrypt, instead of sitting
-//! half-read in rustls where the hand-over would lose it. Whole records rustls did read are
-//! decrypted by it and handed over as plaintext. Otherwise (no kTLS for this connection) it
-//! reads as much as rustls asks, as the bare socket did.
+//! reads one TLS record at a time (the 5-byte header, then exactly the length it gives), and
+//! starts a record only once all of it has arrived (peeked first), so rustls never holds part
+//! of a record: rustls reads on after the client's Finished for as long as records are there
+//! without waiting, and a record still arriving then stays whole in the socket for the kernel
+//! to decrypt. Whole records rustls did read are decrypted by it and handed over as plaintext.
+//! Otherwise (no kTLS for this connection) it reads as much as rustls asks, as the bare socket
+//! did.
 //!
 //! It also counts the bytes written, the handshake's, which a kTLS connection reports beside
 //! its heads: the probe sees them on the socket, and they are not body bytes.
 
+use nix::sys::socket::{MsgFlags, recv};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// A TLS record header: type, version (2), length (2).
 const HEADER: usize = 5;
+
+/// The longest record a peer may send (TLS 1.2's ciphertext bound, RFC 5246 §6.2.3); a header
+/// claiming more is read through for rustls to refuse.
+const MAX_RECORD: usize = (1 << 14) + 2048;
 
 /// The handshake's socket (see the module doc).
 pub struct HandshakeIo {
@@ -26,6 +33,8 @@ pub struct HandshakeIo {
     header_len: usize,
     left_in_record: usize,
     written: u64,
+    /// Where a record is peeked at before it is read (grown to the largest record seen).
+    peek: Vec<u8>,
 }
 
 impl HandshakeIo {
@@ -38,6 +47,7 @@ impl HandshakeIo {
             header_len: 0,
             left_in_record: 0,
             written: 0,
+            peek: Vec::new(),
         }
     }
 
@@ -77,6 +87,22 @@ impl AsyncRead for HandshakeIo {
         if !this.at_boundaries || buf.remaining() == 0 {
             return Pin::new(&mut this.tcp).poll_read(cx, buf);
         }
+        if this.left_in_record == 0 && this.header_len == 0 {
+            // A record starts here: wait until all of it is in the socket.
+            let fd = this.tcp.as_raw_fd();
+            loop {
+                ready!(this.tcp.poll_read_ready(cx))?;
+                let peek = &mut this.peek;
+                match this
+                    .tcp
+                    .try_io(Interest::READABLE, || whole_record_arrived(fd, peek))
+                {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+        }
         let in_header = this.left_in_record == 0;
         let want = if in_header {
             HEADER - this.header_len
@@ -101,6 +127,30 @@ impl AsyncRead for HandshakeIo {
         buf.advance(n);
         Poll::Ready(Ok(()))
     }
+}
+
+/// Ok when the socket holds a whole record (or its end, or a header rustls will refuse);
+/// WouldBlock while part of it has yet to arrive.
+fn whole_record_arrived(fd: std::os::fd::RawFd, buf: &mut Vec<u8>) -> io::Result<()> {
+    let mut header = [0u8; HEADER];
+    let n = recv(fd, &mut header, MsgFlags::MSG_PEEK)?;
+    if n == 0 {
+        return Ok(());
+    }
+    if n < HEADER {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    let whole = HEADER + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if whole > HEADER + MAX_RECORD {
+        return Ok(());
+    }
+    if buf.len() < whole {
+        buf.resize(whole, 0);
+    }
+    if recv(fd, &mut buf[..whole], MsgFlags::MSG_PEEK)? < whole {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    Ok(())
 }
 
 impl AsyncWrite for HandshakeIo {
@@ -183,9 +233,10 @@ mod tests {
         assert_eq!(io.written(), 5);
     }
 
-    /// A header split across segments is put together before the body is read.
+    /// A record that has only partly arrived is not started: nothing is read until the rest is
+    /// in the socket (so a hand-over then never finds rustls holding part of a record).
     #[tokio::test]
-    async fn a_split_header_is_joined() {
+    async fn a_record_is_read_only_once_whole() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -194,17 +245,26 @@ mod tests {
             .expect("connect");
         let (s, _) = l.accept().await.expect("accept");
         let mut io = HandshakeIo::new(s, true);
-        c.write_all(&[0x17, 3]).await.expect("write");
         let mut buf = [0u8; 64];
-        assert_eq!(io.read(&mut buf).await.expect("read"), 2);
-        assert!(!io.at_record_boundary());
-        c.write_all(&[3, 0, 1, b'z', b'N']).await.expect("write");
-        let mut all = buf[..2].to_vec();
-        while all.len() < 6 {
+        for part in [&[0x17u8, 3][..], &[3, 0, 2, b'z']] {
+            c.write_all(part).await.expect("write");
+            // Give the bytes time to arrive: the read must still wait for the rest.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let waited =
+                tokio::time::timeout(std::time::Duration::from_millis(50), io.read(&mut buf)).await;
+            assert!(waited.is_err(), "read part of a record");
+            assert!(io.at_record_boundary());
+        }
+        c.write_all(b"yN").await.expect("write");
+        let mut all = Vec::new();
+        while all.len() < 7 {
             let n = io.read(&mut buf).await.expect("read");
             all.extend_from_slice(&buf[..n]);
         }
-        assert_eq!(all, [0x17, 3, 3, 0, 1, b'z']);
+        assert_eq!(all, [0x17, 3, 3, 0, 2, b'z', b'y']);
         assert!(io.at_record_boundary());
+        let mut rest = [0u8; 1];
+        assert_eq!(io.tcp().peek(&mut rest).await.expect("peek"), 1);
+        assert_eq!(rest, *b"N");
     }
 }
