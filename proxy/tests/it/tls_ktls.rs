@@ -263,6 +263,51 @@ fn a_miss_and_three_hits_over_ktls_go_out_by_sendfile() {
     assert_eq!(s.proxy.api("/api/stats")["body_zero_copy_ratio"], 1.0);
 }
 
+/// The same bar with curl as the client: one connection, a 1 MiB miss and three hits, each
+/// body written to its own file and compared byte for byte.
+#[test]
+fn curl_miss_and_three_hits_over_ktls() {
+    if !needs_ktls("curl_miss_and_three_hits_over_ktls") || !require::root("loads the eBPF probe") {
+        return;
+    }
+    let s = setup(true, "");
+    let dir = tempfile::tempdir().expect("tmp");
+    let url = format!("https://test.example:{}/obj/1048576", s.addr.port());
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sk", "--http1.1", "--resolve"])
+        .arg(format!("test.example:{}:127.0.0.1", s.addr.port()))
+        .args(["-w", "%{num_connects} %header{x-cache}\n"]);
+    for i in 0..4 {
+        cmd.arg("-o").arg(dir.path().join(i.to_string())).arg(&url);
+    }
+    let out = cmd.output().expect("curl");
+    assert!(out.status.success(), "{out:?}");
+    // One connection: curl made it for the first URL and reused it.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1 MISS\n0 HIT\n0 HIT\n0 HIT\n"
+    );
+    for i in 0..4 {
+        let got = std::fs::read(dir.path().join(i.to_string())).expect("body");
+        assert!(got == body(1 << 20), "body {i} differs");
+    }
+    let conn = closed_conn(&s.proxy, |c| c["ktls"] == true);
+    assert_eq!(u(&conn["requests"]), 4, "{conn}");
+    assert!(u(&conn["kernel"]["zerocopy_bytes"]) >= 3 << 20, "{conn}");
+    assert_eq!(u(&conn["kernel"]["zerocopy_bytes"]), 4 << 20, "{conn}");
+    assert_eq!(u(&conn["violations"]), 0);
+    let m = s.proxy.metrics();
+    assert_eq!(metric(&m, "zerocache_ktls_available"), 1);
+    assert_eq!(
+        metric(
+            &m,
+            "zerocache_copied_body_bytes_total{reason=\"tls-userspace\"}"
+        ),
+        0
+    );
+    assert_eq!(metric(&m, "zerocache_zero_copy_violations_total"), 0);
+}
+
 /// TLS 1.2 and 1.3, each with AES-128-GCM, AES-256-GCM and ChaCha20-Poly1305: each connection
 /// is handed to the kernel, and a hit comes back byte-exact behind its miss (the kernel's
 /// records decrypt with the client's keys, in both directions, since the second request was
