@@ -234,7 +234,15 @@ fn a_miss_and_three_hits_over_ktls_go_out_by_sendfile() {
     );
     drop(c);
     let conn = closed_conn(&s.proxy, |c| c["peer"] == local.as_str());
+    assert_the_bar(&s, &conn);
+}
+
+/// What the bar asks of one connection that carried a 1 MiB miss and three hits over
+/// kTLS, and of the proxy's figures after it.
+fn assert_the_bar(s: &Setup, conn: &serde_json::Value) {
+    assert_eq!(u(&conn["requests"]), 4, "{conn}");
     let k = &conn["kernel"];
+    // Every body byte by sendfile, the miss behind its fill too (>= the 3 MiB of the hits).
     assert_eq!(u(&k["zerocopy_bytes"]), 4 << 20, "{conn}");
     // Written bytes: the four heads, the handshake and close_notify, nothing more.
     assert_eq!(
@@ -292,20 +300,7 @@ fn curl_miss_and_three_hits_over_ktls() {
         assert!(got == body(1 << 20), "body {i} differs");
     }
     let conn = closed_conn(&s.proxy, |c| c["ktls"] == true);
-    assert_eq!(u(&conn["requests"]), 4, "{conn}");
-    assert!(u(&conn["kernel"]["zerocopy_bytes"]) >= 3 << 20, "{conn}");
-    assert_eq!(u(&conn["kernel"]["zerocopy_bytes"]), 4 << 20, "{conn}");
-    assert_eq!(u(&conn["violations"]), 0);
-    let m = s.proxy.metrics();
-    assert_eq!(metric(&m, "zerocache_ktls_available"), 1);
-    assert_eq!(
-        metric(
-            &m,
-            "zerocache_copied_body_bytes_total{reason=\"tls-userspace\"}"
-        ),
-        0
-    );
-    assert_eq!(metric(&m, "zerocache_zero_copy_violations_total"), 0);
+    assert_the_bar(&s, &conn);
 }
 
 /// TLS 1.2 and 1.3, each with AES-128-GCM, AES-256-GCM and ChaCha20-Poly1305: each connection

@@ -194,17 +194,23 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A connected loopback pair: (client, server).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (s, _) = l.accept().await.expect("accept");
+        (c, s)
+    }
+
     /// Two records and a request's first bytes arrive in one segment: read by record, the
     /// reads stop at each record's end and never take a byte of what follows.
     #[tokio::test]
     async fn reads_stop_at_record_ends() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let mut c = TcpStream::connect(l.local_addr().expect("addr"))
-            .await
-            .expect("connect");
-        let (s, _) = l.accept().await.expect("accept");
+        let (mut c, s) = pair().await;
         let mut wire = vec![0x16, 3, 3, 0, 3, b'a', b'b', b'c'];
         wire.extend_from_slice(&[0x14, 3, 3, 0, 0]); // an empty record
         wire.extend_from_slice(&[0x17, 3, 3, 0, 2, b'x', b'y']);
@@ -237,13 +243,7 @@ mod tests {
     /// in the socket (so a hand-over then never finds rustls holding part of a record).
     #[tokio::test]
     async fn a_record_is_read_only_once_whole() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let mut c = TcpStream::connect(l.local_addr().expect("addr"))
-            .await
-            .expect("connect");
-        let (s, _) = l.accept().await.expect("accept");
+        let (mut c, s) = pair().await;
         let mut io = HandshakeIo::new(s, true);
         let mut buf = [0u8; 64];
         for part in [&[0x17u8, 3][..], &[3, 0, 2, b'z']] {

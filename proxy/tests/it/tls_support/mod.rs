@@ -194,21 +194,7 @@ pub struct TlsClient {
 impl TlsClient {
     /// Connects to `addr`, sending `sni` (none when it is an IP literal), verifying with `config`.
     pub fn connect(addr: SocketAddr, sni: &str, config: Arc<ClientConfig>) -> TlsClient {
-        let sock = TcpStream::connect(addr).expect("connect");
-        sock.set_read_timeout(Some(Duration::from_secs(120)))
-            .expect("timeout");
-        let name = ServerName::try_from(sni.to_string()).expect("name");
-        let conn = ClientConnection::new(config, name).expect("client");
-        let mut tls = StreamOwned::new(conn, sock);
-        while tls.conn.is_handshaking() {
-            tls.conn
-                .complete_io(&mut tls.sock)
-                .expect("TLS handshake with the proxy");
-        }
-        TlsClient {
-            tls,
-            buf: Vec::new(),
-        }
+        TlsClient::connect_pipelined(addr, sni, config, b"")
     }
 
     /// Connects and writes `early` (a request) into the connection before the handshake ends:
