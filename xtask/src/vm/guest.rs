@@ -162,12 +162,16 @@ pub struct Job {
     pub env: Vec<(String, String)>,
 }
 
-/// Size of the guest's /tmp: an ext4 image in guest memory (/run is a tmpfs of half of it).
+/// Size of the guest's temporary directory: an ext4 image in guest memory (/run is a tmpfs of
+/// half of it).
 const TMP_MB: u32 = 768;
 
-/// The guest-side script: mounts tracefs when missing, loads tls, puts an ext4 filesystem on /tmp
-/// (vng's /tmp is an overlay over the host's, and neither overlayfs nor tmpfs on 6.1 accepts
-/// `preadv2(RWF_NOWAIT)`, which the tests use; the host's /tmp is ext4), notes the guest's facts, then
+/// The guest-side script: mounts tracefs when missing, loads tls, puts an ext4 filesystem at
+/// `/run/zerocache-tmp` and makes it the tests' `TMPDIR` (vng's /tmp is an overlay over the
+/// host's, and neither overlayfs nor tmpfs on 6.1 accepts `preadv2(RWF_NOWAIT)`, which the tests
+/// use; the host's /tmp is ext4). Not over /tmp itself: a checkout under the host's /tmp (a clone
+/// made there) would vanish under it, binaries and results directory too. Notes the guest's
+/// facts, then
 /// runs each job with its own timeout and writes `<id>.out`, `<id>.err`, `<id>.rc` and
 /// `<id>.secs` into `results`; `done` last, so a hung or crashed guest is told from a clean one.
 pub fn script(results: &Path, jobs: &[Job], per_job: Duration) -> String {
@@ -180,9 +184,10 @@ pub fn script(results: &Path, jobs: &[Job], per_job: Duration) -> String {
          echo \"release=$(uname -r)\" >> \"$R/guest\"\n\
          [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing\n\
          I=/run/zerocache-tmp.img\n\
-         if modprobe loop && truncate -s {TMP_MB}M $I && mkfs.ext4 -q -F $I \
-         && D=$(losetup -f --show $I) && mount -t ext4 \"$D\" /tmp && chmod 1777 /tmp; \
-         then echo tmp=ext4 >> \"$R/guest\"; else echo tmp=overlay >> \"$R/guest\"; fi\n\
+         T=/run/zerocache-tmp\n\
+         if modprobe loop && truncate -s {TMP_MB}M $I && mkfs.ext4 -q -F $I && mkdir -p $T \
+         && D=$(losetup -f --show $I) && mount -t ext4 \"$D\" $T && chmod 1777 $T; \
+         then export TMPDIR=$T; echo tmp=ext4 >> \"$R/guest\"; else echo tmp=overlay >> \"$R/guest\"; fi\n\
          if modprobe tls 2>/dev/null; then echo tls=loaded >> \"$R/guest\"; \
          else echo tls=unavailable >> \"$R/guest\"; fi\n"
     );
