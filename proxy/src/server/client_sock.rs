@@ -5,8 +5,9 @@
 //! The plain socket keeps its exact syscalls: the head in one send(2) with `MSG_MORE` and the
 //! body with sendfile(2) ([`crate::sendfile`]); this type only chooses. A kTLS socket takes the
 //! very same syscalls (the kernel makes the records; `MSG_MORE` keeps the head's record open
-//! for the body's first bytes). A TLS socket without kTLS cannot use sendfile: the file is read in large chunks and written through rustls, which
-//! encrypts in user space, and the accounting calls that a copy by design (`tls-userspace`).
+//! for the body's first bytes). A TLS socket without kTLS cannot use sendfile: the file is read
+//! in large chunks and written through rustls, which encrypts in user space, and the accounting
+//! calls that a copy by design (`tls-userspace`).
 //! The head is queued in rustls and leaves with the body's first write, as `MSG_MORE` does for
 //! the plain socket.
 

@@ -62,13 +62,12 @@ pub enum ConnError {
 }
 
 /// Runs the connection to its end.
-pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
+pub async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
     let ctx = shared.ctx.load_full();
     // Small heads followed by sendfile bodies: without NODELAY, Nagle can hold a body's last
     // partial segment behind a delayed ACK (the ~40 ms stall nginx shows with tcp_nopush).
     let _ = sock.tcp().set_nodelay(true);
     let fd = sock.tcp().as_raw_fd() as u32;
-    let mut sock = sock;
     let id = ctx.accounting.conn_opened(fd, peer);
     if let Some(t) = sock.tls_transport() {
         ctx.accounting.conn_tls(id, t);

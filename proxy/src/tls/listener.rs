@@ -26,10 +26,14 @@ pub fn start(
 ) -> anyhow::Result<Started> {
     warn_unverified(config);
     super::client::check_all(config).context("upstreams: TLS files")?;
-    let (ktls, _) = ktls::offered();
     let Some(cfg) = &config.tls else {
-        return Ok(Started { server: None, ktls });
+        // No listener to offload: whether the kernel has the ULP is all there is to report.
+        return Ok(Started {
+            server: None,
+            ktls: ktls::detect::detect(),
+        });
     };
+    let (ktls, _) = ktls::offered();
     let plan = super::server::ktls_plan(cfg.ktls);
     if cfg.ktls == KtlsMode::Require
         && let Err(why) = plan

@@ -5,8 +5,8 @@
 //! Reads differ. The kernel hands application data to `read`, but fails a plain read of any
 //! other record with EIO, so every read is a `recvmsg` that asks for the record type
 //! (`TLS_GET_RECORD_TYPE`): data is returned; the client's `close_notify` is the end of input;
-//! another warning alert is passed over, a fatal one is an error named by its code; a handshake message (TLS 1.3 KeyUpdate, the
-//! only one a client may send now) ends input too, since the kernels users run (before 6.14)
+//! another warning alert is passed over, a fatal one is an error named by its code; a handshake
+//! message (TLS 1.3 KeyUpdate, the only one a client may send now) ends input too, since the kernels users run (before 6.14)
 //! cannot take the new keys and every later record would fail to decrypt. The connection then
 //! closes as after close_notify: what was asked before is answered, then the closing alert.
 //!
