@@ -267,4 +267,20 @@ mod tests {
         assert_eq!(io.tcp().peek(&mut rest).await.expect("peek"), 1);
         assert_eq!(rest, *b"N");
     }
+
+    /// Hostile framing: a header claiming more than any record may hold is not waited for
+    /// (the rest may never come): it is read through at once, for rustls to refuse.
+    #[tokio::test]
+    async fn an_oversized_record_header_is_read_through_not_waited_for() {
+        let (mut c, s) = pair().await;
+        let mut io = HandshakeIo::new(s, true);
+        c.write_all(&[0x16, 3, 3, 0xff, 0xff, 1, 2])
+            .await
+            .expect("write");
+        let mut buf = [0u8; 64];
+        assert_eq!(io.read(&mut buf).await.expect("read"), 5);
+        assert_eq!(buf[..5], [0x16, 3, 3, 0xff, 0xff]);
+        assert_eq!(io.read(&mut buf).await.expect("read"), 2);
+        assert!(!io.at_record_boundary());
+    }
 }
