@@ -282,6 +282,7 @@ fn main() -> ExitCode {
                 kvm,
                 timeout: std::time::Duration::from_secs(timeout * 60),
                 heavy_on: None,
+                heavy_tests_on: None,
             })
             .map(|_| ())
         }),
