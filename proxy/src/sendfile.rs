@@ -5,11 +5,19 @@
 //! body stream) reads the file into user memory first, which is exactly the silent fallback this
 //! project exists to catch. Each call is capped at `max_chunk` and the task yields between chunks,
 //! so one 1 GiB transfer cannot starve the other connections on the same worker thread.
+//!
+//! The cap also shrinks as a worker's transfers grow in number ([`chunk_for`]): a worker goes
+//! through every ready transfer before a new request's task runs, so a round of 250 transfers
+//! at 2 MiB each is 500 MiB of sendfile between two looks at anyone else. With the server sharing
+//! two CPUs with 500 clients, that round took ~400 ms and a 1 KiB keep-alive hit waited for it
+//! (`cargo xtask bench --burst`). A worker's round is held near [`ROUND_BUDGET`] instead.
 
 use nix::sys::socket::MsgFlags;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -99,6 +107,49 @@ pub async fn send_head(sock: &TcpStream, head: &[u8], timeout: Duration) -> io::
     send_flags(sock, head, MSG_MORE, timeout).await
 }
 
+/// Bytes of sendfile one worker thread's transfers get, together, per round of its run queue.
+/// Large enough that a handful of transfers keep the full `max_chunk` (16 at 2 MiB), small
+/// enough that a round under a burst of hundreds stays tens of milliseconds of CPU.
+pub(crate) const ROUND_BUDGET: u64 = 32 << 20;
+
+/// The smallest chunk a crowd of transfers is cut to: two loopback TSO segments, so each call
+/// still moves whole segments and the syscall count stays ~8,000 per GB at worst.
+pub(crate) const MIN_CHUNK: u64 = 128 << 10;
+
+/// The cap of one sendfile call while `active` transfers run on this worker: an equal share of
+/// [`ROUND_BUDGET`], between [`MIN_CHUNK`] and the configured `max_chunk`.
+pub(crate) fn chunk_for(active: u64, max_chunk: u64) -> u64 {
+    let max_chunk = max_chunk.max(1);
+    (ROUND_BUDGET / active.max(1)).clamp(MIN_CHUNK.min(max_chunk), max_chunk)
+}
+
+thread_local! {
+    /// Transfers in [`send`] on this thread (a worker's runtime is single-threaded). Shared
+    /// through an `Arc` so that a guard dropped elsewhere still decrements the right count.
+    static ACTIVE: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
+}
+
+/// One transfer counted in its worker's [`ACTIVE`] for as long as it lives.
+struct Active(Arc<AtomicU64>);
+
+impl Active {
+    fn enter() -> Active {
+        let count = ACTIVE.with(Arc::clone);
+        count.fetch_add(1, Ordering::Relaxed);
+        Active(count)
+    }
+
+    fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Sends `len` bytes of `file` from `offset` to `sock`. Returns the bytes sent (always `len` on
 /// success).
 pub async fn send(
@@ -112,8 +163,10 @@ pub async fn send(
     let mut off = offset as libc::off64_t;
     let end = offset + len;
     let mut sent = 0u64;
+    let active = Active::enter();
     while sent < len {
-        let want = (end - off as u64).min(max_chunk) as usize;
+        let chunk = chunk_for(active.count(), max_chunk);
+        let want = (end - off as u64).min(chunk) as usize;
         let n = when_writable(sock, timeout, || {
             // nix's sendfile64 is the same one syscall (sendfile64 on x86_64, as libc::sendfile
             // was): no allocation, the kernel advances `off`, and an error is the same errno.
@@ -128,7 +181,7 @@ pub async fn send(
             });
         }
         sent += n;
-        if n as usize == want && want as u64 == max_chunk && sent < len {
+        if n as usize == want && want as u64 == chunk && sent < len {
             // A full chunk went out: let other connections on this worker run.
             tokio::task::yield_now().await;
         }
@@ -192,6 +245,42 @@ pub async fn send_by_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Up to 16 transfers keep the configured 2 MiB; beyond, equal shares of 32 MiB, never below
+    /// 128 KiB; a configured cap below the floor is kept as it is.
+    #[test]
+    fn the_chunk_shrinks_with_the_crowd() {
+        let mib = 1 << 20;
+        assert_eq!(chunk_for(0, 2 * mib), 2 * mib);
+        assert_eq!(chunk_for(1, 2 * mib), 2 * mib);
+        assert_eq!(chunk_for(16, 2 * mib), 2 * mib);
+        assert_eq!(chunk_for(17, 2 * mib), 1_973_790);
+        assert_eq!(chunk_for(64, 2 * mib), 512 << 10);
+        assert_eq!(chunk_for(250, 2 * mib), 134_217);
+        assert_eq!(chunk_for(256, 2 * mib), 128 << 10);
+        assert_eq!(chunk_for(10_000, 2 * mib), 128 << 10);
+        assert_eq!(chunk_for(1, 64 << 10), 64 << 10);
+        assert_eq!(chunk_for(10_000, 64 << 10), 64 << 10);
+        assert_eq!(chunk_for(1, 16 * mib), 16 * mib);
+        assert_eq!(chunk_for(4, 16 * mib), 8 * mib);
+    }
+
+    /// A guard counts on its own thread and uncounts where it was made, even when dropped on
+    /// another thread (a future that moved).
+    #[test]
+    fn a_transfer_is_counted_while_it_lives() {
+        let a = Active::enter();
+        let b = Active::enter();
+        assert_eq!(a.count(), 2);
+        std::thread::spawn(move || drop(b)).join().expect("thread");
+        assert_eq!(a.count(), 1);
+        let elsewhere = std::thread::spawn(|| Active::enter().count())
+            .join()
+            .expect("thread");
+        assert_eq!(elsewhere, 1);
+        drop(a);
+        assert_eq!(ACTIVE.with(|c| c.load(Ordering::Relaxed)), 0);
+    }
 
     /// nix's `MsgFlags` does not name `MSG_MORE`: the raw bit must reach send(2) as it was.
     #[test]

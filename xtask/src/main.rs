@@ -68,8 +68,8 @@ enum Task {
         libfuzzer_args: Vec<String>,
     },
     /// Benchmark zerocache against nginx proxy_cache on this machine; writes
-    /// xtask/bench/results/latest.md (pinned.md, affinity.md, unpinned.md or cold.md in those
-    /// modes).
+    /// xtask/bench/results/latest.md (pinned.md, affinity.md, unpinned.md, cold.md or burst.md in
+    /// those modes).
     Bench {
         /// Seconds per wrk run.
         #[arg(long, default_value_t = 5)]
@@ -94,6 +94,10 @@ enum Task {
         /// The cold-cache mode: hot 1 KiB hits beside cold 16 MiB hits, offload on and off.
         #[arg(long)]
         cold: bool,
+        /// The burst mode: 1 KiB hits while 500 connections fetch a 16 MiB hit, zerocache and
+        /// nginx proxy_cache; writes xtask/bench/results/burst.md. Uses --reps.
+        #[arg(long)]
+        burst: bool,
         /// zerocache against nginx proxy_cache, both serving clients over TLS (1 KiB to 16 MiB,
         /// and a handshake per request); writes xtask/bench/results/tls.md.
         #[arg(long)]
@@ -239,6 +243,7 @@ fn main() -> ExitCode {
             affinity,
             unpinned,
             cold,
+            burst,
             tls: false,
             watch_cost,
             ..
@@ -251,6 +256,7 @@ fn main() -> ExitCode {
                 affinity,
                 unpinned,
                 cold,
+                burst,
                 watch_cost,
             })
         }),

@@ -17,6 +17,7 @@ pub struct CacheConfig {
     #[serde(with = "crate::units::size")]
     pub max_size: ByteSize,
     /// Largest single sendfile(2) call, so one huge transfer cannot starve other connections.
+    /// Under a crowd of transfers on one worker, calls are cut further (`sendfile::chunk_for`).
     #[serde(default = "default_sendfile_max_chunk", with = "crate::units::size")]
     pub sendfile_max_chunk: ByteSize,
     /// Directory levels between `path` and the files (0 to 3, two hex digits each), so no

@@ -26,6 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zerocache_origin::client::SimpleClient;
 
+mod burst;
 mod cold;
 mod measure;
 mod report;
@@ -64,6 +65,8 @@ pub struct Options {
     pub unpinned: bool,
     /// Run the cold-cache mode instead: hot 1 KiB hits while cold 16 MiB hits run beside them.
     pub cold: bool,
+    /// Run the burst mode instead: 1 KiB hits while 500 connections fetch a 16 MiB hit.
+    pub burst: bool,
     /// Measure only the watch-mode probe cost per syscall (`bench_watch`).
     pub watch_cost: bool,
 }
@@ -76,8 +79,8 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         "--pin, --affinity and --unpinned each place the workers differently: use one"
     );
     anyhow::ensure!(
-        !(opts.cold && (opts.affinity || opts.pin || opts.unpinned)),
-        "--cold measures the cold-hit offload with default workers; it has no --pin, --affinity or --unpinned variant"
+        !((opts.cold || opts.burst) && (opts.affinity || opts.pin || opts.unpinned)),
+        "--cold and --burst run with default workers; they have no --pin, --affinity or --unpinned variant"
     );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(&cargo).args([
@@ -98,6 +101,9 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
     }
     if opts.cold {
         return cold(&opts);
+    }
+    if opts.burst {
+        return burst::burst(&opts);
     }
     let sizes: Vec<usize> = if opts.sizes.is_empty() {
         SIZES.to_vec()
