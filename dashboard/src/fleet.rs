@@ -3,7 +3,7 @@
 //! function ([`FleetHooks::view`]) and the purge fan-out ([`FleetHooks::purge`]), so this crate
 //! depends on nothing of the proxy's.
 
-use crate::server::{DashboardState, Purge};
+use crate::server::DashboardState;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,6 +13,7 @@ use serde::Serialize;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use zerocache_ops::Purge;
 
 /// The results a forward is counted under.
 pub const FORWARD_RESULTS: [&str; 3] = ["ok", "error", "refused"];

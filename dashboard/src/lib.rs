@@ -18,4 +18,4 @@ pub(crate) mod server;
 mod tls_metrics;
 pub mod watch;
 
-pub use server::{CacheStats, DashboardState, Purge, PurgeFn, WorkerStats, serve};
+pub use server::{CacheStats, DashboardState, PurgeFn, WorkerStats, serve};

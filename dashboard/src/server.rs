@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use zerocache_ledger::{Accounting, CacheStatus, SortKey};
+use zerocache_ops::Purge;
 use zerocache_probe::Probe;
 
 /// The data-plane worker threads, as `/metrics` shows them.
@@ -69,15 +70,6 @@ pub struct DashboardState {
 
 /// The proxy's purge: removes what a [`Purge`] names and answers how many entries went.
 pub type PurgeFn = Box<dyn Fn(&Purge) -> Result<usize, String> + Send + Sync>;
-
-/// What a purge removes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Purge {
-    /// One URL (`http://host/path?query`), every variant of it.
-    Url(String),
-    /// Every URL starting with this (`http://host/prefix`).
-    Prefix(String),
-}
 
 /// The body of `POST /api/purge`: exactly one of `url` and `prefix`.
 #[derive(Deserialize)]

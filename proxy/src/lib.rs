@@ -12,6 +12,7 @@ pub(crate) mod fleet;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub(crate) mod http;
+pub(crate) mod net;
 pub(crate) mod notify;
 pub mod probe_check;
 pub(crate) mod purge;

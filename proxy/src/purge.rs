@@ -5,11 +5,11 @@ use crate::cache::store::Store;
 
 /// A purge from the dashboard API, by absolute URL or URL prefix. Routes that drop the query from
 /// their keys index the URL without it, so both spellings are purged.
-pub(crate) fn purge(store: &Store, p: &zerocache_dashboard::Purge) -> Result<usize, String> {
+pub(crate) fn purge(store: &Store, p: &zerocache_ops::Purge) -> Result<usize, String> {
     use crate::cache::invalidation::{split_absolute, url_text};
     let (raw, prefix) = match p {
-        zerocache_dashboard::Purge::Url(u) => (u, false),
-        zerocache_dashboard::Purge::Prefix(u) => (u, true),
+        zerocache_ops::Purge::Url(u) => (u, false),
+        zerocache_ops::Purge::Prefix(u) => (u, true),
     };
     let (host, target) = split_absolute(raw)
         .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
@@ -20,7 +20,7 @@ pub(crate) fn purge(store: &Store, p: &zerocache_dashboard::Purge) -> Result<usi
     }
     Ok(texts
         .into_iter()
-        .flat_map(crate::tls::with_https_twin)
+        .flat_map(crate::cache::key::with_https_twin)
         .collect::<Vec<_>>()
         .iter()
         .map(|t| {

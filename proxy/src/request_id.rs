@@ -7,19 +7,19 @@
 //! syscall and no lock per request.
 
 use crate::http::request::RequestHead;
-use crate::server::Ctx;
 use std::net::IpAddr;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use zerocache_config::cidr::Cidr;
 
-/// The id of `req` from `peer`: a trusted proxy's, when it sent a valid one in
-/// `logging.request_id_header`, else a new one.
-pub fn of(req: &RequestHead, peer: IpAddr, ctx: &Ctx) -> String {
-    if ctx.trusted_proxies.iter().any(|c| c.contains(peer))
+/// The id of `req` from `peer`: a trusted proxy's (one of `trusted`, `proxy.trusted_proxies`),
+/// when it sent a valid one in `header` (`logging.request_id_header`), else a new one.
+pub fn of(req: &RequestHead, peer: IpAddr, trusted: &[Cidr], header: &str) -> String {
+    if trusted.iter().any(|c| c.contains(peer))
         && let Some(v) = req
             .fields
             .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(&ctx.request_id_header))
+            .find(|(k, _)| k.eq_ignore_ascii_case(header))
             .and_then(|(_, v)| accept(v))
     {
         return v.to_string();

@@ -148,17 +148,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // Handlers first: the rebuild below may take minutes, and a signal arriving meanwhile (a
     // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
     // action (tokio keeps it until `recv`).
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    // Without a handler SIGUSR1 would kill the process: logrotate's nginx-style postrotate
-    // (`kill -USR1`) would take the cache down.
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    // nginx's graceful stop: drains like SIGTERM (its default action would dump core).
-    let mut quit = signal(SignalKind::quit())?;
-    // Signals with no meaning here whose default action would end the process silently: a stray
-    // `kill -USR2` (nginx's binary upgrade) or an alarm must not take the cache down.
-    let mut usr2 = signal(SignalKind::user_defined2())?;
-    let mut alrm = signal(SignalKind::alarm())?;
+    let mut signals = Signals::install()?;
     let raised = raise_nofile();
     // Read the limit back rather than trust the raise, which may have been refused.
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -166,56 +156,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let open_files = open_files_for(config.cache.open_files, nofile);
     let connection_cap = connection_cap(nofile);
     warn_if_clamped(&config, connection_cap, nofile);
-    let store = Arc::new(
-        Store::open(
-            &config.cache.path,
-            crate::cache::store::StoreLimits {
-                max_size: config.cache.max_size.as_u64(),
-                max_entries: config.cache.max_entries,
-                levels: config.cache.levels,
-                open_files,
-            },
-        )
-        .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?
-        .with_targeted(crate::cache::targeted::Targeted::new(
-            &config.cache.targeted_fields,
-            config.cache.targeted_fields_forward,
-        )),
-    );
-    let rebuilt = store
-        .rebuild_verifying(config.cache.verify_on_start)
-        .context("rebuilding the cache index")?;
-    tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, verified = rebuilt.verified, corrupt = rebuilt.corrupt, dir = %config.cache.path.display(), "cache index rebuilt");
+    let store = open_store(&config, open_files)?;
 
     // Bind before the probe loads, so a taken port fails fast.
-    let mut listeners = Vec::new();
-    for addr in config
-        .listen
-        .addrs()
-        .map_err(anyhow::Error::msg)
-        .context("listen")?
-    {
-        listeners.push((
-            server::listen::bind_listener(addr, config.backlog)
-                .with_context(|| format!("cannot listen on {addr} (listen)"))?,
-            false,
-        ));
-    }
-    let tls = crate::tls::listener::start(&config, &mut listeners)?;
-    let dashboard_listener = if config.dashboard.enabled {
-        Some(
-            TcpListener::bind(&config.dashboard.listen)
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot listen on {} (dashboard.listen)",
-                        config.dashboard.listen
-                    )
-                })?,
-        )
-    } else {
-        None
-    };
+    let tls = crate::tls::listener::start(&config)?;
+    let (listeners, dashboard_listener) = bind(&config, &tls.listen).await?;
     let access_log = match &config.logging.access_log {
         Some(target) => Some(Arc::new(
             AccessLog::open(target, config.logging.access_log_format)
@@ -245,72 +190,6 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // stops sending new clients while responses in flight finish.
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fleet = crate::fleet::Fleet::start(&config, &store).await;
-    if let Some(l) = dashboard_listener {
-        let addr = l.local_addr()?;
-        let st = store.clone();
-        let purge_store = store.clone();
-        let health_store = store.clone();
-        let health_draining = draining.clone();
-        let state = Arc::new(DashboardState {
-            accounting: accounting.clone(),
-            probe: probe.clone(),
-            cache: Box::new(move || {
-                let (size_bytes, objects) = st.usage();
-                CacheStats {
-                    size_bytes,
-                    objects,
-                    write_errors: st.write_errors.load(std::sync::atomic::Ordering::Relaxed),
-                    writable: st.is_writable(),
-                    open_files: st.open_files() as u64,
-                    evictions: st.evictions.load(std::sync::atomic::Ordering::Relaxed),
-                    max_size_bytes: st.max_size(),
-                }
-            }),
-            upstreams: config.upstreams.keys().cloned().collect(),
-            workers: {
-                let (loads, placement) = (loads.clone(), placement.clone());
-                Box::new(move || WorkerStats {
-                    connections: loads.snapshot(),
-                    pinned: placement.pinned(),
-                    unpins: placement.unpins(),
-                })
-            },
-            history: Mutex::new(Default::default()),
-            token: zerocache_dashboard::guard::check_token(config.dashboard.token.clone())?,
-            allowed_hosts: config.dashboard.allowed_hosts.clone(),
-            metrics_require_token: config.dashboard.metrics_require_token,
-            purge: Box::new(move |p| crate::purge::purge(&purge_store, p)),
-            advance_clock: config.debug.adjustable_clock.then(|| {
-                Box::new(crate::clock::advance) as zerocache_dashboard::clock::AdvanceClockFn
-            }),
-            access_log_dropped: {
-                let log = access_log.clone();
-                Box::new(move || {
-                    log.as_ref()
-                        .map_or(0, |l| l.dropped.load(std::sync::atomic::Ordering::Relaxed))
-                })
-            },
-            health: Box::new(move || {
-                if health_draining.load(std::sync::atomic::Ordering::Relaxed) {
-                    Err("draining".into())
-                } else if !health_store.is_writable() {
-                    Ok(Some(
-                        "cache unwritable: responses are passed through, not stored".into(),
-                    ))
-                } else {
-                    Ok(None)
-                }
-            }),
-            fleet: crate::fleet::Fleet::hooks(&fleet, &accounting),
-        });
-        tokio::spawn(async move {
-            if let Err(e) = zerocache_dashboard::serve(l, state).await {
-                tracing::error!(error = %e, "dashboard stopped");
-            }
-        });
-        tracing::info!(%addr, "dashboard listening");
-    }
-
     let kept = Kept {
         store,
         locks: Arc::new(FillLocks::default()),
@@ -320,6 +199,16 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         nofile,
         fleet,
     };
+    if let Some(l) = dashboard_listener {
+        let addr = l.local_addr()?;
+        let state = dashboard_state(&config, &kept, &probe, (&loads, &placement), &draining)?;
+        tokio::spawn(async move {
+            if let Err(e) = zerocache_dashboard::serve(l, state).await {
+                tracing::error!(error = %e, "dashboard stopped");
+            }
+        });
+        tracing::info!(%addr, "dashboard listening");
+    }
     let shared = Shared::new(build_ctx(&config, &kept, tls.server));
     if config.debug.adjustable_clock {
         tracing::warn!(
@@ -346,31 +235,99 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // start what comes after this unit.
     crate::notify::ready();
 
-    let mut current = config;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break }
-            _ = term.recv() => { tracing::info!("SIGTERM: draining"); break }
-            _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break }
-            _ = usr2.recv() => tracing::info!("SIGUSR2 ignored (zerocache has no binary upgrade)"),
-            _ = alrm.recv() => tracing::info!("SIGALRM ignored"),
-            _ = hup.recv() => {
-                // `systemctl reload` waits from RELOADING=1 to READY=1, which follows a rejected
-                // reload as well: the old config keeps serving, and the unit is still running.
-                crate::notify::reloading();
-                if let Some(next) = reload(&path, &current, &kept, &shared, &probe) {
-                    current = next;
+    let current = signals.serve(config, &path, &kept, &shared, &probe).await;
+    stop(
+        &shared,
+        &mut workers,
+        &draining,
+        current.limits.drain_timeout,
+    )
+    .await;
+    Ok(())
+}
+
+/// The signals the process answers, installed before anything slow starts.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    alrm: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            // Without a handler SIGUSR1 would kill the process: logrotate's nginx-style
+            // postrotate (`kill -USR1`) would take the cache down.
+            usr1: signal(SignalKind::user_defined1())?,
+            // nginx's graceful stop: drains like SIGTERM (its default action would dump core).
+            quit: signal(SignalKind::quit())?,
+            // Signals with no meaning here whose default action would end the process silently:
+            // a stray `kill -USR2` (nginx's binary upgrade) or an alarm must not take the cache
+            // down.
+            usr2: signal(SignalKind::user_defined2())?,
+            alrm: signal(SignalKind::alarm())?,
+        })
+    }
+
+    /// Serves until a signal says stop: reloads on SIGHUP, reopens the access log on SIGUSR1.
+    /// Returns the config current at the end (its drain timeout governs the stop).
+    async fn serve(
+        &mut self,
+        config: Config,
+        path: &Path,
+        kept: &Kept,
+        shared: &Arc<Shared>,
+        probe: &Probe,
+    ) -> Config {
+        let mut current = config;
+        let Signals {
+            term,
+            hup,
+            usr1,
+            quit,
+            usr2,
+            alrm,
+        } = self;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break }
+                _ = term.recv() => { tracing::info!("SIGTERM: draining"); break }
+                _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break }
+                _ = usr2.recv() => tracing::info!("SIGUSR2 ignored (zerocache has no binary upgrade)"),
+                _ = alrm.recv() => tracing::info!("SIGALRM ignored"),
+                _ = hup.recv() => {
+                    // `systemctl reload` waits from RELOADING=1 to READY=1, which follows a rejected
+                    // reload as well: the old config keeps serving, and the unit is still running.
+                    crate::notify::reloading();
+                    if let Some(next) = reload(path, &current, kept, shared, probe) {
+                        current = next;
+                    }
+                    crate::notify::ready();
                 }
-                crate::notify::ready();
-            }
-            _ = usr1.recv() => {
-                tracing::info!("SIGUSR1: reopening the access log");
-                if let Some(log) = &kept.access_log {
-                    log.reopen();
+                _ = usr1.recv() => {
+                    tracing::info!("SIGUSR1: reopening the access log");
+                    if let Some(log) = &kept.access_log {
+                        log.reopen();
+                    }
                 }
             }
         }
+        current
     }
+}
+
+/// Stops: no new connections, idle ones closed, the rest drained within `timeout`.
+async fn stop(
+    shared: &Arc<Shared>,
+    workers: &mut server::workers::Workers,
+    draining: &std::sync::atomic::AtomicBool,
+    timeout: std::time::Duration,
+) {
     crate::notify::stopping();
     // Stop accepting (the listener closes with the accept loop) and close idle connections;
     // responses in flight run to their end or to the drain timeout.
@@ -379,7 +336,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // yet (a SIGTERM just after start), and the loops would then never see the shutdown.
     shared.shutdown.send_replace(true);
     // Every wait has a deadline: the drain timeout covers the workers' stopping too.
-    let deadline = tokio::time::Instant::now() + current.limits.drain_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     if tokio::time::timeout_at(deadline, workers.stopped())
         .await
         .is_err()
@@ -393,11 +350,148 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     } else {
         tracing::warn!(
             left = shared.open_connections(),
-            timeout = ?current.limits.drain_timeout,
+            timeout = ?timeout,
             "drain timeout reached; exiting with connections still open"
         );
     }
-    Ok(())
+}
+
+/// Opens the cache directory and rebuilds its index from the files.
+fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> {
+    let store = Arc::new(
+        Store::open(
+            &config.cache.path,
+            crate::cache::store::StoreLimits {
+                max_size: config.cache.max_size.as_u64(),
+                max_entries: config.cache.max_entries,
+                levels: config.cache.levels,
+                open_files,
+            },
+        )
+        .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?
+        .with_targeted(crate::cache::targeted::Targeted::new(
+            &config.cache.targeted_fields,
+            config.cache.targeted_fields_forward,
+        )),
+    );
+    let rebuilt = store
+        .rebuild_verifying(config.cache.verify_on_start)
+        .context("rebuilding the cache index")?;
+    tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, verified = rebuilt.verified, corrupt = rebuilt.corrupt, dir = %config.cache.path.display(), "cache index rebuilt");
+    Ok(store)
+}
+
+/// Binds the data listeners (`listen`, then `tls_listen` marked as TLS) and the dashboard's.
+async fn bind(
+    config: &Config,
+    tls_listen: &[std::net::SocketAddr],
+) -> anyhow::Result<(Vec<(std::net::TcpListener, bool)>, Option<TcpListener>)> {
+    let mut listeners = Vec::new();
+    for addr in config
+        .listen
+        .addrs()
+        .map_err(anyhow::Error::msg)
+        .context("listen")?
+    {
+        listeners.push((
+            crate::net::listen::bind_listener(addr, config.backlog)
+                .with_context(|| format!("cannot listen on {addr} (listen)"))?,
+            false,
+        ));
+    }
+    for &addr in tls_listen {
+        listeners.push((
+            crate::net::listen::bind_listener(addr, config.backlog)
+                .with_context(|| format!("cannot listen on {addr} (tls.listen)"))?,
+            true,
+        ));
+    }
+    let dashboard_listener = if config.dashboard.enabled {
+        Some(
+            TcpListener::bind(&config.dashboard.listen)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {} (dashboard.listen)",
+                        config.dashboard.listen
+                    )
+                })?,
+        )
+    } else {
+        None
+    };
+    Ok((listeners, dashboard_listener))
+}
+
+/// What the dashboard reads and may do: the store, the ledger, the probe, the workers, purges,
+/// health (503 while `draining`), the fleet.
+fn dashboard_state(
+    config: &Config,
+    kept: &Kept,
+    probe: &Probe,
+    (loads, placement): (&Arc<server::workers::Loads>, &Arc<Placement>),
+    draining: &Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<Arc<DashboardState>> {
+    let (store, accounting, access_log, fleet) =
+        (&kept.store, &kept.accounting, &kept.access_log, &kept.fleet);
+    let st = store.clone();
+    let purge_store = store.clone();
+    let health_store = store.clone();
+    let health_draining = draining.clone();
+    let state = Arc::new(DashboardState {
+        accounting: accounting.clone(),
+        probe: probe.clone(),
+        cache: Box::new(move || {
+            let (size_bytes, objects) = st.usage();
+            CacheStats {
+                size_bytes,
+                objects,
+                write_errors: st.write_errors.load(std::sync::atomic::Ordering::Relaxed),
+                writable: st.is_writable(),
+                open_files: st.open_files() as u64,
+                evictions: st.evictions.load(std::sync::atomic::Ordering::Relaxed),
+                max_size_bytes: st.max_size(),
+            }
+        }),
+        upstreams: config.upstreams.keys().cloned().collect(),
+        workers: {
+            let (loads, placement) = (loads.clone(), placement.clone());
+            Box::new(move || WorkerStats {
+                connections: loads.snapshot(),
+                pinned: placement.pinned(),
+                unpins: placement.unpins(),
+            })
+        },
+        history: Mutex::new(Default::default()),
+        token: zerocache_dashboard::guard::check_token(config.dashboard.token.clone())?,
+        allowed_hosts: config.dashboard.allowed_hosts.clone(),
+        metrics_require_token: config.dashboard.metrics_require_token,
+        purge: Box::new(move |p| crate::purge::purge(&purge_store, p)),
+        advance_clock: config
+            .debug
+            .adjustable_clock
+            .then(|| Box::new(crate::clock::advance) as zerocache_dashboard::clock::AdvanceClockFn),
+        access_log_dropped: {
+            let log = access_log.clone();
+            Box::new(move || {
+                log.as_ref()
+                    .map_or(0, |l| l.dropped.load(std::sync::atomic::Ordering::Relaxed))
+            })
+        },
+        health: Box::new(move || {
+            if health_draining.load(std::sync::atomic::Ordering::Relaxed) {
+                Err("draining".into())
+            } else if !health_store.is_writable() {
+                Ok(Some(
+                    "cache unwritable: responses are passed through, not stored".into(),
+                ))
+            } else {
+                Ok(None)
+            }
+        }),
+        fleet: crate::fleet::Fleet::hooks(fleet, accounting),
+    });
+    Ok(state)
 }
 
 /// SIGHUP: re-reads the config; a valid one replaces routes, upstreams, limits and the probe's

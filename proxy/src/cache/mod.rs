@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod conditional;
+pub(crate) mod decide;
 pub mod directives;
 pub mod entry;
 pub mod fill;

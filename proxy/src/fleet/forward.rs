@@ -9,6 +9,7 @@
 use super::Fleet;
 use super::members::View;
 use super::peer::PeerState;
+use crate::http::head::{CacheFields, CacheStatusField};
 use crate::http::response::ResponseHead;
 use crate::upstream::{Group, UpstreamConn, UpstreamError};
 use std::sync::Arc;
@@ -165,21 +166,42 @@ pub(crate) async fn exchange(
     )
 }
 
-/// `X-Cache` and `Cache-Status` for a response relayed from a peer: what happened at the
-/// owner, and this node's own member after the owner's (RFC 9211 lists the cache nearest the
-/// origin first).
-pub(crate) fn cache_fields(head: &ResponseHead, stored: bool) -> (String, String) {
-    let x_cache = head.field("x-cache").unwrap_or("MISS").to_string();
-    let ours = if stored {
-        "zerocache; fwd=miss; stored; detail=peer"
-    } else {
-        "zerocache; fwd=miss; detail=peer"
-    };
-    let status = match head.joined("cache-status") {
-        Some(owner) if !owner.is_empty() => format!("{owner}, {ours}"),
-        _ => ours.to_string(),
-    };
-    (x_cache, status)
+/// What a response relayed from a peer says of the cache: `X-Cache` as the owner sent it, and
+/// `Cache-Status` with the owner's members first and this node's after them (RFC 9211 lists the
+/// cache nearest the origin first).
+pub(crate) struct Relayed {
+    x_cache: String,
+    owner: Option<String>,
+    stored: bool,
+}
+
+/// The cache fields of `head`, relayed from a peer; `stored`: this node stores it too.
+pub(crate) fn relayed(head: &ResponseHead, stored: bool) -> Relayed {
+    Relayed {
+        x_cache: head.field("x-cache").unwrap_or("MISS").to_string(),
+        owner: head.joined("cache-status"),
+        stored,
+    }
+}
+
+impl Relayed {
+    /// The owner's `X-Cache` token.
+    pub(crate) fn x_cache(&self) -> &str {
+        &self.x_cache
+    }
+
+    /// The fields to write: this node's member is `fwd=miss` (`stored` when it keeps a copy),
+    /// `detail=peer`.
+    pub(crate) fn fields(&self) -> CacheFields<'_> {
+        CacheFields {
+            x_cache: &self.x_cache,
+            upstream: self.owner.as_deref(),
+            member: Some(CacheStatusField {
+                stored: self.stored,
+                ..CacheStatusField::fwd("miss").detail("peer")
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,7 @@
 
 use super::Fleet;
 use super::peer::PeerState;
-use crate::http::response::reason;
-use crate::server::upload::RequestBody;
+use crate::http::head::{Framing, Head};
 use crate::upstream::body::BodyReader;
 use serde::Deserialize;
 
@@ -30,8 +29,9 @@ struct PurgeRequest {
     epoch: u64,
 }
 
-/// The answer (status, JSON) to internal operation `op` with request body `body`.
-pub(crate) fn answer(fleet: &Fleet, op: &str, body: &RequestBody) -> (u16, serde_json::Value) {
+/// The answer (status, JSON) to internal operation `op` with request body `body` (`None`: too
+/// large to have been held in memory).
+pub(crate) fn answer(fleet: &Fleet, op: &str, body: Option<&[u8]>) -> (u16, serde_json::Value) {
     match op {
         "health" => (
             200,
@@ -42,10 +42,8 @@ pub(crate) fn answer(fleet: &Fleet, op: &str, body: &RequestBody) -> (u16, serde
             }),
         ),
         "purge" => match body {
-            RequestBody::Whole(b) => purge(fleet, b),
-            RequestBody::Streaming { .. } => {
-                (413, serde_json::json!({"error": "purge body too large"}))
-            }
+            Some(b) => purge(fleet, b),
+            None => (413, serde_json::json!({"error": "purge body too large"})),
         },
         _ => (
             400,
@@ -57,13 +55,12 @@ pub(crate) fn answer(fleet: &Fleet, op: &str, body: &RequestBody) -> (u16, serde
 /// An internal answer as a response: head and JSON body (`close`: the connection ends after).
 pub(crate) fn response(status: u16, json: &serde_json::Value, close: bool) -> Vec<u8> {
     let text = json.to_string();
-    let mut out = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: {}\r\n{}\r\n",
-        reason(status),
-        text.len(),
-        if close { "Connection: close\r\n" } else { "" }
-    )
-    .into_bytes();
+    let mut out = Vec::with_capacity(160 + text.len());
+    let mut h = Head::standard(&mut out, status);
+    h.field("Content-Type", b"application/json")
+        .field("Cache-Control", b"no-store")
+        .framing(Framing::Length(text.len() as u64));
+    h.end(close);
     out.extend_from_slice(text.as_bytes());
     out
 }
@@ -79,8 +76,8 @@ fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
         }
     };
     let target = match (p.url, p.prefix) {
-        (Some(u), None) => zerocache_dashboard::Purge::Url(u),
-        (None, Some(p)) => zerocache_dashboard::Purge::Prefix(p),
+        (Some(u), None) => zerocache_ops::Purge::Url(u),
+        (None, Some(p)) => zerocache_ops::Purge::Prefix(p),
         _ => {
             return (
                 400,

@@ -236,10 +236,14 @@ impl Fleet {
 
     /// Whether a looked-up entry must be dropped: it predates a fleet purge this node missed.
     /// It is removed from the cache, so the request goes on as a miss.
-    pub(crate) fn drops(ctx: &crate::server::Ctx, e: &Arc<crate::cache::entry::Entry>) -> bool {
-        let stale = ctx.fleet.as_ref().is_some_and(|f| f.is_stale(e));
+    pub(crate) fn drops(
+        fleet: Option<&Fleet>,
+        store: &crate::cache::store::Store,
+        e: &Arc<crate::cache::entry::Entry>,
+    ) -> bool {
+        let stale = fleet.is_some_and(|f| f.is_stale(e));
         if stale {
-            ctx.store.remove_if_same(e);
+            store.remove_if_same(e);
         }
         stale
     }

@@ -5,7 +5,7 @@
 
 use super::Fleet;
 use std::sync::Arc;
-use zerocache_dashboard::Purge;
+use zerocache_ops::Purge;
 
 /// Sends `p` to every peer; answers `{peer: {"purged": n} | {"error": why}}`.
 pub(crate) async fn fan_out(fleet: Arc<Fleet>, p: Purge) -> serde_json::Value {

@@ -4,6 +4,7 @@
 pub mod chunked;
 pub mod date;
 pub mod framing;
+pub(crate) mod head;
 pub mod headers;
 pub mod range;
 pub mod request;

@@ -160,11 +160,68 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
         .map(|h| (h.name.to_string(), h.value.to_vec()))
         .collect();
     let (target, target_host) = split_target(&method, raw_target, limits.path)?;
+    let Message {
+        host_field,
+        host_fields,
+        close,
+        expect_continue,
+    } = message_fields(&fields, http10)?;
+    let body = body_framing(&fields, http10)?;
+    if host_fields > 1 {
+        return Err(RequestError::Malformed("more than one Host field".into()));
+    }
+    if host_fields == 0 && !http10 {
+        return Err(RequestError::Malformed("missing Host".into()));
+    }
+    // RFC 9112 §3.2.2: the target's authority wins over Host; routing, the key and the Host sent
+    // upstream all use the one chosen here.
+    let host = target_host.or(host_field).unwrap_or_default();
+    if host.is_empty() && !http10 {
+        return Err(RequestError::Malformed("empty Host".into()));
+    }
+    // Fields a `Connection` option names are hop-by-hop (RFC 9110 §7.6.1): removed here, once,
+    // so that the key, Vary, bypass rules, conditionals and the upstream request all see the
+    // same request.
+    let nominated =
+        super::headers::connection_tokens(fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+    if !nominated.is_empty() {
+        fields.retain(|(k, _)| {
+            k.eq_ignore_ascii_case("connection")
+                || !nominated.iter().any(|t| k.eq_ignore_ascii_case(t))
+        });
+    }
+    Ok(Some((
+        RequestHead {
+            method,
+            target,
+            host,
+            http10,
+            fields,
+            body,
+            close,
+            expect_continue,
+            id: String::new(),
+            tls: false,
+        },
+        consumed,
+    )))
+}
+
+/// What the fields say of the message itself: its `Host` (and how many there were), whether the
+/// connection closes after it, and whether the client waits for `100 Continue`.
+struct Message {
+    host_field: Option<String>,
+    host_fields: usize,
+    close: bool,
+    expect_continue: bool,
+}
+
+fn message_fields(fields: &[Field], http10: bool) -> Result<Message, RequestError> {
     let mut host_field: Option<String> = None;
     let mut host_fields = 0;
     let mut close = http10;
     let mut expect_continue = false;
-    for (name, value) in &fields {
+    for (name, value) in fields {
         let v = std::str::from_utf8(value)
             .map_err(|_| RequestError::Malformed("non-UTF-8 field".into()));
         if name.eq_ignore_ascii_case("host") {
@@ -189,6 +246,17 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             expect_continue = !http10;
         }
     }
+    Ok(Message {
+        host_field,
+        host_fields,
+        close,
+        expect_continue,
+    })
+}
+
+/// How the request's body is delimited (RFC 9112 §6): `Content-Length`, chunked, or none; an
+/// ambiguous or unknowable framing is refused.
+fn body_framing(fields: &[Field], http10: bool) -> Result<BodyFraming, RequestError> {
     let values = |n: &'static str| {
         fields
             .iter()
@@ -211,52 +279,14 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             "Transfer-Encoding without final chunked",
         ));
     }
-    if host_fields > 1 {
-        return Err(RequestError::Malformed("more than one Host field".into()));
-    }
-    if host_fields == 0 && !http10 {
-        return Err(RequestError::Malformed("missing Host".into()));
-    }
-    // RFC 9112 §3.2.2: the target's authority wins over Host; routing, the key and the Host sent
-    // upstream all use the one chosen here.
-    let host = target_host.or(host_field).unwrap_or_default();
-    if host.is_empty() && !http10 {
-        return Err(RequestError::Malformed("empty Host".into()));
-    }
-    // Fields a `Connection` option names are hop-by-hop (RFC 9110 §7.6.1): removed here, once,
-    // so that the key, Vary, bypass rules, conditionals and the upstream request all see the
-    // same request.
-    let nominated =
-        super::headers::connection_tokens(fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
-    if !nominated.is_empty() {
-        fields.retain(|(k, _)| {
-            k.eq_ignore_ascii_case("connection")
-                || !nominated.iter().any(|t| k.eq_ignore_ascii_case(t))
-        });
-    }
-    let body = if coding == Coding::Chunked {
+    Ok(if coding == Coding::Chunked {
         BodyFraming::Chunked
     } else {
         match content_length {
             Some(0) | None => BodyFraming::None,
             Some(n) => BodyFraming::Length(n),
         }
-    };
-    Ok(Some((
-        RequestHead {
-            method,
-            target,
-            host,
-            http10,
-            fields,
-            body,
-            close,
-            expect_continue,
-            id: String::new(),
-            tls: false,
-        },
-        consumed,
-    )))
+    })
 }
 
 impl From<FramingError> for RequestError {

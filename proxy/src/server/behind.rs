@@ -4,7 +4,7 @@
 
 use super::conn::{Conn, ConnError};
 use crate::cache::growing::{Growing, Progress, Reader};
-use crate::http::headers::{put, put_num};
+use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
 use crate::http::request::RequestHead;
 use crate::sendfile::SendfileError;
 use std::time::{Duration, Instant};
@@ -106,25 +106,26 @@ impl Conn {
         let chunked = g.length.is_none() && !req.http10;
         let close = req.close || (g.length.is_none() && req.http10);
         let ctx = self.ctx.clone();
-        let h = &mut self.head;
-        h.clear();
-        h.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", e.meta.status, e.meta.reason).as_bytes());
-        h.extend_from_slice(&ctx.store.targeted().visible(&e.meta.fields));
-        match g.length {
-            Some(n) => put_num(h, "Content-Length", n),
-            None if chunked => h.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
-            None => {}
-        }
-        put_num(h, "Age", e.age(crate::clock::now()).as_secs());
-        // It sent nothing to the origin itself: a hit, as nginx counts requests that waited on
-        // `proxy_cache_lock`; `Cache-Status` says how (RFC 9211 §2.7).
-        h.extend_from_slice(b"X-Cache: HIT\r\n");
-        put(h, "Cache-Status", b"zerocache; fwd=miss; collapsed");
-        h.extend_from_slice(crate::http::headers::VIA_SELF_LINE);
-        if close {
-            h.extend_from_slice(b"Connection: close\r\n");
-        }
-        h.extend_from_slice(b"\r\n");
+        let mut h = Head::new(&mut self.head, e.meta.status, &e.meta.reason);
+        h.lines(&ctx.store.targeted().visible(&e.meta.fields))
+            .framing(match g.length {
+                Some(n) => Framing::Length(n),
+                None if chunked => Framing::Chunked,
+                None => Framing::None,
+            })
+            .age(e.age(crate::clock::now()).as_secs())
+            // It sent nothing to the origin itself: a hit, as nginx counts requests that waited
+            // on `proxy_cache_lock`; `Cache-Status` says how (RFC 9211 §2.7).
+            .cache(&CacheFields {
+                x_cache: CacheStatus::Hit.as_str(),
+                upstream: None,
+                member: Some(CacheStatusField {
+                    collapsed: true,
+                    ..CacheStatusField::fwd("miss")
+                }),
+            })
+            .via_self();
+        h.end(close);
         let mut head_bytes = self.head.len() as u64;
         let (body, framing, result) = match self.send_head().await {
             Ok(()) if req.method != "HEAD" => self.read_behind(g, reader, chunked, wait).await,

@@ -2,13 +2,13 @@
 //! handing each request to `dispatch` (route → cache decision → hit or fetch), carrying out what a
 //! fetch leaves to it, and answering malformed input with its 4xx before closing.
 
-use super::client_sock::ClientSock;
 use super::fetch::{Fetch, Outcome};
 use super::hit::{HitKind, HitOutcome};
 use super::{Ctx, Shared};
-use crate::http::headers::put_num;
+use crate::http::head::{CacheFields, CacheStatusField, text_response};
 use crate::http::request::{self, RequestHead};
 use crate::http::response::reason;
+use crate::net::client_sock::ClientSock;
 use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -203,7 +203,7 @@ impl Conn {
     /// Answers a request the proxy will not process, then closes gracefully: the client may still
     /// be sending, and closing with unread data would reset the connection and lose the answer.
     pub async fn reject(&mut self, status: u16) {
-        let body_len = self.simple_response(status, true, &[]);
+        let body_len = self.simple_response(status, true, &[], None);
         let sent = self.send_head().await;
         self.record_simple("-", "-", status, body_len, sent.is_ok(), Duration::ZERO);
         let _ = self.sock.shutdown().await;
@@ -219,22 +219,17 @@ impl Conn {
         }
     }
 
-    /// Builds a small text response (head and body) into `self.head`; returns the body length.
-    pub fn simple_response(&mut self, status: u16, close: bool, extra: &[(&str, &str)]) -> u64 {
+    /// Builds a small text response (head and body) into `self.head`, with `extra` fields and
+    /// the cache fields `cache`; returns the body length.
+    pub fn simple_response(
+        &mut self,
+        status: u16,
+        close: bool,
+        extra: &[(&str, &str)],
+        cache: Option<&CacheFields<'_>>,
+    ) -> u64 {
         let body = format!("{status} {}\n", reason(status));
-        self.head.clear();
-        self.head
-            .extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
-        self.head.extend_from_slice(b"Content-Type: text/plain\r\n");
-        for (k, v) in extra {
-            crate::http::headers::put(&mut self.head, k, v.as_bytes());
-        }
-        if close {
-            self.head.extend_from_slice(b"Connection: close\r\n");
-        }
-        put_num(&mut self.head, "Content-Length", body.len() as u64);
-        self.head.extend_from_slice(b"\r\n");
-        self.head.extend_from_slice(body.as_bytes());
+        text_response(&mut self.head, status, extra, cache, close, body.as_bytes());
         body.len() as u64
     }
 
@@ -245,9 +240,10 @@ impl Conn {
         status: u16,
         cache_status: CacheStatus,
         extra: &[(&str, &str)],
+        cache: Option<&CacheFields<'_>>,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        let body_len = self.simple_response(status, req.close, extra);
+        let body_len = self.simple_response(status, req.close, extra, cache);
         if req.method == "HEAD" {
             let len = self.head.len() - body_len as usize;
             self.head.truncate(len);
@@ -344,7 +340,7 @@ impl Conn {
                     // owes the client an answer.
                     HitOutcome::Gone if kind == HitKind::Stale => Ok(false),
                     HitOutcome::Gone => {
-                        self.respond_simple(req, 502, CacheStatus::Error, &[], started)
+                        self.respond_simple(req, 502, CacheStatus::Error, &[], None, started)
                             .await
                     }
                 }
@@ -354,13 +350,12 @@ impl Conn {
                 x_cache,
                 detail,
             } => {
-                let cache_status = detail.map(|d| format!("zerocache; fwd=miss; detail={d}"));
-                let mut extra: Vec<(&str, &str)> =
-                    x_cache.iter().map(|c| ("X-Cache", c.as_str())).collect();
-                if let Some(cs) = &cache_status {
-                    extra.push(("Cache-Status", cs));
-                }
-                self.respond_simple(req, status, CacheStatus::Error, &extra, started)
+                let cache = CacheFields {
+                    x_cache: x_cache.as_str(),
+                    upstream: None,
+                    member: detail.map(|d| CacheStatusField::fwd("miss").detail(d)),
+                };
+                self.respond_simple(req, status, CacheStatus::Error, &[], Some(&cache), started)
                     .await
             }
             Outcome::RefuseBody(e) => {

@@ -6,12 +6,13 @@ use super::fetch::{Fetch, RangeFill};
 use super::hit::{HitKind, HitOutcome};
 use super::upload::RequestBody;
 use crate::cache::conditional::{self, Precondition};
+use crate::cache::decide::{Ask, Plan, Serve, Stored};
 use crate::cache::entry::Entry;
 use crate::cache::freshness::{self, Use};
-use crate::cache::invalidation;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{self, Role};
 use crate::cache::variance;
+use crate::http::head::CacheFields;
 use crate::http::request::{BodyFraming, RequestHead};
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,7 +30,12 @@ impl Conn {
         // The id costs a hash and an allocation: a hit with no access log has no use for it (a
         // fetch makes one for the upstream request when none was made here).
         if self.ctx.access_log.is_some() {
-            req.id = crate::request_id::of(&req, self.peer.ip(), &self.ctx);
+            req.id = crate::request_id::of(
+                &req,
+                self.peer.ip(),
+                &self.ctx.trusted_proxies,
+                &self.ctx.request_id_header,
+            );
             self.log_info = crate::accesslog::RequestInfo::of(&req);
         }
         let Some(body) = self.read_body(&req).await? else {
@@ -43,7 +49,7 @@ impl Conn {
             // A connection made (by SNI) for one site, asked for a host its certificate does
             // not name: the client must not have reused it (tls.strict_sni).
             return self
-                .respond_simple(&req, 421, CacheStatus::Error, &[], started)
+                .respond_simple(&req, 421, CacheStatus::Error, &[], None, started)
                 .await;
         }
         let ctx = self.ctx.clone();
@@ -57,7 +63,7 @@ impl Conn {
         let route_path = if req.target == "*" { "/" } else { &req.target };
         let Some(route) = ctx.routes.find(&req.host, route_path) else {
             return self
-                .respond_simple(&req, 404, CacheStatus::Error, &[], started)
+                .respond_simple(&req, 404, CacheStatus::Error, &[], None, started)
                 .await;
         };
         if req.method == "TRACE" && !route.allow_trace {
@@ -65,180 +71,189 @@ impl Conn {
             // that can read the answer (cross-site tracing); only a route that allows it
             // forwards it (RFC 9110 §9.3.8, §15.5.6).
             return self
-                .respond_simple(&req, 405, CacheStatus::Error, &[("Allow", ALLOW)], started)
-                .await;
-        }
-        let upstream = route.upstream.clone();
-        let default_ttl = route.default_ttl;
-        let cacheable_method = req.method == "GET" || req.method == "HEAD";
-        let bypassed = route.bypasses(&req);
-        if !route.cache || !cacheable_method || bypassed {
-            let detail = if route.cache && !bypassed {
-                "method"
-            } else {
-                "bypass"
-            };
-            let invalidate =
-                (route.cache && !invalidation::is_safe(&req.method)).then_some(route.key_query);
-            return self
-                .fetch(
-                    Fetch::new(
-                        &req,
-                        body,
-                        upstream,
-                        CacheStatus::Bypass,
-                        detail,
-                        None,
-                        started,
-                    )
-                    .invalidating(invalidate),
-                )
-                .await;
-        }
-        if req.body != BodyFraming::None {
-            // A GET or HEAD with a body: its meaning is the origin's business, so it goes upstream
-            // with its body, but the answer depends on bytes no key holds, so it is neither
-            // served from the cache nor stored.
-            return self
-                .fetch(
-                    Fetch::new(
-                        &req,
-                        body,
-                        upstream,
-                        CacheStatus::Miss,
-                        "miss",
-                        None,
-                        started,
-                    )
-                    .not_stored("request-body"),
-                )
-                .await;
-        }
-        let target = if route.key_query {
-            req.target.as_str()
-        } else {
-            req.path()
-        };
-        let url = CacheKey::new(
-            &req.method,
-            crate::tls::scheme(req.tls),
-            &req.host,
-            target,
-            ctx.hash_bits,
-        );
-        let primary = url.clone().with_headers(
-            &route.key_headers,
-            |h| crate::http::headers::exact(&req.fields, h),
-            ctx.hash_bits,
-        );
-        // A URL whose responses vary is looked up under the secondary key of this request.
-        let lookup = || {
-            ctx.store.lookup_varying(&primary, |names| {
-                variance::variant(&primary, names, &req, ctx.hash_bits)
-            })
-        };
-        let directives = freshness::request_directives(&req);
-        let mut status = CacheStatus::Miss;
-        let mut stale: Option<Arc<Entry>> = None;
-        if let Some(e) = lookup().filter(|e| !crate::fleet::Fleet::drops(&ctx, e)) {
-            let now = crate::clock::now();
-            match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, &directives) {
-                Use::Fresh => match self.serve_hit(&req, &e, HitKind::Hit, &[], started).await? {
-                    HitOutcome::Served(keep) => return Ok(keep),
-                    HitOutcome::Gone => {}
-                },
-                Use::Stale => match self
-                    .serve_hit(&req, &e, HitKind::Stale, &[], started)
-                    .await?
-                {
-                    HitOutcome::Served(keep) => return Ok(keep),
-                    HitOutcome::Gone => {}
-                },
-                Use::Revalidate => {
-                    // stale-while-revalidate (RFC 5861): serve it now and refresh it in the
-                    // background, once, when only its age (not the request) asks for validation.
-                    if crate::cache::stale::while_revalidate(&e, now, &directives)
-                        && req.method == "GET"
-                    {
-                        if let Role::Leader(guard) = ctx.locks.acquire(primary.hash) {
-                            let bg = Fetch::background(
-                                req.clone(),
-                                upstream.clone(),
-                                primary.clone(),
-                                url.text.clone(),
-                                Some(e.clone()),
-                                route.default_ttl,
-                                guard,
-                            )
-                            .store_set_cookie(route.store_set_cookie);
-                            tokio::spawn(bg.refresh(ctx.clone(), self.peer.ip()));
-                        }
-                        match self
-                            .serve_hit(&req, &e, HitKind::Stale, &[], started)
-                            .await?
-                        {
-                            HitOutcome::Served(keep) => return Ok(keep),
-                            HitOutcome::Gone => {}
-                        }
-                    }
-                    status = CacheStatus::Expired;
-                    stale = Some(e);
-                }
-            }
-        }
-        if directives.only_if_cached {
-            // §5.2.1.7: nothing usable stored, and the client forbids going to the origin.
-            return self
                 .respond_simple(
                     &req,
-                    504,
-                    CacheStatus::Miss,
-                    &[("X-Cache", "MISS")],
+                    405,
+                    CacheStatus::Error,
+                    &[("Allow", ALLOW)],
+                    None,
                     started,
                 )
                 .await;
         }
-        if req.method == "GET" && stale.is_none() && req.field("range").is_some() {
-            // A Range miss: the size is unknown, so the range is forwarded and the 206 relayed,
-            // never stored; the whole object is then filled in the background when it is small
-            // enough (`cache.range_fill_max`), so the next request is a hit.
-            // Not this node's key: the range goes to its owner, which fills the whole object.
-            let plan = ctx
-                .fleet
+        let directives = freshness::request_directives(&req);
+        let ask = Ask {
+            method: &req.method,
+            route_caches: route.cache,
+            bypassed: route.bypasses(&req),
+            has_body: req.body != BodyFraming::None,
+            has_range: req.field("range").is_some(),
+            only_if_cached: directives.only_if_cached,
+        };
+        // The keys and the stored entry, made only when the plan asks for them.
+        let mut keys: Option<(CacheKey, CacheKey)> = None;
+        let mut found: Option<Arc<Entry>> = None;
+        let mut plan = Plan::of(&ask, || {
+            let (url, primary) = keys_of(&req, route, ctx.hash_bits);
+            let e = lookup(&ctx, &primary, &req);
+            keys = Some((url, primary));
+            let stored = e
                 .as_ref()
-                .filter(|_| !from_peer)
-                .and_then(|f| f.plan(&primary.text));
-            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started)
-                .not_stored("range")
-                .store_set_cookie(route.store_set_cookie);
-            let fetch = match plan {
-                Some(p) => fetch.fleet(Some(p)),
-                None => fetch.range_fill(RangeFill {
-                    primary,
-                    url: url.text,
-                    default_ttl,
-                }),
+                .map_or(Stored::Nothing, |e| judge(e, &directives));
+            found = e;
+            stored
+        });
+        loop {
+            let (serve, refresh) = match plan {
+                Plan::Bypass { .. } | Plan::Unstored(_) => {
+                    let fetch = past_the_cache(&req, body, route, plan, started);
+                    return self.fetch(fetch).await;
+                }
+                Plan::Serve(Serve::Fresh) => (HitKind::Hit, false),
+                Plan::Serve(Serve::Stale) => (HitKind::Stale, false),
+                Plan::ServeThenRefresh => (HitKind::Stale, true),
+                Plan::GatewayTimeout => {
+                    // §5.2.1.7: nothing usable stored, and the client forbids going upstream.
+                    let cache = CacheFields {
+                        x_cache: CacheStatus::Miss.as_str(),
+                        upstream: None,
+                        member: None,
+                    };
+                    return self
+                        .respond_simple(&req, 504, CacheStatus::Miss, &[], Some(&cache), started)
+                        .await;
+                }
+                Plan::RangeMiss | Plan::Head { .. } | Plan::Fill { .. } => {
+                    let looked = (keys, found, from_peer);
+                    return self
+                        .forward_miss(&req, body, route, plan, looked, &directives, started)
+                        .await;
+                }
             };
-            return self.fetch(fetch).await;
+            let Some(e) = found.clone() else {
+                plan = Plan::after_lookup(&ask, Stored::Nothing);
+                continue;
+            };
+            if refresh && let Some(keys) = &keys {
+                self.refresh_behind(&req, route, keys, &e);
+            }
+            match self.serve_hit(&req, &e, serve, &[], started).await? {
+                HitOutcome::Served(keep) => return Ok(keep),
+                // Gone from disk before a byte was sent: planned again as what is left. A fresh
+                // or usable entry leaves nothing; a stale one still asks for its revalidation.
+                HitOutcome::Gone if refresh => {
+                    plan = Plan::after_lookup(
+                        &ask,
+                        Stored::MustRevalidate {
+                            while_revalidating: false,
+                        },
+                    );
+                }
+                HitOutcome::Gone => {
+                    found = None;
+                    plan = Plan::after_lookup(&ask, Stored::Nothing);
+                }
+            }
         }
-        if req.method == "HEAD" {
-            // A HEAD cannot fill a GET entry; forward it without taking the fill lock. Its 200
-            // updates a stale stored response, or marks it stale (RFC 9111 §4.3.5).
-            // The route's storage rules apply to that update as to a 304's.
-            let fetch = Fetch::new(&req, body, upstream, status, "miss", None, started)
-                .default_ttl(default_ttl)
-                .store_set_cookie(route.store_set_cookie);
-            let fetch = match stale {
-                Some(e) => fetch.head_update(e, primary.hash),
-                // Not this node's key: its owner answers (from its cache, if it has it).
-                None => fetch.fleet(
-                    ctx.fleet
-                        .as_ref()
-                        .filter(|_| !from_peer)
-                        .and_then(|f| f.plan(&primary.text)),
-                ),
-            };
-            return self.fetch(fetch).await;
+    }
+
+    /// Refreshes the stale entry `e` once in the background (stale-while-revalidate), unless
+    /// another request holds the key's fill lock.
+    fn refresh_behind(
+        &self,
+        req: &RequestHead,
+        route: &crate::routing::Route,
+        (url, primary): &(CacheKey, CacheKey),
+        e: &Arc<Entry>,
+    ) {
+        if let Role::Leader(guard) = self.ctx.locks.acquire(primary.hash) {
+            let bg = Fetch::background(
+                req.clone(),
+                route.upstream.clone(),
+                primary.clone(),
+                url.text.clone(),
+                Some(e.clone()),
+                route.default_ttl,
+                guard,
+            )
+            .store_set_cookie(route.store_set_cookie);
+            tokio::spawn(bg.refresh(self.ctx.clone(), self.peer.ip()));
+        }
+    }
+
+    /// Carries out a plan that goes upstream as a miss: a Range miss, a HEAD, or a fill under
+    /// the key's lock (waiting behind another request's fill when there is one).
+    #[allow(clippy::too_many_arguments)]
+    async fn forward_miss(
+        &mut self,
+        req: &RequestHead,
+        body: RequestBody,
+        route: &crate::routing::Route,
+        plan: Plan,
+        (keys, found, from_peer): Looked,
+        directives: &crate::cache::directives::RequestDirectives,
+        started: Instant,
+    ) -> Result<bool, ConnError> {
+        let ctx = self.ctx.clone();
+        let upstream = route.upstream.clone();
+        let default_ttl = route.default_ttl;
+        let Some((url, primary)) = keys else {
+            // Every plan after a lookup made the keys.
+            return self
+                .respond_simple(req, 500, CacheStatus::Error, &[], None, started)
+                .await;
+        };
+        // The stale stored response it revalidates or updates.
+        let stale = found.filter(|_| {
+            matches!(
+                plan,
+                Plan::Head { update: true } | Plan::Fill { revalidate: true }
+            )
+        });
+        let status = if stale.is_some() {
+            CacheStatus::Expired
+        } else {
+            CacheStatus::Miss
+        };
+        // Not this node's key: its owner answers (a peer's request is never forwarded again).
+        let owner_plan = |with_stale: bool| {
+            ctx.fleet
+                .as_ref()
+                .filter(|_| !from_peer && (with_stale || stale.is_none()))
+                .and_then(|f| f.plan(&primary.text))
+        };
+        match plan {
+            Plan::RangeMiss => {
+                // The size is unknown, so the range is forwarded and the 206 relayed, never
+                // stored; the whole object is then filled in the background when it is small
+                // enough (`cache.range_fill_max`), so the next request is a hit. Not this node's
+                // key: the range goes to its owner, which fills the whole object.
+                let fleet = owner_plan(true);
+                let fetch = Fetch::new(req, body, upstream, status, "miss", None, started)
+                    .not_stored("range")
+                    .store_set_cookie(route.store_set_cookie);
+                let fetch = match fleet {
+                    Some(p) => fetch.fleet(Some(p)),
+                    None => fetch.range_fill(RangeFill {
+                        primary,
+                        url: url.text,
+                        default_ttl,
+                    }),
+                };
+                return self.fetch(fetch).await;
+            }
+            Plan::Head { .. } => {
+                // The route's storage rules apply to the HEAD's update as to a 304's.
+                let fetch = Fetch::new(req, body, upstream, status, "miss", None, started)
+                    .default_ttl(default_ttl)
+                    .store_set_cookie(route.store_set_cookie);
+                let fetch = match stale {
+                    Some(e) => fetch.head_update(e, primary.hash),
+                    None => fetch.fleet(owner_plan(true)),
+                };
+                return self.fetch(fetch).await;
+            }
+            _ => {}
         }
         // Fresh enough for this request, for a follower of another request's fill.
         let fresh = |e: &Entry| {
@@ -246,7 +261,7 @@ impl Conn {
                 e.age(crate::clock::now()),
                 e.meta.lifetime,
                 e.reuse,
-                &directives,
+                directives,
             ) == Use::Fresh
         };
         let guard = match ctx.locks.acquire(primary.hash) {
@@ -260,28 +275,28 @@ impl Conn {
                         let key = if e.meta.vary.is_empty() {
                             primary.clone()
                         } else {
-                            variance::variant(&primary, &e.meta.vary, &req, ctx.hash_bits)
+                            variance::variant(&primary, &e.meta.vary, req, ctx.hash_bits)
                         };
                         let usable = key.text == e.meta.key
                             && fresh(e)
                             && conditional::evaluate(
-                                &req,
+                                req,
                                 e.etag.as_deref(),
                                 e.last_modified.as_deref(),
                                 e.date.as_deref(),
                             ) == Precondition::Proceed;
                         if usable {
                             return self
-                                .serve_collapsed(&req, &g, upstream.read_timeout, started)
+                                .serve_collapsed(req, &g, upstream.read_timeout, started)
                                 .await;
                         }
                     }
                     // The leader is done: what it stored is a hit now.
                     Ok(None) => {
-                        if let Some(e) = lookup()
+                        if let Some(e) = lookup(&ctx, &primary, req)
                             && fresh(&e)
                             && let HitOutcome::Served(keep) = self
-                                .serve_hit(&req, &e, HitKind::Coalesced, &[], started)
+                                .serve_hit(req, &e, HitKind::Coalesced, &[], started)
                                 .await?
                         {
                             return Ok(keep);
@@ -292,12 +307,10 @@ impl Conn {
                 None
             }
         };
-        // Not this node's key: ask its owner (a peer's request is never forwarded again).
-        let owner = ctx.fleet.as_ref().filter(|_| !from_peer && stale.is_none());
-        let plan = owner.and_then(|f| f.plan(&primary.text));
+        let fleet = owner_plan(false);
         self.fetch(
             Fetch::new(
-                &req,
+                req,
                 body,
                 upstream,
                 status,
@@ -305,7 +318,7 @@ impl Conn {
                 Some((primary, guard)),
                 started,
             )
-            .fleet(plan)
+            .fleet(fleet)
             .revalidating(stale)
             .stale_grace(route.stale_grace)
             .url(url.text)
@@ -314,4 +327,103 @@ impl Conn {
         )
         .await
     }
+}
+
+/// What the lookup left for a miss: the URL and primary keys, the entry found, and whether the
+/// request came from a fleet peer (never forwarded again).
+type Looked = (Option<(CacheKey, CacheKey)>, Option<Arc<Entry>>, bool);
+
+/// How the freshness rules judge a stored response for this request.
+fn judge(e: &Entry, directives: &crate::cache::directives::RequestDirectives) -> Stored {
+    let now = crate::clock::now();
+    match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, directives) {
+        Use::Fresh => Stored::Fresh,
+        Use::Stale => Stored::UsableStale,
+        // stale-while-revalidate (RFC 5861): serve it now and refresh it in the background,
+        // once, when only its age (not the request) asks for validation.
+        Use::Revalidate => Stored::MustRevalidate {
+            while_revalidating: crate::cache::stale::while_revalidate(e, now, directives),
+        },
+    }
+}
+
+/// The fetch of a request planned past the cache: a bypass (invalidating what an unsafe method
+/// names) or a miss never stored.
+fn past_the_cache<'r>(
+    req: &'r RequestHead,
+    body: RequestBody,
+    route: &crate::routing::Route,
+    plan: Plan,
+    started: Instant,
+) -> Fetch<'r> {
+    let upstream = route.upstream.clone();
+    match plan {
+        Plan::Bypass { detail, invalidate } => Fetch::new(
+            req,
+            body,
+            upstream,
+            CacheStatus::Bypass,
+            detail,
+            None,
+            started,
+        )
+        .invalidating(invalidate.then_some(route.key_query)),
+        // A GET or HEAD with a body: its meaning is the origin's business, so it goes upstream
+        // with its body, but the answer depends on bytes no key holds.
+        Plan::Unstored(why) => Fetch::new(
+            req,
+            body,
+            upstream,
+            CacheStatus::Miss,
+            "miss",
+            None,
+            started,
+        )
+        .not_stored(why),
+        _ => Fetch::new(
+            req,
+            body,
+            upstream,
+            CacheStatus::Miss,
+            "miss",
+            None,
+            started,
+        ),
+    }
+}
+
+/// The request's URL key and its primary key (the URL with the route's key fields).
+fn keys_of(
+    req: &RequestHead,
+    route: &crate::routing::Route,
+    hash_bits: u32,
+) -> (CacheKey, CacheKey) {
+    let target = if route.key_query {
+        req.target.as_str()
+    } else {
+        req.path()
+    };
+    let url = CacheKey::new(
+        &req.method,
+        crate::cache::key::scheme(req.tls),
+        &req.host,
+        target,
+        hash_bits,
+    );
+    let primary = url.clone().with_headers(
+        &route.key_headers,
+        |h| crate::http::headers::exact(&req.fields, h),
+        hash_bits,
+    );
+    (url, primary)
+}
+
+/// The stored response for `primary`, under the secondary key of this request when its URL's
+/// responses vary; one that predates a fleet purge this node missed is dropped.
+fn lookup(ctx: &super::Ctx, primary: &CacheKey, req: &RequestHead) -> Option<Arc<Entry>> {
+    ctx.store
+        .lookup_varying(primary, |names| {
+            variance::variant(primary, names, req, ctx.hash_bits)
+        })
+        .filter(|e| !crate::fleet::Fleet::drops(ctx.fleet.as_deref(), &ctx.store, e))
 }

@@ -32,7 +32,11 @@ impl Conn {
             return Ok(Intake::Client);
         };
         if let Some(op) = hop.op.as_deref() {
-            let (status, json) = crate::fleet::internal::answer(&fleet, op, body);
+            let whole = match body {
+                RequestBody::Whole(b) => Some(b.as_slice()),
+                RequestBody::Streaming { .. } => None,
+            };
+            let (status, json) = crate::fleet::internal::answer(&fleet, op, whole);
             self.head = crate::fleet::internal::response(status, &json, req.close);
             self.send_head().await?;
             return Ok(Intake::Answered(!req.close));

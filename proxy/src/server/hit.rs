@@ -6,11 +6,12 @@
 use super::conn::{Conn, ConnError};
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
-use crate::http::headers::{put, put_digits, put_num};
+use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
 use crate::http::range::{self, RangeAnswer};
 use crate::http::request::RequestHead;
 use crate::http::stored_fields::StoredFields;
 use crate::sendfile::SendfileError;
+use std::fs::File;
 use std::sync::Arc;
 use std::time::Instant;
 use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
@@ -47,7 +48,8 @@ pub enum HitOutcome {
 }
 
 impl Conn {
-    /// Serves `e` for `req`. `coalesced`: this request waited for another request's fill.
+    /// Serves `e` for `req`: a 412 or 304 from the stored validators, else the stored response
+    /// (whole, a range, or 416) with its head in one send and its body by sendfile.
     pub async fn serve_hit(
         &mut self,
         req: &RequestHead,
@@ -56,9 +58,7 @@ impl Conn {
         requester: &[u8],
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
-        let ctx = self.ctx.clone();
-        let now = crate::clock::now();
-        let age = e.age(now).as_secs();
+        let age = e.age(crate::clock::now()).as_secs();
         let ttl = e.meta.lifetime.as_secs() as i64 - age as i64;
         // Conditional requests are answered from the stored validators (RFC 9110 §13.2.2).
         match conditional::evaluate(
@@ -69,85 +69,132 @@ impl Conn {
         ) {
             Precondition::Proceed => {}
             Precondition::Failed => {
+                let cache = CacheFields {
+                    x_cache: kind_token(kind),
+                    upstream: None,
+                    member: None,
+                };
                 let keep = self
-                    .respond_simple(
-                        req,
-                        412,
-                        kind.cache_status(),
-                        &[("X-Cache", kind_token(kind))],
-                        started,
-                    )
+                    .respond_simple(req, 412, kind.cache_status(), &[], Some(&cache), started)
                     .await?;
                 return Ok(HitOutcome::Served(keep));
             }
             Precondition::NotModified => {
-                let h = &mut self.head;
-                h.clear();
-                h.extend_from_slice(b"HTTP/1.1 304 Not Modified\r\n");
-                for line in StoredFields(&e.meta.fields).lines() {
-                    if conditional::NOT_MODIFIED_FIELDS
-                        .iter()
-                        .any(|f| line.name.eq_ignore_ascii_case(f))
-                    {
-                        h.extend_from_slice(line.raw);
-                    }
-                }
-                h.extend_from_slice(requester);
-                self.dynamic_fields(kind, age, ttl, req.close);
-                let sent = self.send_head().await;
-                self.record(&ResponseRecord {
-                    method: &req.method,
-                    target: &req.target,
-                    status: 304,
-                    cache_status: kind.cache_status(),
-                    head_bytes: self.head.len() as u64,
-                    body_bytes: 0,
-                    path: DataPath::Zerocopy,
-                    duration: started.elapsed(),
-                    complete: sent.is_ok(),
-                });
-                sent?;
-                return Ok(HitOutcome::Served(!req.close));
+                return self
+                    .not_modified(req, e, kind, requester, (age, ttl), started)
+                    .await;
             }
         }
-        let head_only = req.method == "HEAD";
         // Open before sending anything, so a vanished file can still become a miss.
-        let file = if head_only {
+        let file = if req.method == "HEAD" {
             None
         } else {
-            match ctx.store.open_file(e) {
+            match self.open_stored(req, e, started).await? {
                 Ok(f) => Some(f),
-                Err(err) => match crate::cache::store::OpenFailure::of(&err) {
-                    crate::cache::store::OpenFailure::NoFds => {
-                        // The entry is intact; the process is out of fds (the store has logged
-                        // it). A refetch would need more of them, so the client comes back soon.
-                        let keep = self
-                            .respond_simple(
-                                req,
-                                503,
-                                CacheStatus::Error,
-                                &[
-                                    ("Retry-After", "1"),
-                                    ("X-Cache", CacheStatus::Error.as_str()),
-                                ],
-                                started,
-                            )
-                            .await?;
-                        return Ok(HitOutcome::Served(keep));
-                    }
-                    crate::cache::store::OpenFailure::Gone => {
-                        tracing::warn!(path = %e.path.display(), error = %err, "cache file vanished; refetching");
-                        return Ok(HitOutcome::Gone);
-                    }
-                    crate::cache::store::OpenFailure::Other => {
-                        // Kept in the index: the file is probably there, and a refetch that
-                        // succeeds replaces it anyway.
-                        tracing::warn!(path = %e.path.display(), error = %err, "cannot open cache file; refetching");
-                        return Ok(HitOutcome::Gone);
-                    }
-                },
+                Err(answered) => return Ok(answered),
             }
         };
+        let (start, len, status) = self.hit_head(req, e, kind, requester, (age, ttl));
+        self.send_stored(req, e, kind, file.as_ref(), (start, len, status), started)
+            .await
+    }
+
+    /// The 304 for a request whose validators match the entry's: the entry's 304 fields
+    /// (RFC 9110 §15.4.5) and the requester's own.
+    async fn not_modified(
+        &mut self,
+        req: &RequestHead,
+        e: &Entry,
+        kind: HitKind,
+        requester: &[u8],
+        (age, ttl): (u64, i64),
+        started: Instant,
+    ) -> Result<HitOutcome, ConnError> {
+        let mut h = Head::standard(&mut self.head, 304);
+        for line in StoredFields(&e.meta.fields).lines() {
+            if conditional::NOT_MODIFIED_FIELDS
+                .iter()
+                .any(|f| line.name.eq_ignore_ascii_case(f))
+            {
+                h.lines(line.raw);
+            }
+        }
+        h.lines(requester);
+        epilogue(h, kind, age, ttl, req.close);
+        let sent = self.send_head().await;
+        self.record(&ResponseRecord {
+            method: &req.method,
+            target: &req.target,
+            status: 304,
+            cache_status: kind.cache_status(),
+            head_bytes: self.head.len() as u64,
+            body_bytes: 0,
+            path: DataPath::Zerocopy,
+            duration: started.elapsed(),
+            complete: sent.is_ok(),
+        });
+        sent?;
+        Ok(HitOutcome::Served(!req.close))
+    }
+
+    /// The entry's file, open; or, when it cannot be opened, what became of the request: a 503
+    /// when the process is out of descriptors, a miss when the file is gone.
+    async fn open_stored(
+        &mut self,
+        req: &RequestHead,
+        e: &Arc<Entry>,
+        started: Instant,
+    ) -> Result<Result<Arc<File>, HitOutcome>, ConnError> {
+        use crate::cache::store::OpenFailure;
+        let err = match self.ctx.store.open_file(e) {
+            Ok(f) => return Ok(Ok(f)),
+            Err(err) => err,
+        };
+        match OpenFailure::of(&err) {
+            OpenFailure::NoFds => {
+                // The entry is intact; the process is out of fds (the store has logged it). A
+                // refetch would need more of them, so the client comes back soon.
+                let cache = CacheFields {
+                    x_cache: CacheStatus::Error.as_str(),
+                    upstream: None,
+                    member: None,
+                };
+                let keep = self
+                    .respond_simple(
+                        req,
+                        503,
+                        CacheStatus::Error,
+                        &[("Retry-After", "1")],
+                        Some(&cache),
+                        started,
+                    )
+                    .await?;
+                Ok(Err(HitOutcome::Served(keep)))
+            }
+            OpenFailure::Gone => {
+                tracing::warn!(path = %e.path.display(), error = %err, "cache file vanished; refetching");
+                Ok(Err(HitOutcome::Gone))
+            }
+            OpenFailure::Other => {
+                // Kept in the index: the file is probably there, and a refetch that succeeds
+                // replaces it anyway.
+                tracing::warn!(path = %e.path.display(), error = %err, "cannot open cache file; refetching");
+                Ok(Err(HitOutcome::Gone))
+            }
+        }
+    }
+
+    /// Writes the head of a stored response into `self.head`: whole, a range of it (206) or a
+    /// 416. Returns the body's start and length in the entry, and the status.
+    fn hit_head(
+        &mut self,
+        req: &RequestHead,
+        e: &Entry,
+        kind: HitKind,
+        requester: &[u8],
+        (age, ttl): (u64, i64),
+    ) -> (u64, u64, u16) {
+        let ctx = &self.ctx;
         let answer = if req.method == "GET"
             && e.meta.status == 200
             && conditional::if_range_holds(req, e.etag.as_deref(), e.last_modified.as_deref())
@@ -156,38 +203,65 @@ impl Conn {
         } else {
             RangeAnswer::Full
         };
-        let h = &mut self.head;
-        h.clear();
-        let (start, len, status) = match answer {
+        match answer {
             RangeAnswer::Full => {
-                put_stored(h, &e.hit_head, requester);
+                // The entry's prebuilt head: its status line, then its fields and length.
+                let at = e
+                    .hit_head
+                    .windows(2)
+                    .position(|w| w == b"\r\n")
+                    .map_or(0, |i| i + 2);
+                let mut h = Head::resume(&mut self.head, &e.hit_head[..at]);
+                put_stored(&mut h, &e.hit_head[at..], requester);
+                epilogue(h, kind, age, ttl, req.close);
                 (0, e.body_len, e.meta.status)
             }
             RangeAnswer::Partial { start, end } => {
-                h.extend_from_slice(b"HTTP/1.1 206 Partial Content\r\n");
-                put_stored(h, &ctx.store.targeted().visible(&e.meta.fields), requester);
-                put(
-                    h,
+                let mut h = Head::standard(&mut self.head, 206);
+                put_stored(
+                    &mut h,
+                    &ctx.store.targeted().visible(&e.meta.fields),
+                    requester,
+                );
+                h.field(
                     "Content-Range",
                     format!("bytes {start}-{end}/{}", e.body_len).as_bytes(),
-                );
-                put_num(h, "Content-Length", end - start + 1);
+                )
+                .framing(Framing::Length(end - start + 1));
+                epilogue(h, kind, age, ttl, req.close);
                 (start, end - start + 1, 206)
             }
             RangeAnswer::Unsatisfiable => {
-                h.extend_from_slice(b"HTTP/1.1 416 Range Not Satisfiable\r\n");
-                put_stored(h, &ctx.store.targeted().visible(&e.meta.fields), requester);
-                put(
-                    h,
+                let mut h = Head::standard(&mut self.head, 416);
+                put_stored(
+                    &mut h,
+                    &ctx.store.targeted().visible(&e.meta.fields),
+                    requester,
+                );
+                h.field(
                     "Content-Range",
                     format!("bytes */{}", e.body_len).as_bytes(),
-                );
-                put_num(h, "Content-Length", 0);
+                )
+                .framing(Framing::Length(0));
+                epilogue(h, kind, age, ttl, req.close);
                 (0, 0, 416)
             }
-        };
-        self.dynamic_fields(kind, age, ttl, req.close);
-        let body_file = file.as_ref().filter(|_| len > 0);
+        }
+    }
+
+    /// Sends the head in `self.head`, then `len` bytes of the body from `start` by sendfile (a
+    /// cold range read in first, off the event loop), and records the response.
+    async fn send_stored(
+        &mut self,
+        req: &RequestHead,
+        e: &Arc<Entry>,
+        kind: HitKind,
+        file: Option<&Arc<File>>,
+        (start, len, status): (u64, u64, u16),
+        started: Instant,
+    ) -> Result<HitOutcome, ConnError> {
+        let ctx = self.ctx.clone();
+        let body_file = file.filter(|_| len > 0);
         let head_sent = if body_file.is_some() && !ctx.copy_hits {
             self.sock
                 .send_head(&self.head, ctx.send_timeout)
@@ -246,40 +320,6 @@ impl Conn {
         Ok(HitOutcome::Served(!req.close))
     }
 
-    /// Appends `Age`, `X-Cache`, `Cache-Status` (RFC 9211, with `ttl`), `Via`, `Connection` and
-    /// the blank line to the head being built.
-    fn dynamic_fields(&mut self, kind: HitKind, age: u64, ttl: i64, close: bool) {
-        let h = &mut self.head;
-        put_num(h, "Age", age);
-        h.extend_from_slice(b"X-Cache: ");
-        h.extend_from_slice(kind_token(kind).as_bytes());
-        h.extend_from_slice(b"\r\n");
-        // Written piecewise: a hit allocates nothing for its head.
-        let (before, after): (&[u8], &[u8]) = match kind {
-            HitKind::Hit => (b"Cache-Status: zerocache; hit; ttl=", b"\r\n"),
-            HitKind::Coalesced => (
-                b"Cache-Status: zerocache; hit; ttl=",
-                b"; detail=coalesced\r\n",
-            ),
-            HitKind::Stale => (b"Cache-Status: zerocache; hit; ttl=", b"; detail=stale\r\n"),
-            HitKind::Revalidated => (
-                b"Cache-Status: zerocache; fwd=stale; fwd-status=304; ttl=",
-                b"\r\n",
-            ),
-        };
-        h.extend_from_slice(before);
-        if ttl < 0 {
-            h.push(b'-');
-        }
-        put_digits(h, ttl.unsigned_abs());
-        h.extend_from_slice(after);
-        h.extend_from_slice(crate::http::headers::VIA_SELF_LINE);
-        if close {
-            h.extend_from_slice(b"Connection: close\r\n");
-        }
-        h.extend_from_slice(b"\r\n");
-    }
-
     fn record_hit(
         &self,
         req: &RequestHead,
@@ -307,13 +347,35 @@ fn kind_token(kind: HitKind) -> &'static str {
     kind.cache_status().as_str()
 }
 
+/// Ends a served-from-cache head: `Age`, `X-Cache`, `Cache-Status` (RFC 9211, with `ttl`),
+/// `Via`, `Connection` and the blank line.
+fn epilogue(mut h: Head<'_>, kind: HitKind, age: u64, ttl: i64, close: bool) {
+    let member = match kind {
+        HitKind::Hit => CacheStatusField::hit(ttl),
+        HitKind::Coalesced => CacheStatusField::hit(ttl).detail("coalesced"),
+        HitKind::Stale => CacheStatusField::hit(ttl).detail("stale"),
+        HitKind::Revalidated => CacheStatusField {
+            fwd_status: Some(304),
+            ttl: Some(ttl),
+            ..CacheStatusField::fwd("stale")
+        },
+    };
+    h.age(age)
+        .cache(&CacheFields {
+            x_cache: kind_token(kind),
+            upstream: None,
+            member: Some(member),
+        })
+        .via_self();
+    h.end(close);
+}
+
 /// Appends the stored header lines `block` to `h`, with the fields that `requester` names
 /// replaced by its lines: what a 304 carried for the client that caused it alone (RFC 9111
 /// §4.3.4 for that client; `validation::for_requester_only` for why the entry keeps its own).
-/// A status line in `block` has no field name and is kept.
-fn put_stored(h: &mut Vec<u8>, block: &[u8], requester: &[u8]) {
+fn put_stored(h: &mut Head<'_>, block: &[u8], requester: &[u8]) {
     if requester.is_empty() {
-        h.extend_from_slice(block);
+        h.lines(block);
         return;
     }
     let replaced = |name: &str| {
@@ -323,8 +385,8 @@ fn put_stored(h: &mut Vec<u8>, block: &[u8], requester: &[u8]) {
     };
     for line in StoredFields(block).lines() {
         if !replaced(line.name) {
-            h.extend_from_slice(line.raw);
+            h.lines(line.raw);
         }
     }
-    h.extend_from_slice(requester);
+    h.lines(requester);
 }

@@ -7,14 +7,12 @@
 //! new requests while responses in flight finish on the old ones.
 
 pub mod behind;
-pub mod client_sock;
 pub mod conn;
 mod copy_account;
 mod dispatch;
 pub mod fetch;
 mod fleet_intake;
 pub mod hit;
-pub mod listen;
 mod refusal;
 pub mod upload;
 pub mod workers;

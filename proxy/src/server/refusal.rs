@@ -9,7 +9,18 @@ use tokio::net::TcpListener;
 
 /// What a connection accepted only to be refused, out of file descriptors, is sent before it is
 /// closed.
-const OUT_OF_FDS_RESPONSE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 24\r\n\r\n503 Service Unavailable\n";
+static OUT_OF_FDS_RESPONSE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let mut out = Vec::new();
+    crate::http::head::text_response(
+        &mut out,
+        503,
+        &[("Retry-After", "1")],
+        None,
+        true,
+        b"503 Service Unavailable\n",
+    );
+    out
+});
 
 /// How long an accept loop pauses after a failed accept. Out of fds, accept(2) fails before it
 /// even looks at the backlog and the listener's readiness is never cleared, so without a pause the
@@ -82,7 +93,7 @@ impl Reserve {
 pub(super) fn refuse(sock: std::net::TcpStream) {
     // A fresh socket's send buffer takes the whole response at once; a client that cannot take
     // it is not waited for.
-    let _ = (&sock).write(OUT_OF_FDS_RESPONSE);
+    let _ = (&sock).write(&OUT_OF_FDS_RESPONSE);
     // Closing with unread request bytes would make the kernel send RST, not FIN, and an RST can
     // discard the 503 before the client reads it: finish our side and read what has arrived.
     let _ = sock.shutdown(std::net::Shutdown::Write);

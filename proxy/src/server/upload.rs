@@ -17,6 +17,13 @@ use crate::http::request::{BodyFraming, RequestHead};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
+/// The interim answer to `Expect: 100-continue`.
+static CONTINUE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let mut out = Vec::new();
+    crate::http::head::Head::standard(&mut out, 100).end(false);
+    out
+});
+
 /// Largest request body held in memory; larger ones are streamed.
 pub const BUFFERED_MAX: usize = 64 * 1024;
 
@@ -91,7 +98,7 @@ impl Conn {
             return Ok(None);
         }
         if req.expect_continue && self.buf.is_empty() {
-            self.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+            self.send(&CONTINUE).await?;
         }
         self.body_pace = Some((tokio::time::Instant::now(), 0));
         let mut rest = match req.body {

@@ -375,12 +375,14 @@ fn spawn_serve(
     let done = Finished(me, shared.clone(), pool.clone());
     tokio::spawn(async move {
         let sock = if tls {
-            match crate::tls::server::accept(sock, peer, &done.1).await {
-                Some(s) => s,
+            let ctx = done.1.ctx.load_full();
+            match crate::tls::server::accept(sock, peer, ctx.tls.as_deref(), &ctx.accounting).await
+            {
+                Some(h) => crate::net::client_sock::ClientSock::from(h),
                 None => return,
             }
         } else {
-            super::client_sock::ClientSock::Plain(sock)
+            crate::net::client_sock::ClientSock::Plain(sock)
         };
         conn::serve(sock, peer, done.1.clone()).await;
         drop(done);

@@ -15,15 +15,13 @@ pub struct Started {
     pub server: Option<Arc<TlsServer>>,
     /// Whether the kernel offers kTLS.
     pub ktls: Ktls,
+    /// The addresses of `tls.listen`, for the caller to bind beside the plain ones.
+    pub listen: Vec<std::net::SocketAddr>,
 }
 
-/// Loads the certificates and binds `tls.listen`, adding the sockets to `listeners` marked as
-/// TLS. A certificate that does not load, or a port that is taken, fails start-up with the file
-/// or key that names it.
-pub fn start(
-    config: &Config,
-    listeners: &mut Vec<(std::net::TcpListener, bool)>,
-) -> anyhow::Result<Started> {
+/// Loads the certificates and says where `tls.listen` is to be bound. A certificate that does
+/// not load fails start-up with the file or key that names it.
+pub fn start(config: &Config) -> anyhow::Result<Started> {
     warn_unverified(config);
     super::client::check_all(config).context("upstreams: TLS files")?;
     let Some(cfg) = &config.tls else {
@@ -31,6 +29,7 @@ pub fn start(
         return Ok(Started {
             server: None,
             ktls: ktls::detect::detect(),
+            listen: Vec::new(),
         });
     };
     let (ktls, _) = ktls::offered();
@@ -45,18 +44,11 @@ pub fn start(
         );
     }
     let server = TlsServer::load(cfg).context("tls.certificates")?;
-    for addr in cfg
+    let listen = cfg
         .listen
         .addrs()
         .map_err(anyhow::Error::msg)
-        .context("tls.listen")?
-    {
-        listeners.push((
-            crate::server::listen::bind_listener(addr, config.backlog)
-                .with_context(|| format!("cannot listen on {addr} (tls.listen)"))?,
-            true,
-        ));
-    }
+        .context("tls.listen")?;
     match plan {
         Ok(offload) => tracing::info!(
             listen = %cfg.listen,
@@ -75,6 +67,7 @@ pub fn start(
     Ok(Started {
         server: Some(Arc::new(server)),
         ktls,
+        listen,
     })
 }
 

@@ -58,23 +58,6 @@ pub fn ktls_summary(config: &zerocache_config::Config) -> Option<String> {
     })
 }
 
-/// The URL scheme of a request, by the listener it came in on: part of the cache key, so an
-/// origin's `http`→`https` redirect cached for plain clients is never served to TLS clients.
-pub(crate) fn scheme(tls: bool) -> &'static str {
-    if tls { "https" } else { "http" }
-}
-
-/// A URL key text and its `https` twin: an invalidation or a purge removes what either
-/// listener stored for the URL.
-pub(crate) fn with_https_twin(text: String) -> Vec<String> {
-    let twin = text.replacen(" http://", " https://", 1);
-    if twin == text {
-        vec![text]
-    } else {
-        vec![text, twin]
-    }
-}
-
 /// The crypto provider every TLS config uses.
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

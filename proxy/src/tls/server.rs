@@ -10,9 +10,8 @@
 use super::certs::{self, CertError};
 use super::ktls::handover::{self, HandOver};
 use super::ktls::handshake_io::HandshakeIo;
+use super::ktls::stream::KtlsStream;
 use super::ktls::{self, Offload};
-use crate::server::Shared;
-use crate::server::client_sock::ClientSock;
 use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache};
 use rustls::sign::CertifiedKey;
 use rustls::{ProtocolVersion, ServerConfig};
@@ -23,7 +22,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use zerocache_config::tls::{KtlsMode, TlsListener};
-use zerocache_ledger::{HandshakeResult, TlsTransport, UserspaceReason};
+use zerocache_ledger::{Accounting, HandshakeResult, TlsTransport, UserspaceReason};
 
 /// Sessions remembered for resumption by id (TLS 1.2), shared by all workers.
 const SESSION_CACHE: usize = 4096;
@@ -32,7 +31,18 @@ const SESSION_CACHE: usize = 4096;
 const HANDSHAKE_RECORD: u8 = 0x16;
 
 /// What a plain-HTTP request on the TLS port is answered with.
-const PLAIN_HTTP_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 47\r\n\r\nA plain HTTP request was sent to the TLS port.\n";
+static PLAIN_HTTP_ON_TLS: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let mut out = Vec::new();
+    crate::http::head::text_response(
+        &mut out,
+        400,
+        &[],
+        None,
+        true,
+        b"A plain HTTP request was sent to the TLS port.\n",
+    );
+    out
+});
 
 /// The loaded listener: its acceptor and handshake timeout. Replaced whole on a reload whose
 /// certificates all load; a bad file keeps the running one.
@@ -187,29 +197,55 @@ impl Served {
     }
 }
 
-/// Runs the handshake of a connection accepted on the TLS listener, within the handshake
-/// timeout, counting its result; `None` when it failed (the socket is then closed).
+/// A connection whose handshake succeeded: its records made in user space by rustls (and why),
+/// or handed to the kernel. `served` is the certificate chosen, with `tls.strict_sni` on.
+pub enum Handshaken {
+    Userspace {
+        stream: Box<tokio_rustls::server::TlsStream<HandshakeIo>>,
+        served: Option<Served>,
+        why: UserspaceReason,
+    },
+    Kernel {
+        stream: KtlsStream,
+        served: Option<Served>,
+    },
+}
+
+impl Handshaken {
+    /// How its records are made, as the accounting counts it.
+    pub fn transport(&self) -> TlsTransport {
+        match self {
+            Handshaken::Userspace { why, .. } => TlsTransport::Userspace(*why),
+            Handshaken::Kernel { .. } => TlsTransport::Ktls,
+        }
+    }
+}
+
+/// Runs the handshake of a connection accepted on the TLS listener (`server`, the current
+/// config's), within the handshake timeout, counting its result in `acc`; `None` when it failed
+/// (the socket is then closed).
 ///
 /// A failed handshake's socket is still recorded in the accounting, as a connection that served
 /// nothing, before it is closed: the probe's close event for its fd then joins that record, and
 /// never the next connection that gets the same fd number.
-pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> Option<ClientSock> {
-    let ctx = shared.ctx.load_full();
+pub async fn accept(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    server: Option<&TlsServer>,
+    acc: &Accounting,
+) -> Option<Handshaken> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp) as u32;
     let failed = |result: HandshakeResult| {
-        let acc = &ctx.accounting;
         acc.tls.handshake(result);
         let id = acc.conn_opened(fd, peer);
         // Never handed over: the listener's own reason, if it has one.
-        let why = ctx
-            .tls
-            .as_ref()
+        let why = server
             .and_then(|s| s.ktls.err())
             .unwrap_or(UserspaceReason::HandOverFailed);
         acc.conn_tls(id, TlsTransport::Userspace(why));
         acc.conn_closed(id);
     };
-    let Some(server) = ctx.tls.as_ref() else {
+    let Some(server) = server else {
         // A TLS listener is only bound with a loaded server; a reload cannot remove it.
         failed(HandshakeResult::NoCert);
         return None;
@@ -229,7 +265,7 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
         Ok(Ok(_)) if first[0] != HANDSHAKE_RECORD && first[0].is_ascii_uppercase() => {
             tracing::debug!(%peer, "plain HTTP on the TLS port; answered 400");
             let mut tcp = tcp;
-            let _ = tokio::time::timeout_at(deadline, tcp.write_all(PLAIN_HTTP_ON_TLS)).await;
+            let _ = tokio::time::timeout_at(deadline, tcp.write_all(&PLAIN_HTTP_ON_TLS)).await;
             let _ = tokio::time::timeout_at(deadline, tcp.shutdown()).await;
             failed(HandshakeResult::Failed);
             return None;
@@ -264,7 +300,7 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
             None
         }
         Ok(s) => {
-            ctx.accounting.tls.handshake(HandshakeResult::Ok);
+            acc.tls.handshake(HandshakeResult::Ok);
             let (_, conn) = s.get_ref();
             tracing::trace!(%peer, version = ?conn.protocol_version().unwrap_or(ProtocolVersion::Unknown(0)), sni = ?conn.server_name(), "TLS handshake done");
             // The certificate the resolver chose for this SNI (its key's scheme aside, which
@@ -274,18 +310,25 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
                 .then(|| pick(&server.certs, conn.server_name(), |_| true))
                 .flatten()
                 .map(Served);
-            let sock = match server.ktls {
-                Err(why) => ClientSock::tls(s, served, why),
+            let done = match server.ktls {
+                Err(why) => Handshaken::Userspace {
+                    stream: Box::new(s),
+                    served,
+                    why,
+                },
                 Ok(offload) => match handover::hand_over(s, offload, server.tickets) {
                     HandOver::Kernel(k) => {
                         tracing::trace!(%peer, suite = %k.describe(), "TLS handed to the kernel");
-                        ClientSock::ktls(k, served)
+                        Handshaken::Kernel { stream: k, served }
                     }
-                    HandOver::Userspace(s, why) => ClientSock::tls(*s, served, why),
+                    HandOver::Userspace(s, why) => Handshaken::Userspace {
+                        stream: s,
+                        served,
+                        why,
+                    },
                     HandOver::Lost(why, tcp) => {
                         tracing::warn!(%peer, %why, "kTLS hand-over failed after the keys left rustls; connection closed");
                         let lost = TlsTransport::Userspace(UserspaceReason::HandOverFailed);
-                        let acc = &ctx.accounting;
                         acc.tls.connection(lost);
                         let id = acc.conn_opened(fd, peer);
                         acc.conn_tls(id, lost);
@@ -295,10 +338,8 @@ pub async fn accept(tcp: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> O
                     }
                 },
             };
-            if let Some(t) = sock.tls_transport() {
-                ctx.accounting.tls.connection(t);
-            }
-            Some(sock)
+            acc.tls.connection(done.transport());
+            Some(done)
         }
     }
 }

@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// Exactly what a connection refused for want of fds receives.
-const CANNED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 24\r\n\r\n503 Service Unavailable\n";
+const CANNED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nContent-Length: 24\r\nConnection: close\r\n\r\n503 Service Unavailable\n";
 
 /// Objects filled and hit again under the fd limit.
 const OBJECTS: usize = 400;

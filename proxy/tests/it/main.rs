@@ -24,6 +24,7 @@ mod fleet_page;
 mod fleet_view;
 mod integrity;
 mod latency;
+mod layering;
 mod operations;
 mod package;
 mod placement;

@@ -384,7 +384,7 @@ fn connections_beyond_max_connections_get_a_canned_503_at_once() {
     c.sock.read_to_end(&mut got).expect("answer, then FIN");
     assert_eq!(
         String::from_utf8_lossy(&got),
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 24\r\n\r\n503 Service Unavailable\n"
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nContent-Length: 24\r\nConnection: close\r\n\r\n503 Service Unavailable\n"
     );
     assert_eventually_eq(
         "the refused connection is counted",

@@ -7,6 +7,7 @@ mod format;
 pub use format::*;
 
 use crate::cache::targeted::Targeted;
+use crate::http::head::{Framing, Head};
 use crate::http::stored_fields::StoredFields;
 use bytes::Bytes;
 use std::fs::File;
@@ -87,14 +88,11 @@ impl Entry {
         body_len: u64,
         targeted: &Targeted,
     ) -> Entry {
+        // The hit head's unfinished start, which a hit resumes (`http::head`).
         let mut head = Vec::with_capacity(64 + meta.fields.len());
-        head.extend_from_slice(b"HTTP/1.1 ");
-        head.extend_from_slice(meta.status.to_string().as_bytes());
-        head.push(b' ');
-        head.extend_from_slice(meta.reason.as_bytes());
-        head.extend_from_slice(b"\r\n");
-        head.extend_from_slice(&targeted.visible(&meta.fields));
-        crate::http::headers::put_num(&mut head, "Content-Length", body_len);
+        Head::new(&mut head, meta.status, &meta.reason)
+            .lines(&targeted.visible(&meta.fields))
+            .framing(Framing::Length(body_len));
         let stored = StoredFields(&meta.fields);
         let field = |name: &str| stored.get(name).map(str::to_string);
         let joined = |name: &str| stored.joined(name);

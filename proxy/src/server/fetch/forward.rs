@@ -147,7 +147,7 @@ impl Fetch<'_> {
             append(xff, ip.clone()).as_bytes(),
         );
         // The scheme of the listener the request came in on, never the client's claim.
-        let proto = crate::tls::scheme(req.tls);
+        let proto = crate::cache::key::scheme(req.tls);
         put(&mut out, "X-Forwarded-Proto", proto.as_bytes());
         let node = if peer.is_ipv6() {
             format!("for=\"[{ip}]\";proto={proto}")
@@ -163,7 +163,12 @@ impl Fetch<'_> {
         // Made when the request was read if an access log line needs it; otherwise here, where it
         // is first needed.
         let id = if req.id.is_empty() {
-            std::borrow::Cow::Owned(crate::request_id::of(req, peer, ctx))
+            std::borrow::Cow::Owned(crate::request_id::of(
+                req,
+                peer,
+                &ctx.trusted_proxies,
+                &ctx.request_id_header,
+            ))
         } else {
             std::borrow::Cow::Borrowed(req.id.as_str())
         };

@@ -11,7 +11,8 @@ use crate::cache::lock::Role;
 use crate::cache::policy;
 use crate::cache::stored_meta::fill_meta;
 use crate::cache::validation;
-use crate::http::headers::{self, put, put_num};
+use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
+use crate::http::headers;
 use crate::http::range;
 use crate::http::response::BodyFraming;
 use crate::server::conn::{Conn, ConnError};
@@ -72,7 +73,7 @@ impl Fetch<'_> {
                 // metrics see an upstream failure, not a miss.
                 return Ok(Outcome::Reply {
                     status: e.status(),
-                    x_cache: Some(self.status),
+                    x_cache: self.status,
                     detail: e.detail(),
                 });
             }
@@ -99,21 +100,11 @@ impl Fetch<'_> {
         let mut interim_bytes = 0u64;
         if !req.http10 {
             for h in &interim {
-                conn.head.clear();
-                conn.head.extend_from_slice(
-                    format!("HTTP/1.1 {} {}\r\n", h.status, h.reason).as_bytes(),
-                );
                 // An interim head describes no body and no connection of the client's: only its
                 // end-to-end fields (103's Link) cross.
-                let tokens = headers::connection_tokens(
-                    h.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
-                );
-                for (k, v) in &h.fields {
-                    if !headers::is_hop_by_hop(k, &tokens) && !proxy_owned(k) {
-                        put(&mut conn.head, k, v);
-                    }
-                }
-                conn.head.extend_from_slice(b"\r\n");
+                let mut head = Head::new(&mut conn.head, h.status, &h.reason);
+                head.end_to_end(&h.fields, proxy_owned);
+                head.end(false);
                 conn.send_head().await?;
                 interim_bytes += conn.head.len() as u64;
             }
@@ -126,7 +117,7 @@ impl Fetch<'_> {
                     .upstream_error(&self.upstream.name, "protocol");
                 return Ok(Outcome::Reply {
                     status: 502,
-                    x_cache: Some(self.status),
+                    x_cache: self.status,
                     detail: None,
                 });
             }
@@ -172,7 +163,7 @@ impl Fetch<'_> {
         {
             for url in invalidation::invalidated(&req.host, &req.target, &head, keep_query)
                 .into_iter()
-                .flat_map(crate::tls::with_https_twin)
+                .flat_map(crate::cache::key::with_https_twin)
             {
                 let n = ctx.store.purge_url(&url);
                 if n > 0 {
@@ -325,15 +316,13 @@ impl Fetch<'_> {
             matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && !req.http10;
         let close_after = client_close
             || (matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && req.http10);
-        let h = &mut conn.head;
-        h.clear();
-        h.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", head.status, head.reason).as_bytes());
+        let mut h = Head::new(&mut conn.head, head.status, &head.reason);
         let mut via: Option<String> = None;
         for (k, v) in &head.fields {
             if k.eq_ignore_ascii_case("age") {
                 // End-to-end (RFC 9111 §5.1): a forwarded response carries the upstream's Age
                 // as received; only a response served from the cache gets one computed.
-                put(h, k, v);
+                h.field(k, v);
                 continue;
             }
             if headers::is_hop_by_hop(k, &tokens)
@@ -346,7 +335,7 @@ impl Fetch<'_> {
                 // selected representation of a 304. On a 204 or 1xx it is a framing error the
                 // client might act on (reading the next response as this one's body).
                 if framing == BodyFraming::None && (req.method == "HEAD" || head.status == 304) {
-                    put(h, k, v);
+                    h.field(k, v);
                 }
                 continue;
             }
@@ -362,49 +351,48 @@ impl Fetch<'_> {
             if ctx.store.targeted().hides(k) {
                 continue;
             }
-            put(h, k, v);
+            h.field(k, v);
         }
-        match framing {
-            BodyFraming::Length(n) => put_num(h, "Content-Length", n),
-            BodyFraming::Chunked | BodyFraming::Close if to_client_chunked => {
-                h.extend_from_slice(b"Transfer-Encoding: chunked\r\n")
-            }
-            _ => {}
-        }
+        h.framing(match framing {
+            BodyFraming::Length(n) => Framing::Length(n),
+            BodyFraming::Chunked | BodyFraming::Close if to_client_chunked => Framing::Chunked,
+            _ => Framing::None,
+        });
         let stored = matches!(body, Body::Behind(..));
-        if self.via_peer.is_some() {
-            let (x_cache, cache_status) = crate::fleet::forward::cache_fields(&head, stored);
-            conn.log_info.relayed_cache = CacheStatus::from_x_cache(&x_cache);
-            put(h, "X-Cache", x_cache.as_bytes());
-            put(h, "Cache-Status", cache_status.as_bytes());
-        } else {
-            put(h, "X-Cache", self.status.as_str().as_bytes());
-        }
         let fwd = match self.status {
             CacheStatus::Expired => "stale",
             CacheStatus::Bypass => self.detail,
             _ => "miss",
         };
         // `detail` says why a response will not be stored.
-        let cache_status = match (stored, not_stored, self.status) {
-            (_, _, CacheStatus::Bypass) => format!("zerocache; fwd={fwd}"),
+        let member = match (stored, not_stored, self.status) {
+            (_, _, CacheStatus::Bypass) => CacheStatusField::fwd(fwd),
             // Every response that completes was stored: a fill that fails aborts its readers.
-            (true, _, _) => format!("zerocache; fwd={fwd}; stored"),
-            (false, Some(why), _) => format!("zerocache; fwd={fwd}; detail={why}"),
-            (false, None, _) => format!("zerocache; fwd={fwd}"),
+            (true, _, _) => CacheStatusField {
+                stored: true,
+                ..CacheStatusField::fwd(fwd)
+            },
+            (false, Some(why), _) => CacheStatusField::fwd(fwd).detail(why),
+            (false, None, _) => CacheStatusField::fwd(fwd),
         };
-        if self.via_peer.is_none() {
-            put(h, "Cache-Status", cache_status.as_bytes());
-        }
-        put(
-            h,
-            "Via",
-            headers::via(via.as_deref(), head.http10).as_bytes(),
-        );
-        if close_after {
-            h.extend_from_slice(b"Connection: close\r\n");
-        }
-        h.extend_from_slice(b"\r\n");
+        let relayed = self
+            .via_peer
+            .is_some()
+            .then(|| crate::fleet::forward::relayed(&head, stored));
+        let cache = match &relayed {
+            // A peer's answer: what happened at the owner, then this node's own member.
+            Some(r) => {
+                conn.log_info.relayed_cache = CacheStatus::from_x_cache(r.x_cache());
+                r.fields()
+            }
+            None => CacheFields {
+                x_cache: self.status.as_str(),
+                upstream: None,
+                member: Some(member),
+            },
+        };
+        h.cache(&cache).via(via.as_deref(), head.http10);
+        h.end(close_after);
         let head_bytes = conn.head.len() as u64 + interim_bytes;
 
         let mut up = match body {

@@ -7,9 +7,10 @@ use crate::cache::fill::Fill;
 use crate::cache::freshness::Heuristics;
 use crate::cache::growing::Writer;
 use crate::cache::lock::{LeaderGuard, Role};
-use crate::http::headers::{self, put, put_num};
+use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
+use crate::http::headers;
 use crate::http::response::BodyFraming;
-use crate::http::response::{ResponseHead, reason};
+use crate::http::response::ResponseHead;
 use crate::server::conn::{Conn, ConnError};
 use crate::server::upload::{BUFFERED_MAX, Remaining};
 use crate::upstream::body::BodyReader;
@@ -99,28 +100,26 @@ impl Fetch<'_> {
         } else {
             412
         };
-        let h = &mut conn.head;
-        h.clear();
-        h.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+        let mut h = Head::standard(&mut conn.head, status);
         if status == 304 {
             for (k, v) in &head.fields {
                 if conditional::NOT_MODIFIED_FIELDS
                     .iter()
                     .any(|f| k.eq_ignore_ascii_case(f))
                 {
-                    put(h, k, v);
+                    h.field(k, v);
                 }
             }
         } else {
-            put_num(h, "Content-Length", 0);
+            h.framing(Framing::Length(0));
         }
-        put(h, "X-Cache", self.status.as_str().as_bytes());
-        put(h, "Cache-Status", b"zerocache; fwd=miss");
-        h.extend_from_slice(headers::VIA_SELF_LINE);
-        if req.close {
-            h.extend_from_slice(b"Connection: close\r\n");
-        }
-        h.extend_from_slice(b"\r\n");
+        h.cache(&CacheFields {
+            x_cache: self.status.as_str(),
+            upstream: None,
+            member: Some(CacheStatusField::fwd("miss")),
+        })
+        .via_self();
+        h.end(req.close);
         let sent = conn.send_head().await;
         self.record(
             conn,

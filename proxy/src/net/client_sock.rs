@@ -14,6 +14,7 @@
 use crate::sendfile::{self, SendfileError};
 use crate::tls::ktls::handshake_io::HandshakeIo;
 use crate::tls::ktls::stream::KtlsStream;
+use crate::tls::server::Handshaken;
 use std::fs::File;
 use std::io::{self, Write};
 use std::pin::Pin;
@@ -79,26 +80,27 @@ pub struct KtlsClient {
     served: Option<crate::tls::server::Served>,
 }
 
+impl From<Handshaken> for ClientSock {
+    /// A completed TLS handshake, in user space or handed to the kernel.
+    fn from(h: Handshaken) -> ClientSock {
+        match h {
+            Handshaken::Userspace {
+                stream,
+                served,
+                why,
+            } => ClientSock::Tls(Box::new(TlsClient {
+                stream: *stream,
+                served,
+                why,
+            })),
+            Handshaken::Kernel { stream, served } => {
+                ClientSock::Ktls(Box::new(KtlsClient { stream, served }))
+            }
+        }
+    }
+}
+
 impl ClientSock {
-    /// Wraps a completed TLS handshake that stays in user space for `why`; `served` is its
-    /// certificate when `tls.strict_sni` is on.
-    pub fn tls(
-        stream: tokio_rustls::server::TlsStream<HandshakeIo>,
-        served: Option<crate::tls::server::Served>,
-        why: UserspaceReason,
-    ) -> ClientSock {
-        ClientSock::Tls(Box::new(TlsClient {
-            stream,
-            served,
-            why,
-        }))
-    }
-
-    /// Wraps a connection handed to the kernel.
-    pub fn ktls(stream: KtlsStream, served: Option<crate::tls::server::Served>) -> ClientSock {
-        ClientSock::Ktls(Box::new(KtlsClient { stream, served }))
-    }
-
     /// True for a TLS connection (with `tls.strict_sni`) whose certificate does not name
     /// `host`: the request belongs on another connection (421, RFC 9110 §15.5.20).
     pub fn misdirected(&self, host: &str) -> bool {
