@@ -125,6 +125,55 @@ impl Plan {
     }
 }
 
+/// What a fetch does with the origin's answer (or its failure) before anything reaches the
+/// client: the other half of the decision, once the origin has been asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Disposition {
+    /// The origin failed or answered 5xx, and the stale response being revalidated may stand
+    /// in for it (stale-if-error, RFC 5861 §4; `proxy.stale_grace`).
+    ServeStale,
+    /// A 304 to this cache's own revalidation: the stored response's fields are updated from it
+    /// and the stored response is served (RFC 9111 §4.3.4).
+    Refresh,
+    /// The answer itself goes to the client: stored behind a fill when storable, else relayed.
+    Relay,
+    /// The origin failed and nothing may stand in: the client gets the failure's status.
+    Fail,
+}
+
+/// The origin's side of a fetch, as the disposition sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// No response (refused, reset, timed out, misframed).
+    Failed,
+    /// A final response with this status.
+    Status(u16),
+}
+
+impl Disposition {
+    /// The disposition of `answer` to a fetch that was revalidating a stored response or not
+    /// (`revalidating`); `stale_usable` says whether that response may stand in for an error,
+    /// asked only when it matters.
+    pub(crate) fn of(
+        answer: Answer,
+        revalidating: bool,
+        stale_usable: impl FnOnce() -> bool,
+    ) -> Disposition {
+        let error = match answer {
+            Answer::Failed => true,
+            Answer::Status(s) => s >= 500,
+        };
+        if error && stale_usable() {
+            return Disposition::ServeStale;
+        }
+        match answer {
+            Answer::Failed => Disposition::Fail,
+            Answer::Status(304) if revalidating => Disposition::Refresh,
+            Answer::Status(_) => Disposition::Relay,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +344,52 @@ mod tests {
         assert_eq!(
             Plan::of(&GET, || REVALIDATE),
             Plan::Fill { revalidate: true }
+        );
+    }
+
+    /// After the origin answers: stale-if-error stands in for a failure or a 5xx only when
+    /// allowed; a 304 refreshes only this cache's own revalidation (a client's conditional 304
+    /// is relayed); everything else is relayed.
+    #[test]
+    fn what_becomes_of_the_origins_answer() {
+        let yes = || true;
+        let no = || false;
+        assert_eq!(
+            Disposition::of(Answer::Failed, true, yes),
+            Disposition::ServeStale
+        );
+        assert_eq!(Disposition::of(Answer::Failed, true, no), Disposition::Fail);
+        assert_eq!(
+            Disposition::of(Answer::Failed, false, no),
+            Disposition::Fail
+        );
+        for s in [500, 502, 503, 504, 599] {
+            assert_eq!(
+                Disposition::of(Answer::Status(s), true, yes),
+                Disposition::ServeStale
+            );
+            assert_eq!(
+                Disposition::of(Answer::Status(s), true, no),
+                Disposition::Relay
+            );
+        }
+        // A 4xx is an answer, not an error: never replaced by the stale response.
+        let not_asked = || -> bool { panic!("stale-if-error asked for a 404") };
+        assert_eq!(
+            Disposition::of(Answer::Status(404), true, not_asked),
+            Disposition::Relay
+        );
+        assert_eq!(
+            Disposition::of(Answer::Status(304), true, no),
+            Disposition::Refresh
+        );
+        assert_eq!(
+            Disposition::of(Answer::Status(304), false, no),
+            Disposition::Relay
+        );
+        assert_eq!(
+            Disposition::of(Answer::Status(200), true, no),
+            Disposition::Relay
         );
     }
 

@@ -2,7 +2,7 @@
 //! stale, revalidate, miss, bypass) → a hit, a fetch, or a generated answer. `Conn` carries the
 //! connection; this is what it does with each request on it.
 
-use super::fetch::{Fetch, RangeFill};
+use super::fetch::{Fetch, FetchOptions, FetchSpec, RangeFill};
 use super::hit::{HitKind, HitOutcome};
 use super::upload::RequestBody;
 use crate::cache::conditional::{self, Precondition};
@@ -222,6 +222,18 @@ impl Conn {
                 .filter(|_| !from_peer && (with_stale || stale.is_none()))
                 .and_then(|f| f.plan(&primary.text))
         };
+        // The fetch of this miss, with what its plan adds.
+        let miss = |opts: FetchOptions| {
+            Fetch::new(FetchSpec {
+                req,
+                body,
+                upstream: route.upstream.clone(),
+                started,
+                status,
+                detail: "miss",
+                opts,
+            })
+        };
         match plan {
             Plan::RangeMiss => {
                 // The size is unknown, so the range is forwarded and the 206 relayed, never
@@ -229,29 +241,35 @@ impl Conn {
                 // enough (`cache.range_fill_max`), so the next request is a hit. Not this node's
                 // key: the range goes to its owner, which fills the whole object.
                 let fleet = owner_plan(true);
-                let fetch = Fetch::new(req, body, upstream, status, "miss", None, started)
-                    .not_stored("range")
-                    .store_set_cookie(route.store_set_cookie);
-                let fetch = match fleet {
-                    Some(p) => fetch.fleet(Some(p)),
-                    None => fetch.range_fill(RangeFill {
-                        primary,
-                        url: url.text,
-                        default_ttl,
-                    }),
+                let range_fill = fleet.is_none().then_some(RangeFill {
+                    primary,
+                    url: url.text,
+                    default_ttl,
+                });
+                let opts = FetchOptions {
+                    not_stored: Some("range"),
+                    store_set_cookie: route.store_set_cookie,
+                    fleet,
+                    range_fill,
+                    ..FetchOptions::default()
                 };
-                return self.fetch(fetch).await;
+                return self.fetch(miss(opts)).await;
             }
             Plan::Head { .. } => {
                 // The route's storage rules apply to the HEAD's update as to a 304's.
-                let fetch = Fetch::new(req, body, upstream, status, "miss", None, started)
-                    .default_ttl(default_ttl)
-                    .store_set_cookie(route.store_set_cookie);
-                let fetch = match stale {
-                    Some(e) => fetch.head_update(e, primary.hash),
-                    None => fetch.fleet(owner_plan(true)),
+                let fleet = if stale.is_some() {
+                    None
+                } else {
+                    owner_plan(true)
                 };
-                return self.fetch(fetch).await;
+                let opts = FetchOptions {
+                    default_ttl,
+                    store_set_cookie: route.store_set_cookie,
+                    head_update: stale.map(|e| (e, primary.hash)),
+                    fleet,
+                    ..FetchOptions::default()
+                };
+                return self.fetch(miss(opts)).await;
             }
             _ => {}
         }
@@ -307,25 +325,17 @@ impl Conn {
                 None
             }
         };
-        let fleet = owner_plan(false);
-        self.fetch(
-            Fetch::new(
-                req,
-                body,
-                upstream,
-                status,
-                "miss",
-                Some((primary, guard)),
-                started,
-            )
-            .fleet(fleet)
-            .revalidating(stale)
-            .stale_grace(route.stale_grace)
-            .url(url.text)
-            .default_ttl(default_ttl)
-            .store_set_cookie(route.store_set_cookie),
-        )
-        .await
+        let opts = FetchOptions {
+            fleet: owner_plan(false),
+            fill: Some((primary, guard)),
+            revalidating: stale,
+            stale_grace: route.stale_grace,
+            url: url.text,
+            default_ttl,
+            store_set_cookie: route.store_set_cookie,
+            ..FetchOptions::default()
+        };
+        self.fetch(miss(opts)).await
     }
 }
 
@@ -356,40 +366,37 @@ fn past_the_cache<'r>(
     plan: Plan,
     started: Instant,
 ) -> Fetch<'r> {
-    let upstream = route.upstream.clone();
-    match plan {
-        Plan::Bypass { detail, invalidate } => Fetch::new(
-            req,
-            body,
-            upstream,
+    let (status, detail, opts) = match plan {
+        Plan::Bypass { detail, invalidate } => (
             CacheStatus::Bypass,
             detail,
-            None,
-            started,
-        )
-        .invalidating(invalidate.then_some(route.key_query)),
+            FetchOptions {
+                invalidate: invalidate.then_some(route.key_query),
+                ..FetchOptions::default()
+            },
+        ),
         // A GET or HEAD with a body: its meaning is the origin's business, so it goes upstream
         // with its body, but the answer depends on bytes no key holds.
-        Plan::Unstored(why) => Fetch::new(
-            req,
-            body,
-            upstream,
+        Plan::Unstored(why) => (
             CacheStatus::Miss,
             "miss",
-            None,
-            started,
-        )
-        .not_stored(why),
-        _ => Fetch::new(
-            req,
-            body,
-            upstream,
-            CacheStatus::Miss,
-            "miss",
-            None,
-            started,
+            FetchOptions {
+                not_stored: Some(why),
+                ..FetchOptions::default()
+            },
         ),
-    }
+        // Never: the caller passes only the two plans above.
+        _ => (CacheStatus::Miss, "miss", FetchOptions::default()),
+    };
+    Fetch::new(FetchSpec {
+        req,
+        body,
+        upstream: route.upstream.clone(),
+        started,
+        status,
+        detail,
+        opts,
+    })
 }
 
 /// The request's URL key and its primary key (the URL with the route's key fields).

@@ -2,6 +2,7 @@
 //! the same exchange as a fetch with no client waiting; the fill lock it holds keeps it to one
 //! refresh per entry at a time.
 
+use crate::cache::decide::{Answer, Disposition};
 use crate::cache::entry::Entry;
 use crate::cache::fill::Fill;
 use crate::cache::growing::Growing;
@@ -17,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use zerocache_ledger::CacheStatus;
 
-use super::Fetch;
 use super::stream::{drain, heuristics, pump, upstream_closes};
+use super::{Fetch, FetchOptions, FetchSpec};
 
 /// A background refresh for stale-while-revalidate: the same exchange as a fetch, with no
 /// client waiting; the fill lock it holds keeps it to one refresh per entry at a time.
@@ -44,16 +45,18 @@ impl Background {
     /// Revalidates (or refetches) the stale entry with no client waiting: a 304 updates it, a
     /// storable response replaces it, a failure leaves it as it was.
     pub async fn refresh(self, ctx: Arc<crate::server::Ctx>, peer: IpAddr) {
-        let f = Fetch::new(
-            &self.req,
-            RequestBody::Whole(Vec::new()),
-            self.upstream.clone(),
-            CacheStatus::Expired,
-            "stale",
-            None,
-            Instant::now(),
-        )
-        .revalidating(self.stale.clone());
+        let f = Fetch::new(FetchSpec {
+            req: &self.req,
+            body: RequestBody::Whole(Vec::new()),
+            upstream: self.upstream.clone(),
+            started: Instant::now(),
+            status: CacheStatus::Expired,
+            detail: "stale",
+            opts: FetchOptions {
+                revalidating: self.stale.clone(),
+                ..FetchOptions::default()
+            },
+        });
         let request = f.upstream_request(peer, &ctx);
         let request_time = SystemTime::now();
         let (up, head) = match self
@@ -81,28 +84,36 @@ impl Background {
             return;
         };
         let h = heuristics(&ctx, self.default_ttl);
-        if head.status == 304 {
-            drain(up, &head, framing, &self.upstream).await;
-            if let Some(stale) = &self.stale {
-                let (meta, storable) = revalidated_meta(
-                    stale,
-                    &head,
-                    request_time,
-                    response_time,
-                    h,
-                    self.store_set_cookie,
-                    ctx.store.targeted(),
-                );
-                if storable {
-                    ctx.store.replace_meta(stale, meta);
-                } else {
-                    ctx.store.remove_if_same(stale);
+        // No client waits: whatever is stored keeps standing in for an error.
+        match Disposition::of(Answer::Status(head.status), self.stale.is_some(), || true) {
+            // Keep serving what we have.
+            Disposition::ServeStale | Disposition::Fail => return,
+            Disposition::Refresh => {
+                drain(up, &head, framing, &self.upstream).await;
+                if let Some(stale) = &self.stale {
+                    let (meta, storable) = revalidated_meta(
+                        stale,
+                        &head,
+                        request_time,
+                        response_time,
+                        h,
+                        self.store_set_cookie,
+                        ctx.store.targeted(),
+                    );
+                    if storable {
+                        ctx.store.replace_meta(stale, meta);
+                    } else {
+                        ctx.store.remove_if_same(stale);
+                    }
                 }
+                return;
             }
-            return;
-        }
-        if head.status >= 500 {
-            return; // Keep serving what we have.
+            // A 304 with nothing of ours to refresh stores nothing.
+            Disposition::Relay if head.status == 304 => {
+                drain(up, &head, framing, &self.upstream).await;
+                return;
+            }
+            Disposition::Relay => {}
         }
         let st = match policy::storable(
             &self.req,
@@ -110,11 +121,7 @@ impl Background {
             request_time,
             response_time,
             h,
-            policy::Rules {
-                store_5xx: ctx.store_5xx,
-                store_set_cookie: self.store_set_cookie,
-                targeted: ctx.store.targeted(),
-            },
+            super::rules(&ctx, self.store_set_cookie),
         ) {
             Ok(st) => st,
             Err(why) => {

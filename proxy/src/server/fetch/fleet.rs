@@ -7,12 +7,6 @@ use crate::fleet::forward::{Exchanged, Plan, Went};
 use crate::http::response::ResponseHead;
 
 impl Fetch<'_> {
-    /// Ask the fleet members of `plan` first (a miss of a key this node does not own).
-    pub(crate) fn fleet(mut self, plan: Option<Plan>) -> Self {
-        self.fleet = plan;
-        self
-    }
-
     /// Sends `request` along `plan` and takes note of who answered: a peer's answer is relayed
     /// (its group now holds the connection, which goes back to its pool) and stored here only
     /// under `store_remote`; the origin's is stored as the plan says.

@@ -149,25 +149,54 @@ impl Outcome {
     }
 }
 
-impl<'a> Fetch<'a> {
-    /// Prepares a fetch.
-    pub fn new(
-        req: &'a RequestHead,
-        body: RequestBody,
-        upstream: Arc<Group>,
-        status: CacheStatus,
-        detail: &'static str,
-        fill: Option<(CacheKey, Option<LeaderGuard>)>,
-        started: Instant,
-    ) -> Fetch<'a> {
-        Fetch {
-            req,
-            body,
-            upstream,
-            status,
-            detail,
-            fill,
-            started,
+/// What a connection asks of a fetch, every part named: the request and its body, where it
+/// goes, what the cache did so far, and the [`FetchOptions`] its plan calls for.
+pub struct FetchSpec<'a> {
+    pub req: &'a RequestHead,
+    pub body: RequestBody,
+    pub upstream: Arc<Group>,
+    /// When the request's head was complete.
+    pub started: Instant,
+    /// What the cache did (`X-Cache`): miss, expired, bypass.
+    pub status: CacheStatus,
+    /// `Cache-Status`'s `fwd=` reason (`miss`, `stale`, `method`, `bypass`).
+    pub detail: &'static str,
+    pub opts: FetchOptions,
+}
+
+/// The optional parts of a fetch; the defaults store nothing special and forward plainly.
+pub struct FetchOptions {
+    /// The key to fill and the coalescing guard, when the response may be stored.
+    pub fill: Option<(CacheKey, Option<LeaderGuard>)>,
+    /// The route's `default_ttl`: freshness for storable responses that carry none.
+    pub default_ttl: Option<std::time::Duration>,
+    /// Revalidate this stale entry instead of fetching unconditionally (RFC 9111 §4.3.1).
+    pub revalidating: Option<Arc<Entry>>,
+    /// The URL key text the filled entry is indexed under for invalidation and purge.
+    pub url: String,
+    /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
+    /// response, keeping the query in the key or not (RFC 9111 §4.4).
+    pub invalidate: Option<bool>,
+    /// How long past expiry the entry being revalidated may be served if the upstream fails.
+    pub stale_grace: std::time::Duration,
+    /// The response will not be stored, for this reason (`Cache-Status: detail=`).
+    pub not_stored: Option<&'static str>,
+    /// A Range miss: after a 206 whose complete length is at most `cache.range_fill_max`, fill
+    /// the whole object in the background.
+    pub range_fill: Option<RangeFill>,
+    /// The route's `store_set_cookie`: whether responses that set cookies may be stored.
+    pub store_set_cookie: bool,
+    /// A HEAD forwarded while this (a GET response it could have been answered from) is stale:
+    /// a 200 updates or invalidates it, under the fill lock of the primary key hash.
+    pub head_update: Option<(Arc<Entry>, u128)>,
+    /// Ask these fleet members first (a miss of a key this node does not own).
+    pub fleet: Option<crate::fleet::forward::Plan>,
+}
+
+impl Default for FetchOptions {
+    fn default() -> FetchOptions {
+        FetchOptions {
+            fill: None,
             default_ttl: None,
             revalidating: None,
             url: String::new(),
@@ -176,10 +205,44 @@ impl<'a> Fetch<'a> {
             not_stored: None,
             range_fill: None,
             store_set_cookie: true,
-            no_pool: false,
-            body_unfinished: false,
             head_update: None,
             fleet: None,
+        }
+    }
+}
+
+impl<'a> Fetch<'a> {
+    /// Prepares a fetch.
+    pub fn new(spec: FetchSpec<'a>) -> Fetch<'a> {
+        let FetchSpec {
+            req,
+            body,
+            upstream,
+            started,
+            status,
+            detail,
+            opts,
+        } = spec;
+        Fetch {
+            req,
+            body,
+            upstream,
+            status,
+            detail,
+            fill: opts.fill,
+            started,
+            default_ttl: opts.default_ttl,
+            revalidating: opts.revalidating,
+            url: opts.url,
+            invalidate: opts.invalidate,
+            stale_grace: opts.stale_grace,
+            not_stored: opts.not_stored,
+            range_fill: opts.range_fill,
+            store_set_cookie: opts.store_set_cookie,
+            no_pool: false,
+            body_unfinished: false,
+            head_update: opts.head_update,
+            fleet: opts.fleet,
             via_peer: None,
             store_here: true,
         }
@@ -193,13 +256,6 @@ impl<'a> Fetch<'a> {
     /// When the request's head was complete.
     pub fn started(&self) -> Instant {
         self.started
-    }
-
-    /// A HEAD forwarded while `stored` (a GET response it could have been answered from) is
-    /// stale: a 200 updates or invalidates it, under the fill lock of `primary_hash`.
-    pub fn head_update(mut self, stored: Arc<Entry>, primary_hash: u128) -> Self {
-        self.head_update = Some((stored, primary_hash));
-        self
     }
 
     /// `stored` updated by `head` (a 304 to a revalidation, a 200 to a HEAD) under this route's
@@ -223,37 +279,8 @@ impl<'a> Fetch<'a> {
         )
     }
 
-    /// The route's `store_set_cookie`: whether responses that set cookies may be stored.
-    pub fn store_set_cookie(mut self, store: bool) -> Self {
-        self.store_set_cookie = store;
-        self
-    }
-
     fn rules<'c>(&self, ctx: &'c crate::server::Ctx) -> policy::Rules<'c> {
-        policy::Rules {
-            store_5xx: ctx.store_5xx,
-            store_set_cookie: self.store_set_cookie,
-            targeted: ctx.store.targeted(),
-        }
-    }
-
-    /// The response will not be stored, for this reason (`Cache-Status: detail=`).
-    pub fn not_stored(mut self, why: &'static str) -> Self {
-        self.not_stored = Some(why);
-        self
-    }
-
-    /// A Range miss: after a 206 whose complete length is at most `cache.range_fill_max`, fill
-    /// the whole object in the background.
-    pub fn range_fill(mut self, r: RangeFill) -> Self {
-        self.range_fill = Some(r);
-        self
-    }
-
-    /// How long past expiry the entry being revalidated may be served if the upstream fails.
-    pub fn stale_grace(mut self, grace: std::time::Duration) -> Self {
-        self.stale_grace = grace;
-        self
+        rules(ctx, self.store_set_cookie)
     }
 
     /// The entry being revalidated, if it may be served stale now that the upstream failed
@@ -263,29 +290,14 @@ impl<'a> Fetch<'a> {
         let e = self.revalidating.as_ref()?;
         crate::cache::stale::if_error(e, self.stale_grace, crate::clock::now()).then(|| e.clone())
     }
+}
 
-    /// Invalidate the target (and same-origin `Location`/`Content-Location`) on a non-error
-    /// response (RFC 9111 §4.4).
-    pub fn invalidating(mut self, keep_query: Option<bool>) -> Self {
-        self.invalidate = keep_query;
-        self
-    }
-
-    /// The URL key text the filled entry is indexed under for invalidation and purge.
-    pub fn url(mut self, url: String) -> Self {
-        self.url = url;
-        self
-    }
-
-    /// Revalidate `stale` instead of fetching unconditionally (RFC 9111 §4.3.1).
-    pub fn revalidating(mut self, stale: Option<Arc<Entry>>) -> Self {
-        self.revalidating = stale;
-        self
-    }
-
-    /// The route's `default_ttl`: freshness for storable responses that carry none.
-    pub fn default_ttl(mut self, ttl: Option<std::time::Duration>) -> Self {
-        self.default_ttl = ttl;
-        self
+/// The storage rules of a response fetched under `ctx` for a route that stores `Set-Cookie` or
+/// not: the same for a client's fetch and a background refresh.
+fn rules(ctx: &crate::server::Ctx, store_set_cookie: bool) -> policy::Rules<'_> {
+    policy::Rules {
+        store_5xx: ctx.store_5xx,
+        store_set_cookie,
+        targeted: ctx.store.targeted(),
     }
 }
