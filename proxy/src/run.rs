@@ -10,7 +10,7 @@ use crate::cpu::placement::Placement;
 use crate::fd_limits::{connection_cap, open_files_for, raise_nofile, warn_if_clamped};
 use crate::http::request::Limits;
 use crate::routing::Routes;
-use crate::server::{self, Ctx, Shared};
+use crate::server::{self, ClientRules, Ctx, Forwarding, Sending, Shared, Storing};
 use anyhow::Context;
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
@@ -93,50 +93,58 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
         locks: kept.locks.clone(),
         accounting: kept.accounting.clone(),
         access_log: kept.access_log.clone(),
-        limits: Limits {
-            max_head: config.limits.max_header_bytes.as_u64() as usize,
-            max_uri: config.limits.max_uri_bytes.as_u64() as usize,
-            path: crate::http::target::PathRules {
-                reject_backslash: config.proxy.path_backslash
-                    == zerocache_config::PathSpelling::Reject,
-                reject_parameters: config.proxy.path_parameters
-                    == zerocache_config::PathSpelling::Reject,
-                reject_encoded_traversal: config.proxy.path_encoded_traversal
-                    == zerocache_config::PathSpelling::Reject,
-            },
-        },
-        header_timeout: config.limits.header_timeout,
-        idle_timeout: config.limits.idle_timeout,
-        read_timeout: config.limits.read_timeout,
-        body_min_rate: config.limits.body_min_rate.as_u64(),
-        max_body: config.limits.max_body_bytes.as_u64(),
-        max_connections: config.limits.max_connections.min(kept.connection_cap),
-        sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
-        heuristic_max: config.cache.heuristic_max,
-        offload_cold_hits: config.cache.offload_cold_hits,
-        hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
-        copy_hits: config.debug.copy_hits,
-        send_timeout: config.limits.send_timeout,
-        request_id_header: config.logging.request_id_header.clone(),
-        strip_fields: config
-            .proxy
-            .strip_request_fields
-            .iter()
-            .map(|f| f.to_ascii_lowercase())
-            .collect(),
-        // Validated at load: an entry that does not parse never gets this far.
-        trusted_proxies: config
-            .proxy
-            .trusted_proxies
-            .iter()
-            .filter_map(|c| zerocache_config::cidr::Cidr::parse(c).ok())
-            .collect(),
-        range_fill_max: config.cache.range_fill_max.as_u64(),
-        store_5xx: config.cache.store_5xx,
-        abandoned_fill_max: config.cache.abandoned_fill_max.as_u64(),
-        abandoned_fill_timeout: config.cache.abandoned_fill_timeout,
         tls,
         fleet: crate::fleet::Fleet::for_config(&kept.fleet, config),
+        max_connections: config.limits.max_connections.min(kept.connection_cap),
+        hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
+        client: ClientRules {
+            limits: Limits {
+                max_head: config.limits.max_header_bytes.as_u64() as usize,
+                max_uri: config.limits.max_uri_bytes.as_u64() as usize,
+                path: crate::http::target::PathRules {
+                    reject_backslash: config.proxy.path_backslash
+                        == zerocache_config::PathSpelling::Reject,
+                    reject_parameters: config.proxy.path_parameters
+                        == zerocache_config::PathSpelling::Reject,
+                    reject_encoded_traversal: config.proxy.path_encoded_traversal
+                        == zerocache_config::PathSpelling::Reject,
+                },
+            },
+            header_timeout: config.limits.header_timeout,
+            idle_timeout: config.limits.idle_timeout,
+            read_timeout: config.limits.read_timeout,
+            send_timeout: config.limits.send_timeout,
+            body_min_rate: config.limits.body_min_rate.as_u64(),
+            max_body: config.limits.max_body_bytes.as_u64(),
+        },
+        forwarding: Forwarding {
+            strip_fields: config
+                .proxy
+                .strip_request_fields
+                .iter()
+                .map(|f| f.to_ascii_lowercase())
+                .collect(),
+            request_id_header: config.logging.request_id_header.clone(),
+            // Validated at load: an entry that does not parse never gets this far.
+            trusted_proxies: config
+                .proxy
+                .trusted_proxies
+                .iter()
+                .filter_map(|c| zerocache_config::cidr::Cidr::parse(c).ok())
+                .collect(),
+        },
+        storing: Storing {
+            store_5xx: config.cache.store_5xx,
+            heuristic_max: config.cache.heuristic_max,
+            range_fill_max: config.cache.range_fill_max.as_u64(),
+            abandoned_fill_max: config.cache.abandoned_fill_max.as_u64(),
+            abandoned_fill_timeout: config.cache.abandoned_fill_timeout,
+        },
+        sending: Sending {
+            sendfile_max_chunk: config.cache.sendfile_max_chunk.as_u64(),
+            offload_cold_hits: config.cache.offload_cold_hits,
+            copy_hits: config.debug.copy_hits,
+        },
     }
 }
 

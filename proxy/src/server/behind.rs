@@ -34,7 +34,11 @@ impl Conn {
                 let n = avail - sent;
                 if chunked {
                     let line = format!("{}{n:x}\r\n", if pending_crlf { "\r\n" } else { "" });
-                    if let Err(e) = self.sock.send_head(line.as_bytes(), ctx.send_timeout).await {
+                    if let Err(e) = self
+                        .sock
+                        .send_head(line.as_bytes(), ctx.client.send_timeout)
+                        .await
+                    {
                         return (sent, framing, Err(e.into()));
                     }
                     framing += line.len() as u64;
@@ -47,9 +51,9 @@ impl Conn {
                         &g.file,
                         offset,
                         n,
-                        ctx.sendfile_max_chunk,
-                        ctx.send_timeout,
-                        ctx.copy_hits,
+                        ctx.sending.sendfile_max_chunk,
+                        ctx.client.send_timeout,
+                        ctx.sending.copy_hits,
                     )
                     .await;
                 match result {

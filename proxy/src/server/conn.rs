@@ -112,7 +112,7 @@ pub async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) 
         );
     } else if conn.sock.is_tls() {
         // A TLS close says it is one (close_notify), so a close-delimited body is known whole.
-        let _ = tokio::time::timeout(conn.ctx.send_timeout, conn.sock.shutdown()).await;
+        let _ = tokio::time::timeout(conn.ctx.client.send_timeout, conn.sock.shutdown()).await;
         // A kTLS connection's close_notify is a write the probe sees: not a body byte.
         let alert = conn.sock.take_control_bytes();
         conn.ctx.accounting.conn_tls_control(id, alert);
@@ -164,7 +164,7 @@ impl Conn {
                 return Ok(Head::Closed);
             }
             if !self.buf.is_empty() {
-                match request::parse(&self.buf, self.ctx.limits) {
+                match request::parse(&self.buf, self.ctx.client.limits) {
                     Ok(Some((head, n))) => {
                         let _ = self.buf.split_to(n);
                         let mut head = Box::new(head);
@@ -177,11 +177,11 @@ impl Conn {
                         return Ok(Head::Reject(e.status().0));
                     }
                 }
-                deadline.get_or_insert_with(|| Instant::now() + self.ctx.header_timeout);
+                deadline.get_or_insert_with(|| Instant::now() + self.ctx.client.header_timeout);
             }
             let wait = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()),
-                None => self.ctx.idle_timeout,
+                None => self.ctx.client.idle_timeout,
             };
             if self.buf.capacity() - self.buf.len() < 4096 {
                 self.buf.reserve(8192);
@@ -303,13 +303,16 @@ impl Conn {
     pub async fn send_head(&mut self) -> Result<(), ConnError> {
         Ok(self
             .sock
-            .send_all(&self.head, self.ctx.send_timeout)
+            .send_all(&self.head, self.ctx.client.send_timeout)
             .await?)
     }
 
     /// Sends `bytes` to the client, within `limits.send_timeout` per write that makes progress.
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
-        Ok(self.sock.send_all(bytes, self.ctx.send_timeout).await?)
+        Ok(self
+            .sock
+            .send_all(bytes, self.ctx.client.send_timeout)
+            .await?)
     }
 
     /// Records a response in the accounting (the proxy's "intent" side of the ledger); a copied

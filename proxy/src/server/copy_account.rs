@@ -31,7 +31,12 @@ impl Conn {
     /// path becomes what the transport made of it (see `copy_account`).
     pub(super) fn record_as(&self, r: &ResponseRecord<'_>, relay: CopyReason) {
         let acc = &self.ctx.accounting;
-        let (path, reason) = classify(r.path, relay, self.sock.tls_userspace(), self.ctx.copy_hits);
+        let (path, reason) = classify(
+            r.path,
+            relay,
+            self.sock.tls_userspace(),
+            self.ctx.sending.copy_hits,
+        );
         if let Some(reason) = reason {
             acc.copied.add(reason, r.body_bytes);
         }

@@ -33,8 +33,8 @@ impl Conn {
             req.id = crate::request_id::of(
                 &req,
                 self.peer.ip(),
-                &self.ctx.trusted_proxies,
-                &self.ctx.request_id_header,
+                &self.ctx.forwarding.trusted_proxies,
+                &self.ctx.forwarding.request_id_header,
             );
             self.log_info = crate::accesslog::RequestInfo::of(&req);
         }

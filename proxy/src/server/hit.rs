@@ -262,9 +262,9 @@ impl Conn {
     ) -> Result<HitOutcome, ConnError> {
         let ctx = self.ctx.clone();
         let body_file = file.filter(|_| len > 0);
-        let head_sent = if body_file.is_some() && !ctx.copy_hits {
+        let head_sent = if body_file.is_some() && !ctx.sending.copy_hits {
             self.sock
-                .send_head(&self.head, ctx.send_timeout)
+                .send_head(&self.head, ctx.client.send_timeout)
                 .await
                 .map_err(ConnError::from)
         } else {
@@ -284,7 +284,7 @@ impl Conn {
             let last = e
                 .last_hit_ms
                 .swap(now_ms, std::sync::atomic::Ordering::Relaxed);
-            if ctx.offload_cold_hits
+            if ctx.sending.offload_cold_hits
                 && (last == 0 || now_ms.saturating_sub(last) > 1000)
                 && !crate::residency::resident(file, offset, len)
             {
@@ -297,9 +297,9 @@ impl Conn {
                     file,
                     offset,
                     len,
-                    ctx.sendfile_max_chunk,
-                    ctx.send_timeout,
-                    ctx.copy_hits,
+                    ctx.sending.sendfile_max_chunk,
+                    ctx.client.send_timeout,
+                    ctx.sending.copy_hits,
                 )
                 .await;
             match result {

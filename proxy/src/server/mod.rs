@@ -29,7 +29,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 use zerocache_ledger::Accounting;
 
-/// Everything a request needs; replaced whole on reload.
+/// Everything a request needs; replaced whole on reload. Grouped by concern: what outlives a
+/// reload (store, locks, accounting, fleet), then what a client may do ([`ClientRules`]), what
+/// is sent to origins besides the request ([`Forwarding`]), how responses are stored
+/// ([`Storing`]) and how hits are sent ([`Sending`]).
 pub struct Ctx {
     /// Routes and upstream groups.
     pub routes: Routes,
@@ -41,6 +44,22 @@ pub struct Ctx {
     pub accounting: Arc<Accounting>,
     /// The access log, if configured.
     pub access_log: Option<Arc<AccessLog>>,
+    /// The `tls:` listener's certificates and settings, reloaded with the config.
+    pub tls: Option<Arc<crate::tls::server::TlsServer>>,
+    /// The fleet this node is a member of, if any (kept across reloads).
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// Most open client connections.
+    pub max_connections: usize,
+    /// Bits of the key hash used (128 except in collision tests).
+    pub hash_bits: u32,
+    pub client: ClientRules,
+    pub forwarding: Forwarding,
+    pub storing: Storing,
+    pub sending: Sending,
+}
+
+/// What a client may send, and how long it may take (`limits`).
+pub struct ClientRules {
     /// Parsing limits.
     pub limits: Limits,
     /// Time allowed for a request head once it has started.
@@ -49,42 +68,46 @@ pub struct Ctx {
     pub idle_timeout: Duration,
     /// Time allowed between reads of a request body.
     pub read_timeout: Duration,
+    /// Longest wait for a client to take more bytes of a response.
+    pub send_timeout: Duration,
     /// `limits.body_min_rate`, bytes per second (0: off).
     pub body_min_rate: u64,
     /// Largest request body accepted (413 beyond).
     pub max_body: u64,
-    /// Most open client connections.
-    pub max_connections: usize,
-    /// Largest single sendfile call.
-    pub sendfile_max_chunk: u64,
-    /// Cap of heuristic freshness (10% of the time since Last-Modified).
-    pub heuristic_max: Duration,
-    /// Read cold hits in on the blocking pool first.
-    pub offload_cold_hits: bool,
-    /// Bits of the key hash used (128 except in collision tests).
-    pub hash_bits: u32,
-    /// The planted zero-copy bug: hits sent by read+write.
-    pub copy_hits: bool,
-    /// Longest wait for a client to take more bytes of a response.
-    pub send_timeout: Duration,
+}
+
+/// What goes to an origin besides the client's request (`proxy`, `logging`).
+pub struct Forwarding {
     /// Request fields never forwarded (lower-cased).
     pub strip_fields: Vec<String>,
     /// `logging.request_id_header`: the request id's field, sent upstream.
     pub request_id_header: String,
     /// Peers whose forwarding fields are kept and appended to.
     pub trusted_proxies: Vec<zerocache_config::cidr::Cidr>,
-    /// Largest object filled in the background after a ranged miss.
-    pub range_fill_max: u64,
+}
+
+/// How responses are stored and filled (`cache`).
+pub struct Storing {
     /// Whether 5xx responses with explicit freshness are stored.
     pub store_5xx: bool,
+    /// Cap of heuristic freshness (10% of the time since Last-Modified).
+    pub heuristic_max: Duration,
+    /// Largest object filled in the background after a ranged miss.
+    pub range_fill_max: u64,
     /// Bytes a fill may still read once no client is reading behind it.
     pub abandoned_fill_max: u64,
     /// How long a fill may go on once no client is reading behind it.
     pub abandoned_fill_timeout: Duration,
-    /// The `tls:` listener's certificates and settings, reloaded with the config.
-    pub tls: Option<Arc<crate::tls::server::TlsServer>>,
-    /// The fleet this node is a member of, if any (kept across reloads).
-    pub fleet: Option<Arc<crate::fleet::Fleet>>,
+}
+
+/// How hits are sent (`cache`, `debug`).
+pub struct Sending {
+    /// Largest single sendfile call.
+    pub sendfile_max_chunk: u64,
+    /// Read cold hits in on the blocking pool first.
+    pub offload_cold_hits: bool,
+    /// The planted zero-copy bug: hits sent by read+write.
+    pub copy_hits: bool,
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock for "recently hit" checks.

@@ -92,7 +92,7 @@ impl Conn {
             return Ok(Some(RequestBody::Whole(Vec::new())));
         }
         if let BodyFraming::Length(n) = req.body
-            && n > self.ctx.max_body
+            && n > self.ctx.client.max_body
         {
             self.reject(413).await;
             return Ok(None);
@@ -148,8 +148,8 @@ impl Conn {
         rest: &mut Remaining,
         out: &mut Vec<u8>,
     ) -> Result<bool, BodyError> {
-        let timeout = self.ctx.read_timeout;
-        let max = self.ctx.max_body;
+        let timeout = self.ctx.client.read_timeout;
+        let max = self.ctx.client.max_body;
         match rest {
             Remaining::Length { left, .. } => {
                 if *left == 0 {
@@ -202,7 +202,7 @@ impl Conn {
     /// the body's own deadline under `limits.body_min_rate` (see the module doc).
     fn body_deadline(&self, timeout: Duration) -> tokio::time::Instant {
         let per_read = tokio::time::Instant::now() + timeout;
-        match (self.body_pace, self.ctx.body_min_rate) {
+        match (self.body_pace, self.ctx.client.body_min_rate) {
             (Some((started, received)), rate) if rate > 0 => {
                 let earned = Duration::from_secs_f64(received as f64 / rate as f64);
                 per_read.min(started + timeout + earned)

@@ -71,7 +71,11 @@ impl Fetch<'_> {
         put(&mut out, "Host", host.as_bytes());
         let tokens =
             headers::connection_tokens(req.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
-        let trusted = ctx.trusted_proxies.iter().any(|c| c.contains(peer));
+        let trusted = ctx
+            .forwarding
+            .trusted_proxies
+            .iter()
+            .any(|c| c.contains(peer));
         let mut xff: Option<String> = None;
         let mut forwarded: Option<String> = None;
         let mut via: Option<String> = None;
@@ -88,12 +92,16 @@ impl Fetch<'_> {
         for (name, value) in &req.fields {
             let n = name.as_str();
             if headers::is_hop_by_hop(n, &tokens)
-                || ctx.strip_fields.iter().any(|s| n.eq_ignore_ascii_case(s))
+                || ctx
+                    .forwarding
+                    .strip_fields
+                    .iter()
+                    .any(|s| n.eq_ignore_ascii_case(s))
                 || n.eq_ignore_ascii_case("host")
                 || n.eq_ignore_ascii_case("content-length")
                 || n.eq_ignore_ascii_case("expect")
                 || n.eq_ignore_ascii_case("x-forwarded-proto")
-                || n.eq_ignore_ascii_case(&ctx.request_id_header)
+                || n.eq_ignore_ascii_case(&ctx.forwarding.request_id_header)
                 || (whole && headers::is_range_or_condition(n))
             {
                 continue;
@@ -166,13 +174,13 @@ impl Fetch<'_> {
             std::borrow::Cow::Owned(crate::request_id::of(
                 req,
                 peer,
-                &ctx.trusted_proxies,
-                &ctx.request_id_header,
+                &ctx.forwarding.trusted_proxies,
+                &ctx.forwarding.request_id_header,
             ))
         } else {
             std::borrow::Cow::Borrowed(req.id.as_str())
         };
-        put(&mut out, &ctx.request_id_header, id.as_bytes());
+        put(&mut out, &ctx.forwarding.request_id_header, id.as_bytes());
         match &self.body {
             RequestBody::Whole(b) => {
                 if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {

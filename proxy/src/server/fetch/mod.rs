@@ -296,7 +296,7 @@ impl<'a> Fetch<'a> {
 /// not: the same for a client's fetch and a background refresh.
 fn rules(ctx: &crate::server::Ctx, store_set_cookie: bool) -> policy::Rules<'_> {
     policy::Rules {
-        store_5xx: ctx.store_5xx,
+        store_5xx: ctx.storing.store_5xx,
         store_set_cookie,
         targeted: ctx.store.targeted(),
     }

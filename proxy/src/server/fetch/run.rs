@@ -137,7 +137,7 @@ impl Fetch<'_> {
         if let Some(r) = self.range_fill.take()
             && head.status == 206
             && let Some(total) = head.field("content-range").and_then(range::complete_length)
-            && total <= ctx.range_fill_max
+            && total <= ctx.storing.range_fill_max
         {
             self.spawn_range_fill(&ctx, r, conn.peer.ip());
         }

@@ -222,7 +222,7 @@ pub(super) fn heuristics(
     default_ttl: Option<std::time::Duration>,
 ) -> Heuristics {
     Heuristics {
-        max: ctx.heuristic_max,
+        max: ctx.storing.heuristic_max,
         default_ttl,
     }
 }
@@ -269,8 +269,8 @@ pub(super) async fn pump(
         w.advance(fill.written());
         if abandon && w.readers() == 0 {
             let since = *alone_since.get_or_insert_with(Instant::now);
-            if fill.written() > ctx.abandoned_fill_max
-                || since.elapsed() > ctx.abandoned_fill_timeout
+            if fill.written() > ctx.storing.abandoned_fill_max
+                || since.elapsed() > ctx.storing.abandoned_fill_timeout
             {
                 tracing::debug!(
                     bytes = fill.written(),
