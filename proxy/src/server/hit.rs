@@ -216,35 +216,27 @@ impl Conn {
                 epilogue(h, kind, age, ttl, req.close);
                 (0, e.body_len, e.meta.status)
             }
-            RangeAnswer::Partial { start, end } => {
-                let mut h = Head::standard(&mut self.head, 206);
+            // A range of it (206), or none it has (416): the stored fields, then the range.
+            partial => {
+                let (status, range, start, len) = match partial {
+                    RangeAnswer::Partial { start, end } => (
+                        206,
+                        format!("bytes {start}-{end}/{}", e.body_len),
+                        start,
+                        end - start + 1,
+                    ),
+                    _ => (416, format!("bytes */{}", e.body_len), 0, 0),
+                };
+                let mut h = Head::standard(&mut self.head, status);
                 put_stored(
                     &mut h,
                     &ctx.store.targeted().visible(&e.meta.fields),
                     requester,
                 );
-                h.field(
-                    "Content-Range",
-                    format!("bytes {start}-{end}/{}", e.body_len).as_bytes(),
-                )
-                .framing(Framing::Length(end - start + 1));
+                h.field("Content-Range", range.as_bytes())
+                    .framing(Framing::Length(len));
                 epilogue(h, kind, age, ttl, req.close);
-                (start, end - start + 1, 206)
-            }
-            RangeAnswer::Unsatisfiable => {
-                let mut h = Head::standard(&mut self.head, 416);
-                put_stored(
-                    &mut h,
-                    &ctx.store.targeted().visible(&e.meta.fields),
-                    requester,
-                );
-                h.field(
-                    "Content-Range",
-                    format!("bytes */{}", e.body_len).as_bytes(),
-                )
-                .framing(Framing::Length(0));
-                epilogue(h, kind, age, ttl, req.close);
-                (0, 0, 416)
+                (start, len, status)
             }
         }
     }
