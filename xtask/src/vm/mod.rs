@@ -345,6 +345,46 @@ fn list(executable: &Path) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
+/// What runs on the kernel `label`: the [`HEAVY`] binaries and [`HEAVY_TESTS`] only on the
+/// kernels `opts` names for them; on a kernel the probe must `refuse`, only
+/// [`ON_REFUSING_KERNELS`].
+fn for_kernel(binaries: &[Binary], label: &str, refuse: bool, opts: &Options) -> Vec<Binary> {
+    binaries
+        .iter()
+        .filter(|b| {
+            opts.heavy_on.is_none_or(|on| on == label) || !HEAVY.contains(&b.target.as_str())
+        })
+        .filter_map(|b| {
+            if opts.heavy_tests_on.is_some_and(|on| on != label) {
+                keep_tests(b, |t| !HEAVY_TESTS.contains(&t))
+            } else {
+                Some(b.clone())
+            }
+        })
+        .filter_map(|b| {
+            if refuse {
+                keep_tests(&b, |t| t.ends_with(ON_REFUSING_KERNELS))
+            } else {
+                Some(b)
+            }
+        })
+        .collect()
+}
+
+/// `b` with only the tests `keep` keeps (the same binary when it keeps them all; `None` when
+/// it keeps none).
+fn keep_tests(b: &Binary, keep: impl Fn(&str) -> bool) -> Option<Binary> {
+    let tests: Vec<String> = b.tests.iter().filter(|t| keep(t)).cloned().collect();
+    if tests.len() == b.tests.len() {
+        return Some(b.clone());
+    }
+    (!tests.is_empty()).then(|| Binary {
+        tests,
+        all: false,
+        ..b.clone()
+    })
+}
+
 /// One kernel's results.
 struct Run<'a> {
     label: &'a str,
@@ -370,66 +410,13 @@ fn run_kernel<'a>(
     std::fs::create_dir_all(&target_tmp)
         .with_context(|| format!("creating {}", target_tmp.display()))?;
     let path = std::env::var("PATH").unwrap_or_default();
-    let restricted: Vec<Binary>;
-    let lighter: Vec<Binary>;
-    let binaries = match opts.heavy_on {
-        Some(label) if label != k.spec.label => {
-            lighter = binaries
-                .iter()
-                .filter(|b| !HEAVY.contains(&b.target.as_str()))
-                .cloned()
-                .collect();
-            &lighter[..]
-        }
-        _ => binaries,
-    };
-    let trimmed: Vec<Binary>;
-    let binaries = match opts.heavy_tests_on {
-        Some(label) if label != k.spec.label => {
-            trimmed = binaries
-                .iter()
-                .filter_map(|b| {
-                    let tests: Vec<String> = b
-                        .tests
-                        .iter()
-                        .filter(|t| !HEAVY_TESTS.contains(&t.as_str()))
-                        .cloned()
-                        .collect();
-                    if tests.len() == b.tests.len() {
-                        return Some(b.clone());
-                    }
-                    (!tests.is_empty()).then(|| Binary {
-                        tests,
-                        all: false,
-                        ..b.clone()
-                    })
-                })
-                .collect();
-            &trimmed[..]
-        }
-        _ => binaries,
-    };
-    let binaries = if k.spec.expect == kernels::Expect::Refuse {
-        restricted = binaries
-            .iter()
-            .filter_map(|b| {
-                let tests: Vec<String> = b
-                    .tests
-                    .iter()
-                    .filter(|t| t.ends_with(ON_REFUSING_KERNELS))
-                    .cloned()
-                    .collect();
-                (!tests.is_empty()).then(|| Binary {
-                    tests,
-                    all: false,
-                    ..b.clone()
-                })
-            })
-            .collect();
-        &restricted[..]
-    } else {
-        binaries
-    };
+    let selected = for_kernel(
+        binaries,
+        k.spec.label,
+        k.spec.expect == kernels::Expect::Refuse,
+        opts,
+    );
+    let binaries = &selected[..];
     let jobs: Vec<guest::Job> = binaries
         .iter()
         .enumerate()
@@ -547,4 +534,85 @@ fn read_facts(path: &Path) -> BTreeMap<String, String> {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binary(target: &str, tests: &[&str]) -> Binary {
+        Binary {
+            target: target.into(),
+            executable: PathBuf::from(format!("/x/{target}")),
+            manifest_dir: PathBuf::from("/x"),
+            tests: tests.iter().map(|t| t.to_string()).collect(),
+            all: true,
+        }
+    }
+
+    fn names(v: &[Binary]) -> Vec<(String, Vec<String>, bool)> {
+        v.iter()
+            .map(|b| (b.target.clone(), b.tests.clone(), b.all))
+            .collect()
+    }
+
+    /// CI's selection: the heavy binaries on 6.1 alone, the 64 MiB kTLS test on 6.12 alone, and
+    /// on the refusing 5.10 only the test of the refusal.
+    #[test]
+    fn each_kernel_gets_its_share() {
+        let heavy_test = HEAVY_TESTS[0];
+        let all = vec![
+            binary("seeds", &["seeds::a"]),
+            binary("it", &["zero_copy::a", heavy_test]),
+            binary(
+                "probe",
+                &[&format!("x::{ON_REFUSING_KERNELS}"), "probe::tests::b"],
+            ),
+        ];
+        let ci = Options::ci();
+        let on = |label, refuse| names(&for_kernel(&all, label, refuse, &ci));
+        let s = |v: &[&str]| v.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            on("6.1", false),
+            vec![
+                ("seeds".into(), s(&["seeds::a"]), true),
+                ("it".into(), s(&["zero_copy::a"]), false),
+                (
+                    "probe".into(),
+                    s(&[&format!("x::{ON_REFUSING_KERNELS}"), "probe::tests::b"]),
+                    true
+                ),
+            ]
+        );
+        assert_eq!(
+            on("6.12", false),
+            vec![
+                ("it".into(), s(&["zero_copy::a", heavy_test]), true),
+                (
+                    "probe".into(),
+                    s(&[&format!("x::{ON_REFUSING_KERNELS}"), "probe::tests::b"]),
+                    true
+                ),
+            ]
+        );
+        assert_eq!(
+            on("5.10", true),
+            vec![(
+                "probe".into(),
+                s(&[&format!("x::{ON_REFUSING_KERNELS}")]),
+                false
+            )]
+        );
+        // `cargo xtask vm-test` runs everything everywhere.
+        let everything = Options {
+            heavy_on: None,
+            heavy_tests_on: None,
+            ..Options::ci()
+        };
+        assert_eq!(for_kernel(&all, "6.1", false, &everything).len(), 3);
+        assert_eq!(
+            names(&for_kernel(&all, "6.1", false, &everything))[1].1,
+            s(&["zero_copy::a", heavy_test])
+        );
+    }
 }
