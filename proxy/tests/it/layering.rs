@@ -45,12 +45,13 @@ fn ident_at(s: &str) -> String {
         .collect()
 }
 
-/// The top-level modules named on one line of code by a file at `path`.
-fn named(code: &str, path: &[String]) -> Vec<String> {
+/// The modules (of the tree whose paths start with `root`, `crate::` for the crate) named on
+/// one line of code by a file at `path` in that tree.
+fn named(code: &str, path: &[String], root: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        let after = &rest[i + "crate::".len()..];
+    while let Some(i) = rest.find(root) {
+        let after = &rest[i + root.len()..];
         if let Some(group) = after.strip_prefix('{') {
             // use crate::{a, b::c, d}: the first segment of each item.
             let inner = group.split('}').next().unwrap_or("");
@@ -86,7 +87,7 @@ fn named(code: &str, path: &[String]) -> Vec<String> {
     out
 }
 
-fn graph(src: &Path) -> (BTreeSet<String>, Edges) {
+fn graph(src: &Path, root: &str) -> (BTreeSet<String>, Edges) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let mut tops = BTreeSet::new();
@@ -96,6 +97,7 @@ fn graph(src: &Path) -> (BTreeSet<String>, Edges) {
         if let Some(top) = path.first()
             && top != "main"
             && top != "lib"
+            && top != "mod"
         {
             tops.insert(top.clone());
         }
@@ -111,7 +113,7 @@ fn graph(src: &Path) -> (BTreeSet<String>, Edges) {
         let text = std::fs::read_to_string(f).expect("read source");
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            for to in named(code, &path) {
+            for to in named(code, &path, root) {
                 if &to != top && tops.contains(&to) {
                     edges
                         .entry(top.clone())
@@ -157,7 +159,7 @@ fn cycle_through(start: &str, edges: &Edges) -> Option<Vec<String>> {
 #[test]
 fn the_top_level_modules_form_no_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let (tops, edges) = graph(&src);
+    let (tops, edges) = graph(&src, "crate::");
     assert!(tops.len() > 20, "read the modules of {}", src.display());
     let mut report = String::new();
     let mut reported = BTreeSet::new();
@@ -189,7 +191,7 @@ fn a_planted_cycle_is_found() {
     std::fs::write(dir.join("b/mod.rs"), "mod x;\n// crate::a in a comment\n").expect("write");
     std::fs::write(dir.join("b/x.rs"), "use super::super::a::Thing;\n").expect("write");
     std::fs::write(dir.join("c.rs"), "/// [`crate::a`]\n").expect("write");
-    let (tops, edges) = graph(&dir);
+    let (tops, edges) = graph(&dir, "crate::");
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(tops.into_iter().collect::<Vec<_>>(), ["a", "b", "c"]);
     assert_eq!(
@@ -198,4 +200,26 @@ fn a_planted_cycle_is_found() {
     );
     assert_eq!(edges["b"]["a"], ["b/x.rs:1"]);
     assert_eq!(cycle_through("c", &edges), None);
+}
+
+/// Inside `server/`, the modules in a cycle are exactly the known ones: the connection, the
+/// fetch, the hit and the request body (`upload`) still reach into one another (`impl Conn`
+/// spread over their files, and the fetch writing the client's response; issue #30 has the
+/// fetch return what it got and `Conn` write it). No other module may join them, and when the
+/// debt is paid this list shrinks with it.
+#[test]
+fn inside_server_only_the_known_cycle_is_left() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/server");
+    let (tops, edges) = graph(&src, "crate::server::");
+    assert!(tops.len() > 8, "read the modules of {}", src.display());
+    let in_cycles: Vec<&str> = tops
+        .iter()
+        .filter(|m| cycle_through(m, &edges).is_some())
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        in_cycles,
+        ["conn", "fetch", "hit", "upload"],
+        "modules of server/ in an import cycle; edges: {edges:#?}"
+    );
 }
