@@ -105,8 +105,36 @@ impl Conn {
         });
         loop {
             let (serve, refresh) = match plan {
-                Plan::Bypass { .. } | Plan::Unstored(_) => {
-                    let fetch = past_the_cache(&req, body, route, plan, started);
+                Plan::Bypass { detail, invalidate } => {
+                    let opts = FetchOptions {
+                        invalidate: invalidate.then_some(route.key_query),
+                        ..FetchOptions::default()
+                    };
+                    let fetch = past_the_cache(
+                        &req,
+                        body,
+                        route,
+                        (CacheStatus::Bypass, detail),
+                        opts,
+                        started,
+                    );
+                    return self.fetch(fetch).await;
+                }
+                // A GET or HEAD with a body: its meaning is the origin's business, so it goes
+                // upstream with its body, but the answer depends on bytes no key holds.
+                Plan::Unstored(why) => {
+                    let opts = FetchOptions {
+                        not_stored: Some(why),
+                        ..FetchOptions::default()
+                    };
+                    let fetch = past_the_cache(
+                        &req,
+                        body,
+                        route,
+                        (CacheStatus::Miss, "miss"),
+                        opts,
+                        started,
+                    );
                     return self.fetch(fetch).await;
                 }
                 Plan::Serve(Serve::Fresh) => (HitKind::Hit, false),
@@ -130,14 +158,14 @@ impl Conn {
                         .await;
                 }
             };
-            let Some(e) = found.clone() else {
+            let Some(e) = found.as_ref() else {
                 plan = Plan::after_lookup(&ask, Stored::Nothing);
                 continue;
             };
             if refresh && let Some(keys) = &keys {
-                self.refresh_behind(&req, route, keys, &e);
+                self.refresh_behind(&req, route, keys, e);
             }
-            match self.serve_hit(&req, &e, serve, &[], started).await? {
+            match self.serve_hit(&req, e, serve, &[], started).await? {
                 HitOutcome::Served(keep) => return Ok(keep),
                 // Gone from disk before a byte was sent: planned again as what is left. A fresh
                 // or usable entry leaves nothing; a stale one still asks for its revalidation.
@@ -357,37 +385,16 @@ fn judge(e: &Entry, directives: &crate::cache::directives::RequestDirectives) ->
     }
 }
 
-/// The fetch of a request planned past the cache: a bypass (invalidating what an unsafe method
-/// names) or a miss never stored.
+/// The fetch of a request planned past the cache: a bypass or a miss never stored, with what
+/// the cache did (`X-Cache`, `fwd=`).
 fn past_the_cache<'r>(
     req: &'r RequestHead,
     body: RequestBody,
     route: &crate::routing::Route,
-    plan: Plan,
+    (status, detail): (CacheStatus, &'static str),
+    opts: FetchOptions,
     started: Instant,
 ) -> Fetch<'r> {
-    let (status, detail, opts) = match plan {
-        Plan::Bypass { detail, invalidate } => (
-            CacheStatus::Bypass,
-            detail,
-            FetchOptions {
-                invalidate: invalidate.then_some(route.key_query),
-                ..FetchOptions::default()
-            },
-        ),
-        // A GET or HEAD with a body: its meaning is the origin's business, so it goes upstream
-        // with its body, but the answer depends on bytes no key holds.
-        Plan::Unstored(why) => (
-            CacheStatus::Miss,
-            "miss",
-            FetchOptions {
-                not_stored: Some(why),
-                ..FetchOptions::default()
-            },
-        ),
-        // Never: the caller passes only the two plans above.
-        _ => (CacheStatus::Miss, "miss", FetchOptions::default()),
-    };
     Fetch::new(FetchSpec {
         req,
         body,

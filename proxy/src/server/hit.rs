@@ -205,14 +205,20 @@ impl Conn {
         };
         match answer {
             RangeAnswer::Full => {
-                // The entry's prebuilt head: its status line, then its fields and length.
-                let at = e
-                    .hit_head
-                    .windows(2)
-                    .position(|w| w == b"\r\n")
-                    .map_or(0, |i| i + 2);
-                let mut h = Head::resume(&mut self.head, &e.hit_head[..at]);
-                put_stored(&mut h, &e.hit_head[at..], requester);
+                // The entry's prebuilt head, copied as it is; only a requester's own fields (a
+                // 304's Set-Cookie for the client that caused it) make it go line by line.
+                let h = if requester.is_empty() {
+                    Head::resume(&mut self.head, &e.hit_head)
+                } else {
+                    let at = e
+                        .hit_head
+                        .windows(2)
+                        .position(|w| w == b"\r\n")
+                        .map_or(0, |i| i + 2);
+                    let mut h = Head::resume(&mut self.head, &e.hit_head[..at]);
+                    put_stored(&mut h, &e.hit_head[at..], requester);
+                    h
+                };
                 epilogue(h, kind, age, ttl, req.close);
                 (0, e.body_len, e.meta.status)
             }

@@ -60,15 +60,18 @@ impl Fetch<'_> {
             }
         };
         self.update_store(&ctx, &head, request_time, response_time);
-        let stale = || self.stale_on_error();
+        let mut stale = None;
         match Disposition::of(
             Answer::Status(head.status),
             self.revalidating.is_some(),
-            || stale().is_some(),
+            || {
+                stale = self.stale_on_error();
+                stale.is_some()
+            },
         ) {
             // The upstream answered with a server error while we hold a usable stale response.
             Disposition::ServeStale => {
-                if let Some(stale) = stale() {
+                if let Some(stale) = stale {
                     tracing::warn!(upstream = %self.upstream.name, target = %req.target, status = head.status, "upstream error; serving stale");
                     ctx.accounting.upstream_error(&self.upstream.name, "status");
                     drop(up);
