@@ -109,7 +109,15 @@ async fn java_transfer_to_against_files_copy() {
     }
     let classes = build_once("java", |out| {
         let mut c = Command::new(jdk.join("bin/javac"));
-        c.arg("-d").arg(out).arg(seeds_dir().join("java/Seed.java"));
+        // javac's JVM sized for a small guest (its default heap is a quarter of memory).
+        c.args([
+            "-J-Xmx256m",
+            "-J-XX:+UseSerialGC",
+            "-J-XX:TieredStopAtLevel=1",
+        ])
+        .arg("-d")
+        .arg(out)
+        .arg(seeds_dir().join("java/Seed.java"));
         c
     });
     let probe = probe();

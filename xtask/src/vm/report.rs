@@ -79,7 +79,20 @@ pub fn parse_job(dir: &Path, id: &str, planned: &[String]) -> BTreeMap<String, O
                 started = Some(name.to_string());
                 continue;
             }
-            other => (Status::Fail, Some(format!("libtest said {other:?}"))),
+            // Something else wrote to the test's stdout between "test NAME ... " and its result
+            // (a child process that inherited it). The summary at the end still says how it went.
+            other if listed_failure(&out, name) => (
+                Status::Fail,
+                Some(format!(
+                    "{} (its result line was cut by other output: {other:?})",
+                    panic_message(&out, name).unwrap_or_default()
+                )),
+            ),
+            _ if out.lines().any(|l| l.starts_with("test result: ")) => (Status::Pass, None),
+            _ => {
+                started = Some(name.to_string());
+                continue;
+            }
         };
         started = None;
         results.insert(name.to_string(), Outcome { status, reason });
@@ -125,6 +138,18 @@ pub fn parse_job(dir: &Path, id: &str, planned: &[String]) -> BTreeMap<String, O
         });
     }
     results
+}
+
+/// Whether libtest's closing list of failures names `name`.
+fn listed_failure(out: &str, name: &str) -> bool {
+    let lines: Vec<&str> = out.lines().collect();
+    let Some(last) = lines.iter().rposition(|l| l.trim_end() == "failures:") else {
+        return false;
+    };
+    lines[last + 1..]
+        .iter()
+        .take_while(|l| !l.starts_with("test result: "))
+        .any(|l| l.starts_with("    ") && l.trim() == name)
 }
 
 /// The first line of the panic message in the `---- NAME stdout ----` section, if any.
@@ -253,6 +278,34 @@ mod tests {
         );
         assert_eq!(status("e"), Status::NotRun);
         assert_eq!(counts(&r), (1, 3, 2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A child that inherited the test's stdout (a JVM's fatal-error report starts with "#")
+    /// can cut "test NAME ... " from its result: the closing summary decides.
+    #[test]
+    fn a_result_line_cut_by_a_childs_output_is_read_from_the_summary() {
+        let dir = tempdir();
+        let out = "\nrunning 2 tests\ntest j ... #\n# A fatal error\n#\nFAILED\n\
+                   test k ... # x\nok\n\nfailures:\n\n---- j stdout ----\n\
+                   thread 'j' (7) panicked at x.rs:1:2:\nbuilding seed java: exit status: 1\n\n\
+                   failures:\n    j\n\ntest result: FAILED. 1 passed; 1 failed\n";
+        std::fs::write(dir.join("g.out"), out).unwrap();
+        std::fs::write(dir.join("g.rc"), "101\n").unwrap();
+        let r = parse_job(&dir, "g", &["j".to_string(), "k".to_string()]);
+        assert_eq!(r["j"].status, Status::Fail);
+        assert_eq!(
+            r["j"].reason.as_deref(),
+            Some(
+                "building seed java: exit status: 1 (its result line was cut by other output: \"#\")"
+            )
+        );
+        assert_eq!(r["k"].status, Status::Pass);
+        // Without a summary (the binary died), the cut test is a crash, not a pass.
+        std::fs::write(dir.join("h.out"), "test j ... #\n").unwrap();
+        std::fs::write(dir.join("h.rc"), "137\n").unwrap();
+        let r = parse_job(&dir, "h", &["j".to_string()]);
+        assert_eq!(r["j"].status, Status::Crash);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

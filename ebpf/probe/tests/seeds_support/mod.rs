@@ -200,16 +200,49 @@ pub async fn exchange(probe: &Probe, seed: &Seed, expect: Expect) -> ClosedFd {
 
 /// Builds a seed once per test run into `CARGO_TARGET_TMPDIR/seeds/NAME` and returns its path.
 /// `build(out)` returns the command that writes it.
-pub fn build_once(name: &str, build: impl FnOnce(&Path) -> Command) -> PathBuf {
+pub fn build_once(name: &str, build: impl Fn(&Path) -> Command) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("seeds")
         .join(name);
     std::fs::create_dir_all(out.parent().expect("parent")).expect("seeds dir");
-    let status = build(&out)
-        .status()
-        .unwrap_or_else(|e| panic!("building seed {name}: {e}"));
-    assert!(status.success(), "building seed {name}: {status}");
-    out
+    // The build's output is captured, never inherited: a compiler writing to the test binary's
+    // stdout would cut libtest's "test NAME ... ok" line (a JVM's fatal-error report did, in a
+    // 2 GiB emulated guest). A toolchain that crashed (a signal, or a JVM's fatal error) is run
+    // once more, its first output printed; a build that fails twice, or on its merits, fails.
+    let mut first_crash = None;
+    for attempt in 0..2 {
+        let o = build(&out)
+            .output()
+            .unwrap_or_else(|e| panic!("building seed {name}: {e}"));
+        if o.status.success() {
+            if let Some(c) = first_crash {
+                eprintln!("building seed {name}: the first attempt crashed, the second built: {c}");
+            }
+            return out;
+        }
+        let text = format!(
+            "{}; stdout: {}; stderr: {}",
+            o.status,
+            tail(&o.stdout),
+            tail(&o.stderr)
+        );
+        let crashed = o.status.code().is_none()
+            || [&o.stdout, &o.stderr].iter().any(|b| {
+                let t = String::from_utf8_lossy(b);
+                t.contains("# A fatal error") || t.contains("insufficient memory")
+            });
+        if !crashed || attempt == 1 {
+            panic!("building seed {name}: {text}");
+        }
+        first_crash = Some(text);
+    }
+    unreachable!("the loop returns or panics")
+}
+
+/// The last 1,000 bytes of a tool's output, for a failure message.
+fn tail(b: &[u8]) -> String {
+    let t = String::from_utf8_lossy(&b[b.len().saturating_sub(1000)..]);
+    t.trim().replace('\n', " / ")
 }
 
 /// The JDK the Java seed is tested with: OpenJDK 17, Debian bookworm's default-jdk-headless.
