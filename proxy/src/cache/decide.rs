@@ -10,7 +10,9 @@
 //! The lookup is a closure, called only when the plan depends on it: a request that bypasses the
 //! cache never touches the store.
 
+use crate::cache::conditional::Precondition;
 use crate::cache::invalidation;
+use crate::cache::policy::{NotStored, Storable};
 
 /// What the request asks, as far as the decision goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +173,57 @@ impl Disposition {
             Answer::Status(304) if revalidating => Disposition::Refresh,
             Answer::Status(_) => Disposition::Relay,
         }
+    }
+}
+
+/// What becomes of an answer that goes to the client ([`Disposition::Relay`]): whether it is
+/// stored, and whether the client gets it or the 304/412 it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Relay {
+    /// Stored behind a fill, with what to store (`Ok`); else not, and why when there is a why
+    /// (`Cache-Status: detail=`).
+    pub store: Result<Storable, Option<&'static str>>,
+    /// `Proceed`: the client gets the answer. `NotModified`/`Failed`: the whole representation
+    /// was fetched in place of the client's conditional request, and answers it with a 304 or
+    /// 412 (RFC 9110 §13.2.2), while its body still goes into the cache.
+    pub answer: Precondition,
+}
+
+/// What the relay decision reads of the fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Relaying {
+    /// The answer's status.
+    pub status: u16,
+    /// The fetch is the fill of its key: the whole representation, asked unconditionally
+    /// under the key's fill lock. Only a fill's answer may be stored or answer a precondition.
+    pub fills: bool,
+    /// Why the answer will not be stored, known before it came (a Range miss, a fat GET).
+    pub not_stored: Option<&'static str>,
+}
+
+impl Relay {
+    /// The relay of `r`'s answer. Each closure is asked only when the decision needs it, in
+    /// this order: `stores_here` (this node may keep it: not a fleet owner's answer beyond
+    /// `local_hot_max`, which reserves room when it says yes), `storable` (RFC 9111 §3 under
+    /// the route's rules, `cache/policy.rs`), `precondition` (the client's conditions against
+    /// the answer's validators).
+    pub(crate) fn of(
+        r: Relaying,
+        stores_here: impl FnOnce() -> bool,
+        storable: impl FnOnce() -> Result<Storable, NotStored>,
+        precondition: impl FnOnce() -> Precondition,
+    ) -> Relay {
+        let store = if r.fills && stores_here() {
+            storable().map_err(|why| Some(why.token()))
+        } else {
+            Err(r.not_stored)
+        };
+        let answer = if r.fills && (200..300).contains(&r.status) {
+            precondition()
+        } else {
+            Precondition::Proceed
+        };
+        Relay { store, answer }
     }
 }
 
@@ -405,5 +458,119 @@ mod tests {
             Plan::after_lookup(&GET, REVALIDATE),
             Plan::Fill { revalidate: true }
         );
+    }
+
+    fn stored() -> Storable {
+        Storable {
+            lifetime: std::time::Duration::from_secs(60),
+            source: crate::cache::freshness::Source::Explicit,
+            initial_age: std::time::Duration::ZERO,
+            fields: b"ETag: \"a\"\r\n".to_vec(),
+            vary: Vec::new(),
+        }
+    }
+
+    /// Only a fill's answer is stored or answers a precondition: a bypass or a Range miss keeps
+    /// the reason it had before the answer, and neither the policy nor the client's conditions
+    /// are asked for it.
+    #[test]
+    fn only_a_fills_answer_is_stored_or_answers_a_precondition() {
+        let not_asked = || -> bool { panic!("stores_here asked") };
+        let not_judged = || -> Result<Storable, NotStored> { panic!("storable asked") };
+        let no_conditions = || -> Precondition { panic!("precondition asked") };
+        let range_miss = Relaying {
+            status: 206,
+            fills: false,
+            not_stored: Some("range"),
+        };
+        assert_eq!(
+            Relay::of(range_miss, not_asked, not_judged, no_conditions),
+            Relay {
+                store: Err(Some("range")),
+                answer: Precondition::Proceed
+            }
+        );
+        let bypass = Relaying {
+            status: 200,
+            fills: false,
+            not_stored: None,
+        };
+        assert_eq!(
+            Relay::of(bypass, not_asked, not_judged, no_conditions),
+            Relay {
+                store: Err(None),
+                answer: Precondition::Proceed
+            }
+        );
+    }
+
+    /// A fill's answer: stored when the policy allows and this node keeps it; the policy's
+    /// reason when not; a fleet owner's answer this node may not keep is relayed, not judged.
+    #[test]
+    fn a_fills_answer_is_stored_as_the_policy_and_the_fleet_allow() {
+        let fill = |status| Relaying {
+            status,
+            fills: true,
+            not_stored: None,
+        };
+        let proceed = || Precondition::Proceed;
+        assert_eq!(
+            Relay::of(fill(200), || true, || Ok(stored()), proceed),
+            Relay {
+                store: Ok(stored()),
+                answer: Precondition::Proceed
+            }
+        );
+        assert_eq!(
+            Relay::of(fill(200), || true, || Err(NotStored::Directive), proceed).store,
+            Err(Some("response-directive"))
+        );
+        assert_eq!(
+            Relay::of(fill(503), || true, || Err(NotStored::ServerError), proceed).store,
+            Err(Some("server-error"))
+        );
+        let not_judged = || -> Result<Storable, NotStored> { panic!("storable asked") };
+        assert_eq!(
+            Relay::of(fill(200), || false, not_judged, proceed).store,
+            Err(None)
+        );
+    }
+
+    /// The client's conditions are answered from a fill's 2xx alone (RFC 9110 §13.2.2): a 304
+    /// or 412 in place of the body, which is stored all the same; a 3xx, 4xx or 5xx goes to the
+    /// client as it is.
+    #[test]
+    fn a_fills_2xx_answers_the_clients_precondition() {
+        let fill = |status| Relaying {
+            status,
+            fills: true,
+            not_stored: None,
+        };
+        for (p, status) in [
+            (Precondition::NotModified, 200),
+            (Precondition::Failed, 200),
+            (Precondition::NotModified, 204),
+        ] {
+            assert_eq!(
+                Relay::of(fill(status), || true, || Ok(stored()), || p),
+                Relay {
+                    store: Ok(stored()),
+                    answer: p
+                }
+            );
+        }
+        let no_conditions = || -> Precondition { panic!("precondition asked") };
+        for status in [301, 404, 500] {
+            assert_eq!(
+                Relay::of(
+                    fill(status),
+                    || true,
+                    || Err(NotStored::Status),
+                    no_conditions
+                )
+                .answer,
+                Precondition::Proceed
+            );
+        }
     }
 }

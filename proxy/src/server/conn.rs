@@ -1,11 +1,10 @@
-//! One client connection: reading request heads and bodies within their limits and timeouts,
-//! handing each request to `dispatch` (route → cache decision → hit or fetch), carrying out what a
-//! fetch leaves to it, and answering malformed input with its 4xx before closing.
+//! One client connection: reading request heads within their limits and timeouts, handing each
+//! request to `dispatch` (route → cache decision → hit or fetch, whose result `relay` sends), and
+//! answering malformed input with its 4xx before closing.
 
-use super::fetch::{Fetch, Outcome};
-use super::hit::{HitKind, HitOutcome};
+pub use super::conn_error::ConnError;
 use super::{Ctx, Shared};
-use crate::http::head::{CacheFields, CacheStatusField, text_response};
+use crate::http::head::{CacheFields, text_response};
 use crate::http::request::{self, RequestHead};
 use crate::http::response::reason;
 use crate::net::client_sock::ClientSock;
@@ -48,17 +47,6 @@ pub struct Conn {
     /// The current request body's pace: when its reading started and the bytes received since,
     /// for `limits.body_min_rate` (see `upload`).
     pub(super) body_pace: Option<(tokio::time::Instant, u64)>,
-}
-
-/// Why a connection must end without (further) response.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnError {
-    /// Client socket error.
-    #[error("client I/O: {0}")]
-    Io(#[from] std::io::Error),
-    /// A response was cut short (upstream failure mid-body, truncated cache file).
-    #[error("response aborted: {0}")]
-    Aborted(String),
 }
 
 /// Runs the connection to its end.
@@ -319,52 +307,5 @@ impl Conn {
     /// body declared `Copy` here was relayed from the upstream.
     pub fn record(&self, r: &ResponseRecord<'_>) {
         self.record_as(r, CopyReason::Miss)
-    }
-
-    /// Runs a fetch and carries out what it leaves to the connection (see [`Outcome`]): the one
-    /// place a fetch's result turns into a stored entry served, or a generated answer.
-    pub(super) async fn fetch(&mut self, f: Fetch<'_>) -> Result<bool, ConnError> {
-        let (req, started) = (f.request(), f.started());
-        match f.run(self).await? {
-            Outcome::Done(keep) => Ok(keep),
-            Outcome::ServeStored {
-                entry,
-                kind,
-                then_remove,
-                requester,
-            } => {
-                let served = self.serve_hit(req, &entry, kind, &requester, started).await;
-                if then_remove {
-                    self.ctx.store.remove_if_same(&entry);
-                }
-                match served? {
-                    HitOutcome::Served(keep) => Ok(keep),
-                    // A stale entry gone from disk leaves nothing to say; a just-revalidated one
-                    // owes the client an answer.
-                    HitOutcome::Gone if kind == HitKind::Stale => Ok(false),
-                    HitOutcome::Gone => {
-                        self.respond_simple(req, 502, CacheStatus::Error, &[], None, started)
-                            .await
-                    }
-                }
-            }
-            Outcome::Reply {
-                status,
-                x_cache,
-                detail,
-            } => {
-                let cache = CacheFields {
-                    x_cache: x_cache.as_str(),
-                    upstream: None,
-                    member: detail.map(|d| CacheStatusField::fwd("miss").detail(d)),
-                };
-                self.respond_simple(req, status, CacheStatus::Error, &[], Some(&cache), started)
-                    .await
-            }
-            Outcome::RefuseBody(e) => {
-                self.refuse_body(req, e).await?;
-                Ok(false)
-            }
-        }
     }
 }

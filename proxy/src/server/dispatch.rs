@@ -4,7 +4,7 @@
 
 use super::fetch::{Fetch, FetchOptions, FetchSpec, RangeFill};
 use super::hit::{HitKind, HitOutcome};
-use super::upload::RequestBody;
+use super::request_body::RequestBody;
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::decide::{Ask, Plan, Serve, Stored};
 use crate::cache::entry::Entry;
@@ -61,26 +61,21 @@ impl Conn {
         };
         // `OPTIONS *` names the server, not a path: it is routed by its host alone.
         let route_path = if req.target == "*" { "/" } else { &req.target };
-        let Some(route) = ctx.routes.find(&req.host, route_path) else {
-            return self
-                .respond_simple(&req, 404, CacheStatus::Error, &[], None, started)
-                .await;
+        // No route: 404. TRACE echoes the request back, cookies and credentials included, to
+        // any script that can read the answer (cross-site tracing); only a route that allows it
+        // forwards it (RFC 9110 §9.3.8, §15.5.6).
+        let route = match ctx.routes.find(&req.host, route_path) {
+            Some(r) if req.method != "TRACE" || r.allow_trace => r,
+            found => {
+                let (status, allow): (u16, &[(&str, &str)]) = match found {
+                    None => (404, &[]),
+                    Some(_) => (405, &[("Allow", ALLOW)]),
+                };
+                return self
+                    .respond_simple(&req, status, CacheStatus::Error, allow, None, started)
+                    .await;
+            }
         };
-        if req.method == "TRACE" && !route.allow_trace {
-            // TRACE echoes the request back, cookies and credentials included, to any script
-            // that can read the answer (cross-site tracing); only a route that allows it
-            // forwards it (RFC 9110 §9.3.8, §15.5.6).
-            return self
-                .respond_simple(
-                    &req,
-                    405,
-                    CacheStatus::Error,
-                    &[("Allow", ALLOW)],
-                    None,
-                    started,
-                )
-                .await;
-        }
         let directives = freshness::request_directives(&req);
         let ask = Ask {
             method: &req.method,
@@ -110,14 +105,8 @@ impl Conn {
                         invalidate: invalidate.then_some(route.key_query),
                         ..FetchOptions::default()
                     };
-                    let fetch = past_the_cache(
-                        &req,
-                        body,
-                        route,
-                        (CacheStatus::Bypass, detail),
-                        opts,
-                        started,
-                    );
+                    let did = (CacheStatus::Bypass, detail);
+                    let fetch = past_the_cache(&req, body, route, did, opts, started);
                     return self.fetch(fetch).await;
                 }
                 // A GET or HEAD with a body: its meaning is the origin's business, so it goes
@@ -127,14 +116,8 @@ impl Conn {
                         not_stored: Some(why),
                         ..FetchOptions::default()
                     };
-                    let fetch = past_the_cache(
-                        &req,
-                        body,
-                        route,
-                        (CacheStatus::Miss, "miss"),
-                        opts,
-                        started,
-                    );
+                    let did = (CacheStatus::Miss, "miss");
+                    let fetch = past_the_cache(&req, body, route, did, opts, started);
                     return self.fetch(fetch).await;
                 }
                 Plan::Serve(Serve::Fresh) => (HitKind::Hit, false),
@@ -301,54 +284,15 @@ impl Conn {
             }
             _ => {}
         }
-        // Fresh enough for this request, for a follower of another request's fill.
-        let fresh = |e: &Entry| {
-            freshness::decide(
-                e.age(crate::clock::now()),
-                e.meta.lifetime,
-                e.reuse,
-                directives,
-            ) == Use::Fresh
-        };
         let guard = match ctx.locks.acquire(primary.hash) {
             Role::Leader(g) => Some(g),
             Role::Follower(rx) => {
-                match tokio::time::timeout(upstream.read_timeout, lock::wait(rx)).await {
-                    // The leader's response is being stored: read behind it when it is the
-                    // variant this request selects and fresh enough for it.
-                    Ok(Some(g)) => {
-                        let e = &g.entry;
-                        let key = if e.meta.vary.is_empty() {
-                            primary.clone()
-                        } else {
-                            variance::variant(&primary, &e.meta.vary, req, ctx.hash_bits)
-                        };
-                        let usable = key.text == e.meta.key
-                            && fresh(e)
-                            && conditional::evaluate(
-                                req,
-                                e.etag.as_deref(),
-                                e.last_modified.as_deref(),
-                                e.date.as_deref(),
-                            ) == Precondition::Proceed;
-                        if usable {
-                            return self
-                                .serve_collapsed(req, &g, upstream.read_timeout, started)
-                                .await;
-                        }
-                    }
-                    // The leader is done: what it stored is a hit now.
-                    Ok(None) => {
-                        if let Some(e) = lookup(&ctx, &primary, req)
-                            && fresh(&e)
-                            && let HitOutcome::Served(keep) = self
-                                .serve_hit(req, &e, HitKind::Coalesced, &[], started)
-                                .await?
-                        {
-                            return Ok(keep);
-                        }
-                    }
-                    Err(_) => {}
+                let wait = upstream.read_timeout;
+                if let Some(keep) = self
+                    .follow(req, &primary, rx, directives, wait, started)
+                    .await?
+                {
+                    return Ok(keep);
                 }
                 None
             }
@@ -364,6 +308,67 @@ impl Conn {
             ..FetchOptions::default()
         };
         self.fetch(miss(opts)).await
+    }
+
+    /// Waits (up to `wait`) behind another request's fill of `primary`: reads behind it when its
+    /// response is the variant this request selects, fresh enough for it and passing its
+    /// preconditions; once the fill is done, serves what it stored as a hit. `None`: neither
+    /// (the fill failed, or its response is not this request's), so the request goes upstream.
+    async fn follow(
+        &mut self,
+        req: &RequestHead,
+        primary: &CacheKey,
+        rx: tokio::sync::watch::Receiver<lock::FillState>,
+        directives: &crate::cache::directives::RequestDirectives,
+        wait: std::time::Duration,
+        started: Instant,
+    ) -> Result<Option<bool>, ConnError> {
+        let ctx = self.ctx.clone();
+        // Fresh enough for this request.
+        let fresh = |e: &Entry| {
+            freshness::decide(
+                e.age(crate::clock::now()),
+                e.meta.lifetime,
+                e.reuse,
+                directives,
+            ) == Use::Fresh
+        };
+        match tokio::time::timeout(wait, lock::wait(rx)).await {
+            // The leader's response is being stored: read behind it when it is the variant this
+            // request selects and fresh enough for it.
+            Ok(Some(g)) => {
+                let e = &g.entry;
+                let key = if e.meta.vary.is_empty() {
+                    primary.clone()
+                } else {
+                    variance::variant(primary, &e.meta.vary, req, ctx.hash_bits)
+                };
+                let usable = key.text == e.meta.key
+                    && fresh(e)
+                    && conditional::evaluate(
+                        req,
+                        e.etag.as_deref(),
+                        e.last_modified.as_deref(),
+                        e.date.as_deref(),
+                    ) == Precondition::Proceed;
+                if usable {
+                    return self.serve_collapsed(req, &g, wait, started).await.map(Some);
+                }
+            }
+            // The leader is done: what it stored is a hit now.
+            Ok(None) => {
+                if let Some(e) = lookup(&ctx, primary, req)
+                    && fresh(&e)
+                    && let HitOutcome::Served(keep) = self
+                        .serve_hit(req, &e, HitKind::Coalesced, &[], started)
+                        .await?
+                {
+                    return Ok(Some(keep));
+                }
+            }
+            Err(_) => {}
+        }
+        Ok(None)
     }
 }
 

@@ -4,7 +4,7 @@
 //! operation is answered here (see `crate::fleet::internal`).
 
 use super::conn::{Conn, ConnError};
-use super::upload::RequestBody;
+use super::request_body::RequestBody;
 use crate::http::request::RequestHead;
 
 /// What the start of a request's handling learns from its hop header.

@@ -8,12 +8,15 @@
 
 pub mod behind;
 pub mod conn;
+mod conn_error;
 mod copy_account;
 mod dispatch;
 pub mod fetch;
 mod fleet_intake;
 pub mod hit;
 mod refusal;
+mod relay;
+pub mod request_body;
 pub mod upload;
 pub mod workers;
 

@@ -11,7 +11,9 @@
 //! mod_reqtimeout's `MinRate`: `read_timeout` plus one second per `limits.body_min_rate` bytes
 //! received since the body started; a read that would wait past it is a 408 too.
 
-use super::conn::{Conn, ConnError};
+use super::conn::Conn;
+use super::conn_error::ConnError;
+use super::request_body::{BUFFERED_MAX, BodyError, BodySource, Remaining, RequestBody};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::request::{BodyFraming, RequestHead};
 use std::time::Duration;
@@ -23,65 +25,6 @@ static CONTINUE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
     crate::http::head::Head::standard(&mut out, 100).end(false);
     out
 });
-
-/// Largest request body held in memory; larger ones are streamed.
-pub const BUFFERED_MAX: usize = 64 * 1024;
-
-/// A request body as a fetch forwards it.
-pub enum RequestBody {
-    /// Complete in memory (possibly empty).
-    Whole(Vec<u8>),
-    /// Too large to hold: `first` was read already, the rest comes from the client as it is sent.
-    Streaming {
-        /// Decoded body bytes read so far.
-        first: Vec<u8>,
-        /// What is left to read, and how it is framed.
-        rest: Remaining,
-    },
-}
-
-/// The unread part of a streamed body.
-pub enum Remaining {
-    /// This many bytes of a `Content-Length` body (its total is known).
-    Length {
-        /// Bytes still to read.
-        left: u64,
-        /// The whole body's length.
-        total: u64,
-    },
-    /// The rest of a chunked body.
-    Chunked {
-        /// The decoder, mid-body.
-        decoder: ChunkedDecoder,
-        /// Decoded bytes so far, for `max_body_bytes`.
-        seen: u64,
-    },
-}
-
-/// Why a request body could not be read; each ends the connection after its answer.
-#[derive(Debug)]
-pub enum BodyError {
-    /// The client was slower than `limits.read_timeout` between reads: 408.
-    Timeout,
-    /// Malformed chunked framing: 400.
-    Invalid,
-    /// More than `limits.max_body_bytes`: 413.
-    TooLarge,
-    /// The client went away.
-    Gone(ConnError),
-}
-
-impl BodyError {
-    /// The status answered, if the client is still there.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            BodyError::Timeout => Some(408),
-            BodyError::Invalid => Some(400),
-            BodyError::TooLarge => Some(413),
-            BodyError::Gone(_) => None,
-        }
-    }
-}
 
 impl Conn {
     /// Reads the request body, sending `100 Continue` first when asked: whole when it is small,
@@ -142,8 +85,40 @@ impl Conn {
         }
     }
 
-    /// Appends the next decoded piece of the body to `out`; true once the body is complete.
-    pub async fn body_piece(
+    async fn body_read(&mut self, timeout: Duration) -> Result<(), BodyError> {
+        self.buf.reserve(16 * 1024);
+        let deadline = self.body_deadline(timeout);
+        match tokio::time::timeout_at(deadline, self.sock.read_buf(&mut self.buf)).await {
+            Ok(Ok(0)) => Err(BodyError::Gone(ConnError::Aborted(
+                "client closed mid-body".into(),
+            ))),
+            Ok(Ok(n)) => {
+                if let Some((_, received)) = &mut self.body_pace {
+                    *received += n as u64;
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => Err(BodyError::Gone(e.into())),
+            Err(_) => Err(BodyError::Timeout),
+        }
+    }
+
+    /// When the next read of the body must have returned: `timeout` from now, and no later than
+    /// the body's own deadline under `limits.body_min_rate` (see the module doc).
+    fn body_deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        let per_read = tokio::time::Instant::now() + timeout;
+        match (self.body_pace, self.ctx.client.body_min_rate) {
+            (Some((started, received)), rate) if rate > 0 => {
+                let earned = Duration::from_secs_f64(received as f64 / rate as f64);
+                per_read.min(started + timeout + earned)
+            }
+            _ => per_read,
+        }
+    }
+}
+
+impl BodySource for Conn {
+    async fn body_piece(
         &mut self,
         rest: &mut Remaining,
         out: &mut Vec<u8>,
@@ -177,37 +152,6 @@ impl Conn {
                 }
                 Ok(done)
             }
-        }
-    }
-
-    async fn body_read(&mut self, timeout: Duration) -> Result<(), BodyError> {
-        self.buf.reserve(16 * 1024);
-        let deadline = self.body_deadline(timeout);
-        match tokio::time::timeout_at(deadline, self.sock.read_buf(&mut self.buf)).await {
-            Ok(Ok(0)) => Err(BodyError::Gone(ConnError::Aborted(
-                "client closed mid-body".into(),
-            ))),
-            Ok(Ok(n)) => {
-                if let Some((_, received)) = &mut self.body_pace {
-                    *received += n as u64;
-                }
-                Ok(())
-            }
-            Ok(Err(e)) => Err(BodyError::Gone(e.into())),
-            Err(_) => Err(BodyError::Timeout),
-        }
-    }
-
-    /// When the next read of the body must have returned: `timeout` from now, and no later than
-    /// the body's own deadline under `limits.body_min_rate` (see the module doc).
-    fn body_deadline(&self, timeout: Duration) -> tokio::time::Instant {
-        let per_read = tokio::time::Instant::now() + timeout;
-        match (self.body_pace, self.ctx.client.body_min_rate) {
-            (Some((started, received)), rate) if rate > 0 => {
-                let earned = Duration::from_secs_f64(received as f64 / rate as f64);
-                per_read.min(started + timeout + earned)
-            }
-            _ => per_read,
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::cache::lock::LeaderGuard;
 use crate::cache::policy;
 use crate::cache::stored_meta::{fill_meta, revalidated_meta};
 use crate::http::request::RequestHead;
-use crate::server::upload::RequestBody;
+use crate::server::request_body::RequestBody;
 use crate::upstream::Group;
 use std::net::IpAddr;
 use std::sync::Arc;

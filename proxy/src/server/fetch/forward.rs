@@ -7,7 +7,7 @@ use super::Fetch;
 use crate::cache::key::CacheKey;
 use crate::cache::validation;
 use crate::http::headers::{self, put, put_num};
-use crate::server::upload::{Remaining, RequestBody};
+use crate::server::request_body::{Remaining, RequestBody};
 use std::net::IpAddr;
 
 /// Fields in which a client states its own address, as origins read them for geolocation and

@@ -7,7 +7,8 @@
 //! client connection closed, never a short response followed by keep-alive.
 
 use super::hit::HitKind;
-use super::upload::{BodyError, RequestBody};
+use super::request_body::{BodyError, RequestBody};
+use crate::cache::conditional::Precondition;
 use crate::cache::entry::Entry;
 use crate::cache::entry::Meta;
 use crate::cache::growing::{Growing, Reader};
@@ -16,7 +17,7 @@ use crate::cache::lock::LeaderGuard;
 use crate::cache::policy;
 use crate::cache::stored_meta::revalidated_meta;
 use crate::http::request::RequestHead;
-use crate::http::response::ResponseHead;
+use crate::http::response::{BodyFraming, ResponseHead};
 use crate::upstream::{Group, UpstreamConn, UpstreamError};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -59,6 +60,9 @@ pub struct Fetch<'a> {
     no_pool: bool,
     /// ...and the client's body was not read to its end: its connection closes.
     body_unfinished: bool,
+    /// The client's body has been read to its end (a whole one from the start; a streamed one
+    /// once sent): until then the next bytes on the connection are no request.
+    body_read: bool,
     /// A HEAD's stale stored GET response and its URL's primary key hash, updated or made
     /// stale by a 200 (§4.3.5).
     head_update: Option<(Arc<Entry>, u128)>,
@@ -71,7 +75,7 @@ pub struct Fetch<'a> {
 }
 
 /// How a response body reaches the client.
-enum Body {
+pub enum Body {
     /// Stored: a fill task writes it to the cache file, the client reads behind it.
     Behind(Arc<Growing>, Reader),
     /// Not stored: streamed from the upstream connection through the proxy.
@@ -92,6 +96,46 @@ impl From<UpstreamError> for StreamError {
     }
 }
 
+/// The origin's answer as the client gets it: its head and framing, where its body comes from
+/// (read behind the fill that stores it, or streamed from the upstream), and what the cache did,
+/// for the connection's head and accounting.
+pub struct Relayed {
+    /// The origin's head, fields as received.
+    pub head: ResponseHead,
+    /// How the origin framed the body.
+    pub framing: BodyFraming,
+    /// Where the body comes from.
+    pub body: Body,
+    /// `NotModified`/`Failed`: the whole representation was fetched in place of the client's
+    /// conditional request; answer its precondition (304/412) instead (RFC 9110 §13.2.2).
+    pub local: Precondition,
+    /// Why the answer is not stored (`Cache-Status: detail=`).
+    pub not_stored: Option<&'static str>,
+    /// What the cache did (`X-Cache`).
+    pub status: CacheStatus,
+    /// `Cache-Status`'s `fwd=` reason of a bypass.
+    pub detail: &'static str,
+    /// The group the body is streamed from (its read timeout, its pool).
+    pub upstream: Arc<Group>,
+    /// The fleet member whose answer this is, when it is one.
+    pub via_peer: Option<crate::fleet::forward::Relay>,
+    /// A streamed body's upstream connection may go back to the pool once read.
+    pub reuse: bool,
+    /// The client's body was not read to its end (the connection closes after this).
+    pub body_unfinished: bool,
+}
+
+impl std::fmt::Debug for Relayed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relayed")
+            .field("status", &self.head.status)
+            .field("framing", &self.framing)
+            .field("stored", &matches!(self.body, Body::Behind(..)))
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a Range miss needs to fill the whole object in the background.
 pub struct RangeFill {
     /// The primary key of the object.
@@ -102,15 +146,28 @@ pub struct RangeFill {
     pub default_ttl: Option<std::time::Duration>,
 }
 
-/// What a fetch leaves to the connection: the fetch exchanges with the upstream and streams what
-/// it relays, but never calls back into the connection to serve an entry or a generated answer.
-/// Returning those instead keeps the data flow one way (request → fetch → outcome → response) and
-/// drops the fetch, with its fill lock, before the connection serves anything.
+/// What a fetch got, for the connection to send. The fetch exchanges with the upstream, updates
+/// the store and starts a fill, but writes nothing to the client: keeping the data flow one way
+/// (request → fetch → outcome → response), and the fetch, with its fill lock, dropped before the
+/// connection sends anything.
+pub struct Fetched {
+    /// Interim responses (103 Early Hints) that came before the answer, in order: the connection
+    /// sends them on first, whatever the outcome.
+    pub interim: Vec<ResponseHead>,
+    /// The upstream's part of the access-log line, once its head arrived (with an access log).
+    pub upstream: Option<crate::accesslog::UpstreamInfo>,
+    /// The client's body was not read to its end (an origin that answered early, or an exchange
+    /// that failed before the body was sent): the connection closes after this answer.
+    pub must_close: bool,
+    /// What the connection does.
+    pub outcome: Outcome,
+}
+
+/// What the connection does with a fetch's result.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The response went out (relayed, or answered from the fetched head); `true` keeps the
-    /// connection.
-    Done(bool),
+    /// Send the origin's answer (see [`Relayed`]).
+    Relay(Box<Relayed>),
     /// Serve this stored entry: stale in place of a failed upstream, or just revalidated.
     ServeStored {
         /// The entry.
@@ -225,6 +282,7 @@ impl<'a> Fetch<'a> {
         } = spec;
         Fetch {
             req,
+            body_read: matches!(body, RequestBody::Whole(_)),
             body,
             upstream,
             status,

@@ -1,25 +1,19 @@
-//! Streaming pieces of a fetch: a request body too large to hold sent as it arrives, a client's
-//! precondition answered from a fresh response, the background fill after a Range miss, the pump
-//! that writes a stored body to its cache file, and the accounting of what a fetch relayed.
+//! Streaming pieces of a fetch: a request body too large to hold sent as it arrives, the
+//! background fill after a Range miss, and the pump that writes a stored body to its cache file.
 
-use crate::cache::conditional::{self, Precondition};
 use crate::cache::fill::Fill;
 use crate::cache::freshness::Heuristics;
 use crate::cache::growing::Writer;
 use crate::cache::lock::{LeaderGuard, Role};
-use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
 use crate::http::headers;
 use crate::http::response::BodyFraming;
 use crate::http::response::ResponseHead;
-use crate::server::conn::{Conn, ConnError};
-use crate::server::upload::{BUFFERED_MAX, Remaining};
+use crate::server::request_body::{BUFFERED_MAX, BodySource, Remaining};
 use crate::upstream::body::BodyReader;
 use crate::upstream::{Group, UpstreamConn, UpstreamError};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use zerocache_ledger::CopyReason;
-use zerocache_ledger::{DataPath, ResponseRecord};
 
 use super::{Fetch, RangeFill, StreamError};
 
@@ -32,7 +26,7 @@ impl Fetch<'_> {
     /// since neither side's framing can be trusted any more.
     pub(super) async fn exchange_streaming(
         &mut self,
-        conn: &mut Conn,
+        client: &mut impl BodySource,
         head: &[u8],
         first: Vec<u8>,
         mut rest: Remaining,
@@ -71,65 +65,17 @@ impl Fetch<'_> {
                 break;
             }
             piece.clear();
-            done = conn
+            done = client
                 .body_piece(&mut rest, &mut piece)
                 .await
                 .map_err(StreamError::Body)?;
         }
-        conn.must_close = self.body_unfinished;
+        self.body_read = !self.body_unfinished;
         let head = self
             .upstream
             .response_head(&mut up, interim, !self.body_unfinished)
             .await?;
         Ok((up, head))
-    }
-
-    /// Answers the client's precondition (304 or 412) from the response just received. A body
-    /// being stored goes on into the cache without this client; any other is not read at all
-    /// (dropping the upstream connection closes it).
-    pub(super) async fn answer_precondition(
-        self,
-        conn: &mut Conn,
-        p: Precondition,
-        head: &ResponseHead,
-        interim_bytes: u64,
-    ) -> Result<bool, ConnError> {
-        let req = self.req;
-        let status = if p == Precondition::NotModified {
-            304
-        } else {
-            412
-        };
-        let mut h = Head::standard(&mut conn.head, status);
-        if status == 304 {
-            for (k, v) in &head.fields {
-                if conditional::NOT_MODIFIED_FIELDS
-                    .iter()
-                    .any(|f| k.eq_ignore_ascii_case(f))
-                {
-                    h.field(k, v);
-                }
-            }
-        } else {
-            h.framing(Framing::Length(0));
-        }
-        h.cache(&CacheFields {
-            x_cache: self.status.as_str(),
-            upstream: None,
-            member: Some(CacheStatusField::fwd("miss")),
-        })
-        .via_self();
-        h.end(req.close);
-        let sent = conn.send_head().await;
-        self.record(
-            conn,
-            status,
-            conn.head.len() as u64 + interim_bytes,
-            0,
-            sent.is_ok(),
-        );
-        sent?;
-        Ok(!req.close)
     }
 
     /// Starts the background fill of the whole object after a Range miss, unless a fill of it is
@@ -162,58 +108,6 @@ impl Fetch<'_> {
 
     pub(super) fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics {
         heuristics(ctx, self.default_ttl)
-    }
-
-    pub(super) fn record(
-        &self,
-        conn: &Conn,
-        status: u16,
-        head_bytes: u64,
-        body_bytes: u64,
-        complete: bool,
-    ) {
-        if let Some(r) = &self.via_peer {
-            r.relayed(body_bytes);
-        }
-        self.record_path(
-            conn,
-            status,
-            head_bytes,
-            body_bytes,
-            DataPath::Copy,
-            complete,
-        );
-    }
-
-    pub(super) fn record_path(
-        &self,
-        conn: &Conn,
-        status: u16,
-        head_bytes: u64,
-        body_bytes: u64,
-        path: DataPath,
-        complete: bool,
-    ) {
-        // A body relayed from the key's owner in a fleet is a copy for a reason of its own.
-        let relay = if self.via_peer.is_some() {
-            CopyReason::Peer
-        } else {
-            CopyReason::Miss
-        };
-        conn.record_as(
-            &ResponseRecord {
-                method: &self.req.method,
-                target: &self.req.target,
-                status,
-                cache_status: self.status,
-                head_bytes,
-                body_bytes,
-                path,
-                duration: self.started.elapsed(),
-                complete,
-            },
-            relay,
-        );
     }
 }
 
