@@ -199,11 +199,17 @@ pub(crate) struct Relaying {
     pub fills: bool,
     /// Why the answer will not be stored, known before it came (a Range miss, a fat GET).
     pub not_stored: Option<&'static str>,
+    /// The body's length, when its framing says it (`Content-Length`).
+    pub length: Option<u64>,
+    /// The largest body that may be stored: the cache's `max_size` (an entry larger than the
+    /// whole cache would evict everything else, then itself).
+    pub max_body: u64,
 }
 
 impl Relay {
-    /// The relay of `r`'s answer. Each closure is asked only when the decision needs it, in
-    /// this order: `stores_here` (this node may keep it: not a fleet owner's answer beyond
+    /// The relay of `r`'s answer. A fill's answer longer than `max_body` is not stored
+    /// (`too-large`). Each closure is asked only when the decision needs it, in this order:
+    /// `stores_here` (this node may keep it: not a fleet owner's answer beyond
     /// `local_hot_max`, which reserves room when it says yes), `storable` (RFC 9111 §3 under
     /// the route's rules, `cache/policy.rs`), `precondition` (the client's conditions against
     /// the answer's validators).
@@ -213,7 +219,11 @@ impl Relay {
         storable: impl FnOnce() -> Result<Storable, NotStored>,
         precondition: impl FnOnce() -> Precondition,
     ) -> Relay {
-        let store = if r.fills && stores_here() {
+        let store = if !r.fills {
+            Err(r.not_stored)
+        } else if r.length.is_some_and(|n| n > r.max_body) {
+            Err(Some("too-large"))
+        } else if stores_here() {
             storable().map_err(|why| Some(why.token()))
         } else {
             Err(r.not_stored)
@@ -482,6 +492,8 @@ mod tests {
             status: 206,
             fills: false,
             not_stored: Some("range"),
+            length: None,
+            max_body: 1 << 30,
         };
         assert_eq!(
             Relay::of(range_miss, not_asked, not_judged, no_conditions),
@@ -494,6 +506,8 @@ mod tests {
             status: 200,
             fills: false,
             not_stored: None,
+            length: Some(10),
+            max_body: 1 << 30,
         };
         assert_eq!(
             Relay::of(bypass, not_asked, not_judged, no_conditions),
@@ -512,6 +526,8 @@ mod tests {
             status,
             fills: true,
             not_stored: None,
+            length: Some(1 << 20),
+            max_body: 1 << 30,
         };
         let proceed = || Precondition::Proceed;
         assert_eq!(
@@ -545,6 +561,8 @@ mod tests {
             status,
             fills: true,
             not_stored: None,
+            length: Some(1 << 20),
+            max_body: 1 << 30,
         };
         for (p, status) in [
             (Precondition::NotModified, 200),
@@ -570,6 +588,36 @@ mod tests {
                 )
                 .answer,
                 Precondition::Proceed
+            );
+        }
+    }
+
+    /// A fill's answer longer than the whole cache is relayed, not stored (`too-large`), and
+    /// neither the fleet's budget nor the policy is asked; at the bound, or of unknown length
+    /// (the fill checks it when it ends), it is judged as any other.
+    #[test]
+    fn a_body_larger_than_the_cache_is_not_stored() {
+        let fill = |length| Relaying {
+            status: 200,
+            fills: true,
+            not_stored: None,
+            length,
+            max_body: 4 << 20,
+        };
+        let not_asked = || -> bool { panic!("stores_here asked") };
+        let not_judged = || -> Result<Storable, NotStored> { panic!("storable asked") };
+        let proceed = || Precondition::Proceed;
+        assert_eq!(
+            Relay::of(fill(Some((4 << 20) + 1)), not_asked, not_judged, proceed),
+            Relay {
+                store: Err(Some("too-large")),
+                answer: Precondition::Proceed
+            }
+        );
+        for length in [Some(4 << 20), None, Some(0)] {
+            assert_eq!(
+                Relay::of(fill(length), || true, || Ok(stored()), proceed).store,
+                Ok(stored())
             );
         }
     }

@@ -83,6 +83,13 @@ impl Fill {
         }
     }
 
+    /// Whether the entry, header and body written so far, fits the cache at all
+    /// (`cache.max_size`). One that does not is never committed: committing it would evict
+    /// every other entry to make room, and then the entry itself.
+    pub fn fits_the_cache(&self) -> bool {
+        self.body_offset + self.written <= self.store.max_size()
+    }
+
     /// The file being written, for clients that read behind the fill.
     pub fn file(&self) -> Arc<File> {
         self.file.clone()

@@ -135,3 +135,48 @@ fn route_cache_key_options_ignore_the_query_or_add_headers() {
     assert_eq!(c.get("/obj/10", &[("X-Variant", "")]).x_cache(), "MISS");
     assert_eq!(origin.hits("/obj/10?a=1") + origin.hits("/obj/10"), 3);
 }
+
+/// An object larger than the whole cache (`cache.max_size`) is relayed whole and never stored:
+/// committing it would evict every other entry, then itself (a 5 MB object in a 4 MiB cache
+/// answered `stored` on every request and emptied the cache each time). With a Content-Length
+/// the client is told why (`detail=too-large`, no `stored`); a chunked one is found out when
+/// its fill ends, and dropped then.
+#[test]
+fn an_object_larger_than_the_cache_is_relayed_and_evicts_nothing() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/chunked/big",
+        Reply::ok(body(5_000_000))
+            .framing(Framing::Chunked(65_536))
+            .headers(&[("Cache-Control", "max-age=3600")]),
+    );
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            cache_yaml: "  max_size: 4MiB\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    assert_eq!(c.get("/obj/1000", &[]).x_cache(), "MISS");
+    for _ in 0..2 {
+        let r = c.get("/obj/5000000", &[]);
+        assert_eq!(r.x_cache(), "MISS");
+        assert_eq!(
+            r.cache_status().as_deref(),
+            Some("zerocache; fwd=miss; detail=too-large")
+        );
+        assert_eq!(r.body, body(5_000_000));
+        let r = c.get("/chunked/big", &[]);
+        assert_eq!(r.x_cache(), "MISS");
+        assert_eq!(r.body, body(5_000_000));
+    }
+    assert_eq!(origin.hits("/obj/5000000"), 2);
+    assert_eq!(origin.hits("/chunked/big"), 2);
+    assert_eq!(c.get("/obj/1000", &[]).x_cache(), "HIT");
+    assert_eq!(files(&proxy.dir).len(), 1, "only /obj/1000 is stored");
+    assert_eq!(
+        metric(&proxy.metrics(), "zerocache_cache_evictions_total"),
+        0
+    );
+}

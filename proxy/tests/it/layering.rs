@@ -259,7 +259,7 @@ fn function_lengths(src: &Path) -> Vec<(usize, String)> {
             }
         }
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|e| std::cmp::Reverse(e.0));
     out
 }
 
@@ -269,7 +269,11 @@ fn function_lengths(src: &Path) -> Vec<(usize, String)> {
 fn no_function_is_over_150_lines() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let lengths = function_lengths(&src);
-    assert!(lengths.len() > 500, "read the functions of {}", src.display());
+    assert!(
+        lengths.len() > 500,
+        "read the functions of {}",
+        src.display()
+    );
     let long: Vec<&(usize, String)> = lengths.iter().filter(|(n, _)| *n > 150).collect();
     assert!(long.is_empty(), "functions over 150 lines: {long:#?}");
 }

@@ -118,6 +118,8 @@ impl Fetch<'_> {
                 status: head.status,
                 fills: self.fill.is_some(),
                 not_stored: self.not_stored,
+                length: framing.length(),
+                max_body: ctx.store.max_size(),
             },
             || self.store_here && self.via_peer.as_ref().is_none_or(|r| r.may_store(&head)),
             || {

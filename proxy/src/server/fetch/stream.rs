@@ -177,6 +177,20 @@ pub(super) async fn pump(
         }
     }
     let n = fill.written();
+    if !fill.fits_the_cache() {
+        // Larger than the whole cache (its length was unknown, or its header tipped it over):
+        // the readers still get every byte from the open file, and dropping the fill deletes it.
+        tracing::debug!(
+            bytes = n,
+            max_size = ctx.store.max_size(),
+            "larger than the cache; not stored"
+        );
+        w.finish(n);
+        if reusable && reader.reusable() {
+            group.release(up);
+        }
+        return;
+    }
     // Committed before the last bytes are published: a client that has read the whole MISS and
     // asks again gets a HIT. A commit that fails leaves every byte in the open file, so the
     // readers still finish.

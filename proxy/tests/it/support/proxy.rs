@@ -82,8 +82,14 @@ impl Proxy {
         let port = free_port();
         let dport = free_port();
         let config = config_dir.join(format!("zerocache-{port}.yaml"));
+        // A test that sizes the cache says so in its cache keys.
+        let max_size = if opts.cache_yaml.contains("max_size:") {
+            ""
+        } else {
+            "  max_size: 1GiB\n"
+        };
         let yaml = format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n  max_size: 1GiB\n{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\ndebug:\n  adjustable_clock: true\n{debug}{extra}",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n{max_size}{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\ndebug:\n  adjustable_clock: true\n{debug}{extra}",
             dir = dir.display(),
             cache = opts.cache_yaml,
             up = opts.upstream_yaml,
