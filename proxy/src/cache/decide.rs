@@ -194,8 +194,9 @@ pub(crate) struct Relay {
 pub(crate) struct Relaying {
     /// The answer's status.
     pub status: u16,
-    /// The fetch is the fill of its key: the whole representation, asked unconditionally
-    /// under the key's fill lock. Only a fill's answer may be stored or answer a precondition.
+    /// The fetch would fill its key (`FetchOptions::fill`): the whole representation, the
+    /// client's Range and preconditions not forwarded. Only a fill's answer may be stored or
+    /// answer a precondition.
     pub fills: bool,
     /// Why the answer will not be stored, known before it came (a Range miss, a fat GET).
     pub not_stored: Option<&'static str>,

@@ -43,7 +43,7 @@ impl Conn {
         };
         // Part of a large body is still unread: whatever answers this request (a 404, a 405, a
         // 502 before the body went upstream), the next bytes on the connection are no request.
-        // The streaming exchange clears this once it has read the body to its end.
+        // `Conn::fetch` (relay.rs) clears this once the fetch has read the body to its end.
         self.must_close = matches!(body, RequestBody::Streaming { .. });
         if self.sock.misdirected(&req.host) {
             // A connection made (by SNI) for one site, asked for a host its certificate does

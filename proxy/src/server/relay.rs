@@ -5,8 +5,8 @@
 //! entry is served as a hit; a failure gets its short generated answer.
 //!
 //! Why here and not in the fetch: the fetch decides and the connection writes, so the fetch never
-//! imports the connection (data flows one way), and the fetch, with its fill lock, is dropped
-//! before the client is sent anything.
+//! imports the connection (data flows one way), and the fetch is dropped before the client is
+//! sent anything (a fill's lock lives on in its pump task).
 
 use super::conn::Conn;
 use super::conn_error::ConnError;

@@ -367,6 +367,32 @@ fn early_hints_are_forwarded_and_not_stored() {
     );
 }
 
+/// An origin whose exchange fails after interim heads (here a ninth 103, past the bound of
+/// eight) gets the client its failure alone: the 103s already received are not sent before the
+/// 502, which would announce hints for a response that never comes.
+#[test]
+fn interim_heads_of_a_failed_exchange_are_not_sent() {
+    let (origin, _rt) = origin();
+    let mut reply = Reply::ok(b"body".to_vec());
+    for _ in 0..9 {
+        reply = reply.interim(103, &[("Link", "</s.css>; rel=preload")]);
+    }
+    origin.script("/many-hints", reply);
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    c.send(b"GET /many-hints HTTP/1.1\r\nHost: test.example\r\n\r\n");
+    let mut raw = Vec::new();
+    use std::io::Read;
+    let mut chunk = [0u8; 4096];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.sock.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed before a head");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{text}");
+}
+
 /// Each data-plane worker (one per core) keeps the connections it is given, and a new connection
 /// goes to the worker with the fewest: opened one after another, they split exactly evenly, and
 /// the counts fall back to zero as they close. Left to whichever worker wakes first, a burst of

@@ -148,16 +148,18 @@ pub struct RangeFill {
 
 /// What a fetch got, for the connection to send. The fetch exchanges with the upstream, updates
 /// the store and starts a fill, but writes nothing to the client: keeping the data flow one way
-/// (request → fetch → outcome → response), and the fetch, with its fill lock, dropped before the
-/// connection sends anything.
+/// (request → fetch → outcome → response), and the fetch dropped before the connection sends
+/// anything (a fill's lock lives on in its pump task).
 pub struct Fetched {
-    /// Interim responses (103 Early Hints) that came before the answer, in order: the connection
-    /// sends them on first, whatever the outcome.
+    /// Interim responses (103 Early Hints) that came before a final head, in order: the
+    /// connection sends them on first (never to an HTTP/1.0 client). Empty when the exchange
+    /// failed: the client hears of the failure alone.
     pub interim: Vec<ResponseHead>,
     /// The upstream's part of the access-log line, once its head arrived (with an access log).
     pub upstream: Option<crate::accesslog::UpstreamInfo>,
-    /// The client's body was not read to its end (an origin that answered early, or an exchange
-    /// that failed before the body was sent): the connection closes after this answer.
+    /// The client's body was not read to its end (an origin that answered early, an exchange
+    /// that failed before the body was sent, or the client's body failed): the connection closes
+    /// after this answer.
     pub must_close: bool,
     /// What the connection does.
     pub outcome: Outcome,

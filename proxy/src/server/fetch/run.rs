@@ -61,7 +61,12 @@ impl Fetch<'_> {
         let (up, head, request_time, response_time) =
             match self.exchange(ctx, peer, client, interim, upstream).await {
                 Ok(x) => x,
-                Err(outcome) => return outcome,
+                // Interim heads of an exchange that then failed are not sent: the client
+                // hears of the failure alone, as before any interim head crossed.
+                Err(outcome) => {
+                    interim.clear();
+                    return outcome;
+                }
             };
         let framing = match head.framing(req.method == "HEAD") {
             Ok(f) => f,
