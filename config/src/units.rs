@@ -257,6 +257,48 @@ pub mod opt_duration {
     }
 }
 
+/// `#[serde(with = "crate::units::opt_size")]` for an `Option<ByteSize>` field.
+pub mod opt_size {
+    use super::*;
+
+    struct Opt;
+
+    impl<'de> serde::de::Visitor<'de> for Opt {
+        type Value = Option<ByteSize>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(SIZE)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(size_scalar()).map(Some)
+        }
+    }
+
+    /// Reads an optional size (`null` or absent: `None`).
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<ByteSize>, D::Error> {
+        d.deserialize_option(Opt)
+    }
+
+    /// Writes the size as a number of bytes, or null.
+    pub fn serialize<S: serde::Serializer>(v: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_u64(b.as_u64()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -265,6 +265,26 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
                 format!("`{}` must start with `/`", r.matcher.path_prefix),
             ));
         }
+        // An object size range with nothing in it stores nothing: a mistake, never a switch.
+        let max = r.max_object_size.or(config.cache.max_object_size);
+        let min = r.min_object_size.unwrap_or(config.cache.min_object_size);
+        if let Some(max) = max
+            && min > max
+        {
+            let field = if r.min_object_size.is_some() {
+                format!("routes[{i}].min_object_size")
+            } else {
+                "cache.min_object_size".to_string()
+            };
+            errs.push(invalid(
+                field,
+                format!(
+                    "{} is more than the largest object stored ({}), so nothing would be stored; use `cache: false` for that",
+                    crate::units::binary(min.as_u64()),
+                    crate::units::binary(max.as_u64())
+                ),
+            ));
+        }
         for (j, h) in r.cache_key.headers.iter().enumerate() {
             if let Some(why) = never_forwarded(config, h) {
                 errs.push(invalid(

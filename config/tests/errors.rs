@@ -37,7 +37,7 @@ fn unknown_keys_are_rejected_with_a_suggestion() {
     let text = GOOD.replace("    upstream: origin", "    upstrem: origin");
     assert_eq!(
         err(&text),
-        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`, `default_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`; did you mean `upstream`?"
+        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `max_object_size`, `min_object_size`; did you mean `upstream`?"
     );
 }
 
@@ -71,6 +71,51 @@ fn bad_values_name_their_key() {
     );
     let e = err(&GOOD.replace("max_size: 1GiB", "max_size: lots"));
     assert!(e.starts_with("zc.yaml:4:13: cache.max_size: "), "{e}");
+}
+
+/// An object size range with nothing in it is refused, naming the key that closed it; a size
+/// that is no size names its own line and column.
+#[test]
+fn object_sizes_must_leave_room_for_an_object() {
+    let route = GOOD.replace(
+        "    upstream: origin\n",
+        "    upstream: origin\n    max_object_size: 1MiB\n    min_object_size: 2MiB\n",
+    );
+    assert_eq!(
+        err(&route),
+        "zc.yaml:14:5: routes[0].min_object_size: 2 MiB is more than the largest object stored (1 MiB), so nothing would be stored; use `cache: false` for that"
+    );
+    let cache = GOOD.replace(
+        "max_size: 1GiB\n",
+        "max_size: 1GiB\n  max_object_size: 10KiB\n  min_object_size: 20KiB\n",
+    );
+    assert_eq!(
+        err(&cache),
+        "zc.yaml:6:3: cache.min_object_size: 20 KiB is more than the largest object stored (10 KiB), so nothing would be stored; use `cache: false` for that"
+    );
+    let e = err(&GOOD.replace(
+        "max_size: 1GiB\n",
+        "max_size: 1GiB\n  max_object_size: huge\n",
+    ));
+    assert!(
+        e.starts_with("zc.yaml:5:20: cache.max_object_size: "),
+        "{e}"
+    );
+    // A route may lower the cache's minimum below the cache's maximum, or raise both.
+    let ok = GOOD
+        .replace(
+            "max_size: 1GiB\n",
+            "max_size: 1GiB\n  max_object_size: 10KiB\n  min_object_size: 1KiB\n",
+        )
+        .replace(
+            "    upstream: origin\n",
+            "    upstream: origin\n    max_object_size: 1MiB\n    min_object_size: 20KiB\n",
+        );
+    let c = parse(&ok, "zc.yaml").expect("valid");
+    assert_eq!(
+        c.routes[0].min_object_size.map(|b| b.as_u64()),
+        Some(20 * 1024)
+    );
 }
 
 #[test]

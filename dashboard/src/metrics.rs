@@ -255,6 +255,20 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .with_label_values(&[] as &[&str])
         .inc_by(acc.corrupt_entries());
 
+    // Pre-seeded with the size reasons, so an alert on them has a series from the start.
+    let not_stored = counter_vec(
+        &r,
+        "zerocache_cache_not_stored_total",
+        "Responses fetched to be stored that were not, by reason (their Cache-Status detail): too-large and too-small (cache.max_object_size, min_object_size, or larger than the whole cache), no-freshness, response-directive, set-cookie, status, server-error, cache-unwritable, ...",
+        &["reason"],
+    )?;
+    for k in ["too-large", "too-small"] {
+        not_stored.with_label_values(&[k]).inc_by(0);
+    }
+    for (k, n) in acc.not_stored_counts() {
+        not_stored.with_label_values(&[k]).inc_by(n);
+    }
+
     let per_worker = IntGaugeVec::new(
         Opts::new(
             "zerocache_worker_connections",

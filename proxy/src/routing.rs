@@ -14,8 +14,8 @@ pub struct Route {
     pub upstream: Arc<Group>,
     /// Whether responses may be stored and hits served.
     pub cache: bool,
-    /// Freshness for storable responses that carry none.
-    pub default_ttl: Option<std::time::Duration>,
+    /// Freshness for storable responses that carry none (`default_ttl`, `status_ttl`).
+    pub ttls: Ttls,
     /// Whether the query string is part of the cache key.
     pub key_query: bool,
     /// Request header fields whose values are part of the cache key.
@@ -28,6 +28,44 @@ pub struct Route {
     pub allow_trace: bool,
     /// Store responses that set cookies.
     pub store_set_cookie: bool,
+    /// The sizes of body this route stores (`max_object_size`, `min_object_size`).
+    pub object_sizes: ObjectSizes,
+}
+
+/// A route's freshness for responses that carry none: `status_ttl` by status, then (for the
+/// statuses RFC 9111 lets a cache give a heuristic lifetime) `default_ttl`.
+#[derive(Debug, Clone, Default)]
+pub struct Ttls {
+    /// `default_ttl`.
+    pub default: Option<std::time::Duration>,
+    /// `status_ttl` (`None` when empty).
+    pub by_status: Option<Arc<zerocache_config::StatusTtl>>,
+}
+
+impl Ttls {
+    /// The heuristics these TTLs give, with the Last-Modified heuristic capped at `max`.
+    pub fn heuristics(&self, max: std::time::Duration) -> crate::cache::freshness::Heuristics<'_> {
+        crate::cache::freshness::Heuristics {
+            max,
+            default_ttl: self.default,
+            status_ttl: self.by_status.as_deref(),
+        }
+    }
+}
+
+/// The sizes of response body a route stores: the route's `max_object_size`/`min_object_size`,
+/// else the cache's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectSizes {
+    /// Smallest body stored.
+    pub min: u64,
+    /// Largest body stored (`None`: up to the cache's `max_size`).
+    pub max: Option<u64>,
+}
+
+impl ObjectSizes {
+    /// Any size (up to the cache's `max_size`).
+    pub const ANY: ObjectSizes = ObjectSizes { min: 0, max: None };
 }
 
 impl Route {
@@ -99,13 +137,27 @@ impl Routes {
                     prefix: r.matcher.path_prefix.clone(),
                     upstream: groups.get(&r.upstream)?.clone(),
                     cache: r.cache,
-                    default_ttl: r.default_ttl,
+                    ttls: Ttls {
+                        default: r.default_ttl,
+                        by_status: (!r.status_ttl.is_empty())
+                            .then(|| Arc::new(r.status_ttl.clone())),
+                    },
                     key_query: r.cache_key.query,
                     key_headers: r.cache_key.headers.clone(),
                     stale_grace: r.stale_grace,
                     bypass: r.bypass.clone(),
                     allow_trace: r.allow_trace,
                     store_set_cookie: r.store_set_cookie,
+                    object_sizes: ObjectSizes {
+                        min: r
+                            .min_object_size
+                            .unwrap_or(config.cache.min_object_size)
+                            .as_u64(),
+                        max: r
+                            .max_object_size
+                            .or(config.cache.max_object_size)
+                            .map(|b| b.as_u64()),
+                    },
                 })
             })
             .collect();

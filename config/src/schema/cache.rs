@@ -54,6 +54,16 @@ pub struct CacheConfig {
     /// background, so the next request is a hit.
     #[serde(default = "default_range_fill_max", with = "crate::units::size")]
     pub range_fill_max: ByteSize,
+    /// Largest response body stored; a larger one is relayed whole and not stored
+    /// (`Cache-Status: detail=too-large`), known from its `Content-Length`, or found out while a
+    /// body of unknown length arrives (its fill is then dropped, every byte still relayed).
+    /// Unset: the cache's `max_size` (a larger entry could never be kept). A route may set its
+    /// own (`routes[].max_object_size`).
+    #[serde(default, with = "crate::units::opt_size")]
+    pub max_object_size: Option<ByteSize>,
+    /// Smallest response body stored; a smaller one is relayed (`detail=too-small`). Default 0.
+    #[serde(default = "zero_size", with = "crate::units::size")]
+    pub min_object_size: ByteSize,
     /// Store 5xx responses that carry explicit freshness (RFC 9111 §3 allows it); `false` never
     /// stores a 5xx.
     #[serde(default = "default_true")]
@@ -76,6 +86,10 @@ pub struct CacheConfig {
     /// checksum, over and over; a corrupt entry is discarded. 0 turns the scrub off.
     #[serde(default = "default_scrub_rate", with = "crate::units::size")]
     pub scrub_rate: ByteSize,
+}
+
+fn zero_size() -> ByteSize {
+    ByteSize::b(0)
 }
 
 fn default_verify_on_start() -> usize {

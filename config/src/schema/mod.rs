@@ -8,12 +8,14 @@ mod cache;
 mod dashboard;
 mod limits;
 mod route;
+mod status_ttl;
 mod upstream;
 
 pub use cache::*;
 pub use dashboard::*;
 pub use limits::*;
 pub use route::*;
+pub use status_ttl::*;
 pub use upstream::*;
 
 /// For `#[serde(default = ...)]` of switches that are on unless turned off.

@@ -21,6 +21,14 @@ pub struct Route {
     /// such responses are not stored. Never overrides `no-store`, `private` or explicit freshness.
     #[serde(default, with = "crate::units::opt_duration")]
     pub default_ttl: Option<Duration>,
+    /// Freshness by status for responses that carry none (`{404: 1m, 4xx: 10s}`; an exact
+    /// status over its class), like nginx's `proxy_cache_valid`. An operator's override of
+    /// RFC 9111's heuristics: it applies to any final status (a 302, a 403 too, which RFC 9111
+    /// would not store without explicit freshness), and before the `Last-Modified` heuristic and
+    /// `default_ttl`. Never over `no-store`, `private` or explicit freshness; a 5xx still needs
+    /// `cache.store_5xx`.
+    #[serde(default)]
+    pub status_ttl: super::StatusTtl,
     /// What goes into the cache key beyond method, scheme, host and path.
     #[serde(default)]
     pub cache_key: CacheKeyConfig,
@@ -41,6 +49,12 @@ pub struct Route {
     /// stores them.
     #[serde(default = "default_true")]
     pub store_set_cookie: bool,
+    /// This route's `cache.max_object_size` (unset: the cache's).
+    #[serde(default, with = "crate::units::opt_size")]
+    pub max_object_size: Option<bytesize::ByteSize>,
+    /// This route's `cache.min_object_size` (unset: the cache's).
+    #[serde(default, with = "crate::units::opt_size")]
+    pub min_object_size: Option<bytesize::ByteSize>,
 }
 
 fn default_stale_grace() -> Duration {

@@ -23,6 +23,8 @@ pub struct Accounting {
     corrupt_entries: AtomicU64,
     pub(crate) next_conn: AtomicU64,
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
+    /// Responses that could have been stored and were not, by `Cache-Status` detail token.
+    not_stored: Mutex<HashMap<&'static str, u64>>,
     /// Upstream response heads received, by (group, server, status code).
     upstream_responses: Mutex<HashMap<(String, String, u16), u64>>,
     /// `zerocache_upstream_response_seconds`: request sent to response head, by group.
@@ -87,6 +89,7 @@ impl Accounting {
             corrupt_entries: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
+            not_stored: Mutex::default(),
             upstream_responses: Mutex::new(HashMap::new()),
             upstream_seconds,
             rejected: Default::default(),
@@ -172,6 +175,24 @@ impl Accounting {
             .lock()
             .entry((upstream.to_string(), kind))
             .or_insert(0) += 1;
+    }
+
+    /// A response that could have been stored was not, for `reason` (its `Cache-Status`
+    /// detail: `too-large`, `no-freshness`, ...).
+    pub fn not_stored(&self, reason: &'static str) {
+        *self.not_stored.lock().entry(reason).or_insert(0) += 1;
+    }
+
+    /// Responses not stored, by reason, sorted.
+    pub fn not_stored_counts(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self
+            .not_stored
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        v.sort();
+        v
     }
 
     /// Requests answered with `cs`.

@@ -202,14 +202,18 @@ pub(crate) struct Relaying {
     pub not_stored: Option<&'static str>,
     /// The body's length, when its framing says it (`Content-Length`).
     pub length: Option<u64>,
-    /// The largest body that may be stored: the cache's `max_size` (an entry larger than the
-    /// whole cache would evict everything else, then itself).
+    /// The largest body that may be stored: the route's `max_object_size`, and never more than
+    /// the cache's `max_size` (an entry larger than the whole cache would evict everything
+    /// else, then itself).
     pub max_body: u64,
+    /// The smallest body that may be stored (the route's `min_object_size`).
+    pub min_body: u64,
 }
 
 impl Relay {
-    /// The relay of `r`'s answer. A fill's answer longer than `max_body` is not stored
-    /// (`too-large`). Each closure is asked only when the decision needs it, in this order:
+    /// The relay of `r`'s answer. A fill's answer whose length is outside `min_body..=max_body`
+    /// is not stored (`too-large`, `too-small`); one of unknown length is checked by its fill
+    /// when it ends. Each closure is asked only when the decision needs it, in this order:
     /// `stores_here` (this node may keep it: not a fleet owner's answer beyond
     /// `local_hot_max`, which reserves room when it says yes), `storable` (RFC 9111 §3 under
     /// the route's rules, `cache/policy.rs`), `precondition` (the client's conditions against
@@ -224,6 +228,8 @@ impl Relay {
             Err(r.not_stored)
         } else if r.length.is_some_and(|n| n > r.max_body) {
             Err(Some("too-large"))
+        } else if r.length.is_some_and(|n| n < r.min_body) {
+            Err(Some("too-small"))
         } else if stores_here() {
             storable().map_err(|why| Some(why.token()))
         } else {
@@ -495,6 +501,7 @@ mod tests {
             not_stored: Some("range"),
             length: None,
             max_body: 1 << 30,
+            min_body: 0,
         };
         assert_eq!(
             Relay::of(range_miss, not_asked, not_judged, no_conditions),
@@ -509,6 +516,7 @@ mod tests {
             not_stored: None,
             length: Some(10),
             max_body: 1 << 30,
+            min_body: 0,
         };
         assert_eq!(
             Relay::of(bypass, not_asked, not_judged, no_conditions),
@@ -529,6 +537,7 @@ mod tests {
             not_stored: None,
             length: Some(1 << 20),
             max_body: 1 << 30,
+            min_body: 0,
         };
         let proceed = || Precondition::Proceed;
         assert_eq!(
@@ -564,6 +573,7 @@ mod tests {
             not_stored: None,
             length: Some(1 << 20),
             max_body: 1 << 30,
+            min_body: 0,
         };
         for (p, status) in [
             (Precondition::NotModified, 200),
@@ -604,6 +614,7 @@ mod tests {
             not_stored: None,
             length,
             max_body: 4 << 20,
+            min_body: 0,
         };
         let not_asked = || -> bool { panic!("stores_here asked") };
         let not_judged = || -> Result<Storable, NotStored> { panic!("storable asked") };
@@ -619,6 +630,41 @@ mod tests {
             assert_eq!(
                 Relay::of(fill(length), || true, || Ok(stored()), proceed).store,
                 Ok(stored())
+            );
+        }
+    }
+
+    /// The route's object sizes: outside them a known length is relayed, not stored, and the
+    /// bounds themselves are stored.
+    #[test]
+    fn a_known_length_outside_the_routes_sizes_is_not_stored() {
+        let fill = |length| Relaying {
+            status: 200,
+            fills: true,
+            not_stored: None,
+            length: Some(length),
+            max_body: 1 << 20,
+            min_body: 1024,
+        };
+        let proceed = || Precondition::Proceed;
+        let not_asked = || -> bool { panic!("stores_here asked") };
+        let not_judged = || -> Result<Storable, NotStored> { panic!("storable asked") };
+        for (length, why) in [
+            (1023, "too-small"),
+            (0, "too-small"),
+            ((1 << 20) + 1, "too-large"),
+        ] {
+            assert_eq!(
+                Relay::of(fill(length), not_asked, not_judged, proceed).store,
+                Err(Some(why)),
+                "{length}"
+            );
+        }
+        for length in [1024, 1 << 20] {
+            assert_eq!(
+                Relay::of(fill(length), || true, || Ok(stored()), proceed).store,
+                Ok(stored()),
+                "{length}"
             );
         }
     }

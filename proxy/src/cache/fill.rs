@@ -27,6 +27,9 @@ pub struct Fill {
     /// Checksum of the body bytes written so far.
     hasher: BodyHasher,
     committed: bool,
+    /// The body sizes this fill may commit (its route's `min_object_size`/`max_object_size`).
+    min_body: u64,
+    max_body: u64,
 }
 
 impl Fill {
@@ -51,7 +54,30 @@ impl Fill {
             written: 0,
             hasher: BodyHasher::new(),
             committed: false,
+            min_body: 0,
+            max_body: u64::MAX,
         })
+    }
+
+    /// Bounds the body this fill may commit: a body found smaller than `min` or larger than
+    /// `max` when it ends is relayed to its readers and never committed.
+    pub fn bounded(mut self, min: u64, max: u64) -> Fill {
+        self.min_body = min;
+        self.max_body = max;
+        self
+    }
+
+    /// Why what was written so far may never be committed: larger than the fill's bound, or,
+    /// header included, than the whole cache (`cache.max_size`: committing it would evict every
+    /// other entry to make room, then the entry itself). `None` while it may.
+    pub fn too_large(&self) -> Option<&'static str> {
+        (self.written > self.max_body || self.body_offset + self.written > self.store.max_size())
+            .then_some("too-large")
+    }
+
+    /// Whether the whole body, once written, is smaller than the fill's bound.
+    pub fn too_small(&self) -> Option<&'static str> {
+        (self.written < self.min_body).then_some("too-small")
     }
 
     /// Appends body bytes, adding them to the body checksum.
@@ -81,13 +107,6 @@ impl Fill {
             Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
             Err(e) => Err(io::Error::from(e)),
         }
-    }
-
-    /// Whether the entry, header and body written so far, fits the cache at all
-    /// (`cache.max_size`). One that does not is never committed: committing it would evict
-    /// every other entry to make room, and then the entry itself.
-    pub fn fits_the_cache(&self) -> bool {
-        self.body_offset + self.written <= self.store.max_size()
     }
 
     /// The file being written, for clients that read behind the fill.

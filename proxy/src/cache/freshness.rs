@@ -22,16 +22,20 @@ pub enum Source {
 
 /// How freshness is computed where the origin gives none.
 #[derive(Debug, Clone, Copy)]
-pub struct Heuristics {
+pub struct Heuristics<'a> {
     /// Cap of the Last-Modified heuristic.
     pub max: Duration,
     /// The route's `default_ttl`.
     pub default_ttl: Option<Duration>,
+    /// The route's `status_ttl`.
+    pub status_ttl: Option<&'a zerocache_config::StatusTtl>,
 }
 
 /// The freshness lifetime of `res` (§4.2.1): `s-maxage` over `max-age` over `Expires`; an invalid
-/// `Expires` (including `0`) means already stale. Without any, a heuristic lifetime for the
-/// statuses that allow one. `None`: not storable for lack of freshness.
+/// `Expires` (including `0`) means already stale. Without any: the route's `status_ttl` for its
+/// status (an operator's override of §4.2.2, for any status), else a heuristic lifetime for the
+/// statuses that allow one (`Last-Modified`, then the route's `default_ttl`). `None`: not
+/// storable for lack of freshness.
 pub fn lifetime(
     res: &ResponseHead,
     d: &ResponseDirectives,
@@ -55,6 +59,9 @@ pub fn lifetime(
             None => Duration::ZERO,
         };
         return Some((life, Source::Explicit));
+    }
+    if let Some(ttl) = h.status_ttl.and_then(|t| t.of(res.status)) {
+        return Some((ttl, Source::Configured));
     }
     if !HEURISTIC_STATUSES.contains(&res.status) {
         return None;
@@ -182,9 +189,10 @@ mod tests {
     fn res(extra: &str) -> ResponseHead {
         crate::http::response::test_response(200, extra)
     }
-    const H: Heuristics = Heuristics {
+    const H: Heuristics<'static> = Heuristics {
         max: Duration::from_secs(86_400),
         default_ttl: None,
+        status_ttl: None,
     };
     fn life(extra: &str, t: SystemTime) -> Option<(Duration, Source)> {
         let r = res(extra);

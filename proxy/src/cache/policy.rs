@@ -164,7 +164,7 @@ pub fn storable(
     res: &ResponseHead,
     request_time: SystemTime,
     response_time: SystemTime,
-    heuristics: Heuristics,
+    heuristics: Heuristics<'_>,
     rules: Rules<'_>,
 ) -> Result<Storable, NotStored> {
     if req.method != "GET" {
@@ -230,9 +230,10 @@ mod tests {
         crate::http::response::test_response(status, extra)
     }
 
-    const H: Heuristics = Heuristics {
+    const H: Heuristics<'static> = Heuristics {
         max: Duration::from_secs(86_400),
         default_ttl: None,
+        status_ttl: None,
     };
 
     fn rules(t: &Targeted) -> Rules<'_> {

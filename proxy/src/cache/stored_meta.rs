@@ -55,7 +55,7 @@ pub(crate) fn revalidated_meta(
     head: &ResponseHead,
     request_time: SystemTime,
     response_time: SystemTime,
-    h: Heuristics,
+    h: Heuristics<'_>,
     store_set_cookie: bool,
     targeted: &Targeted,
 ) -> (Meta, bool) {

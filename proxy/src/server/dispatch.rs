@@ -184,10 +184,11 @@ impl Conn {
                 primary.clone(),
                 url.text.clone(),
                 Some(e.clone()),
-                route.default_ttl,
+                route.ttls.clone(),
                 guard,
             )
-            .store_set_cookie(route.store_set_cookie);
+            .store_set_cookie(route.store_set_cookie)
+            .object_sizes(route.object_sizes);
             tokio::spawn(bg.refresh(self.ctx.clone(), self.peer.ip()));
         }
     }
@@ -207,7 +208,7 @@ impl Conn {
     ) -> Result<bool, ConnError> {
         let ctx = self.ctx.clone();
         let upstream = route.upstream.clone();
-        let default_ttl = route.default_ttl;
+        let ttls = &route.ttls;
         let Some((url, primary)) = keys else {
             // Every plan after a lookup made the keys.
             return self
@@ -255,11 +256,12 @@ impl Conn {
                 let range_fill = fleet.is_none().then_some(RangeFill {
                     primary,
                     url: url.text,
-                    default_ttl,
+                    ttls: ttls.clone(),
                 });
                 let opts = FetchOptions {
                     not_stored: Some("range"),
                     store_set_cookie: route.store_set_cookie,
+                    object_sizes: route.object_sizes,
                     fleet,
                     range_fill,
                     ..FetchOptions::default()
@@ -274,8 +276,9 @@ impl Conn {
                     owner_plan(true)
                 };
                 let opts = FetchOptions {
-                    default_ttl,
+                    ttls: ttls.clone(),
                     store_set_cookie: route.store_set_cookie,
+                    object_sizes: route.object_sizes,
                     head_update: stale.map(|e| (e, primary.hash)),
                     fleet,
                     ..FetchOptions::default()
@@ -303,8 +306,9 @@ impl Conn {
             revalidating: stale,
             stale_grace: route.stale_grace,
             url: url.text,
-            default_ttl,
+            ttls: ttls.clone(),
             store_set_cookie: route.store_set_cookie,
+            object_sizes: route.object_sizes,
             ..FetchOptions::default()
         };
         self.fetch(miss(opts)).await

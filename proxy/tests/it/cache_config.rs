@@ -180,3 +180,139 @@ fn an_object_larger_than_the_cache_is_relayed_and_evicts_nothing() {
         0
     );
 }
+
+/// `cache.max_object_size`, and a route's own: a 16 MiB object under a 1 MiB bound is relayed
+/// whole twice (the origin asked twice, no `stored`), with a Content-Length and chunked; a
+/// route's `min_object_size` keeps small bodies out; what lies between is stored. Each refusal is
+/// counted by reason.
+#[test]
+fn object_size_bounds_relay_what_lies_outside_them() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/chunked/16m",
+        Reply::ok(body(16 << 20))
+            .framing(Framing::Chunked(65_536))
+            .headers(&[("Cache-Control", "max-age=3600")]),
+    );
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            cache_yaml: "  max_object_size: 1MiB\n".into(),
+            route_yaml: "    min_object_size: 100\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    for _ in 0..2 {
+        let r = c.get(&format!("/obj/{}", 16 << 20), &[]);
+        assert_eq!(
+            (r.x_cache(), r.cache_status().as_deref()),
+            ("MISS", Some("zerocache; fwd=miss; detail=too-large"))
+        );
+        assert_eq!(r.body, body(16 << 20));
+        let r = c.get("/chunked/16m", &[]);
+        assert_eq!(r.x_cache(), "MISS");
+        assert_eq!(r.body, body(16 << 20));
+        let r = c.get("/obj/99", &[]);
+        assert_eq!(
+            (r.x_cache(), r.cache_status().as_deref()),
+            ("MISS", Some("zerocache; fwd=miss; detail=too-small"))
+        );
+        assert_eq!(r.body, body(99));
+    }
+    assert_eq!(origin.hits(&format!("/obj/{}", 16 << 20)), 2);
+    assert_eq!(origin.hits("/chunked/16m"), 2);
+    assert_eq!(origin.hits("/obj/99"), 2);
+    // The bounds themselves are stored.
+    for size in [100, 1 << 20] {
+        let path = format!("/obj/{size}");
+        assert_eq!(c.get(&path, &[]).x_cache(), "MISS");
+        assert_eq!(c.get(&path, &[]).x_cache(), "HIT");
+    }
+    assert_eq!(files(&proxy.dir).len(), 2);
+    let m = proxy.metrics();
+    // The chunked one is found out as it streams: counted once per response, like the others.
+    assert_eq!(
+        metric(&m, "zerocache_cache_not_stored_total{reason=\"too-large\"}"),
+        4
+    );
+    assert_eq!(
+        metric(&m, "zerocache_cache_not_stored_total{reason=\"too-small\"}"),
+        2
+    );
+}
+
+/// `routes[].status_ttl`: a response without freshness of a listed status (an exact status over
+/// its class) is stored for its TTL, even a status RFC 9111 would not store without explicit
+/// freshness (302); explicit freshness, `no-store` and `cache.store_5xx: false` still win; and it
+/// comes before the `Last-Modified` heuristic and `default_ttl`.
+#[test]
+fn status_ttl_stores_what_the_origin_gave_no_freshness() {
+    let (origin, _rt) = origin();
+    let reply = |status: u16, headers: &[(&str, &str)]| {
+        Reply::ok(format!("{status}\n").into_bytes())
+            .status(status)
+            .headers(headers)
+    };
+    let lm = httpdate::fmt_http_date(
+        std::time::SystemTime::now() - std::time::Duration::from_secs(100_000),
+    );
+    origin.script("/missing", reply(404, &[]));
+    origin.script("/gone", reply(410, &[]));
+    origin.script("/moved", reply(302, &[("Location", "/elsewhere")]));
+    origin.script("/forbidden", reply(403, &[]));
+    origin.script("/explicit", reply(404, &[("Cache-Control", "max-age=5")]));
+    origin.script("/nostore", reply(404, &[("Cache-Control", "no-store")]));
+    origin.script("/error", reply(503, &[]));
+    origin.script("/modified", reply(200, &[("Last-Modified", &lm)]));
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            cache_yaml: "  store_5xx: false\n".into(),
+            route_yaml: "    default_ttl: 30s\n    status_ttl: { 404: 1m, 4xx: 10s, 3xx: 20s, 5xx: 1h, 200: 40s }\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    let ttl = |r: &Response| -> Option<u64> {
+        r.header("cache-status")?.split("ttl=").nth(1)?.parse().ok()
+    };
+    for (path, want) in [
+        ("/missing", 60),
+        ("/gone", 10),
+        ("/forbidden", 10),
+        ("/moved", 20),
+        ("/explicit", 5),
+        // status_ttl before the Last-Modified heuristic (10% of 100,000 s) and default_ttl.
+        ("/modified", 40),
+    ] {
+        let first = c.get(path, &[]);
+        assert_eq!(
+            (first.x_cache(), first.cache_status().as_deref()),
+            ("MISS", Some("zerocache; fwd=miss; stored")),
+            "{path}"
+        );
+        let hit = c.get(path, &[]);
+        assert_eq!(hit.x_cache(), "HIT", "{path}");
+        assert_eq!(ttl(&hit), Some(want), "{path}: {:?}", hit.cache_status());
+        assert_eq!(hit.body, first.body, "{path}");
+    }
+    for (path, why) in [
+        ("/nostore", "response-directive"),
+        ("/error", "server-error"),
+    ] {
+        for _ in 0..2 {
+            let r = c.get(path, &[]);
+            assert_eq!(
+                (r.x_cache(), r.cache_status()),
+                ("MISS", Some(format!("zerocache; fwd=miss; detail={why}"))),
+                "{path}"
+            );
+        }
+    }
+    // Past the 404's minute (and the 4xx's ten seconds), each is asked again.
+    proxy.advance_clock(61);
+    assert_eq!(c.get("/missing", &[]).x_cache(), "EXPIRED");
+    assert_eq!(c.get("/gone", &[]).x_cache(), "EXPIRED");
+    assert_eq!(origin.hits("/missing"), 2);
+}

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use zerocache_ledger::CacheStatus;
 
-use super::stream::{drain, heuristics, pump, upstream_closes};
+use super::stream::{drain, pump, upstream_closes};
 use super::{Fetch, FetchOptions, FetchSpec};
 
 /// A background refresh for stale-while-revalidate: the same exchange as a fetch, with no
@@ -30,15 +30,22 @@ pub struct Background {
     url: String,
     /// The entry being refreshed; `None` for the first fill after a Range miss.
     stale: Option<Arc<Entry>>,
-    default_ttl: Option<std::time::Duration>,
+    ttls: crate::routing::Ttls,
     guard: LeaderGuard,
     store_set_cookie: bool,
+    object_sizes: crate::routing::ObjectSizes,
 }
 
 impl Background {
     /// The route's `store_set_cookie`.
     pub fn store_set_cookie(mut self, store: bool) -> Self {
         self.store_set_cookie = store;
+        self
+    }
+
+    /// The body sizes the route stores.
+    pub fn object_sizes(mut self, sizes: crate::routing::ObjectSizes) -> Self {
+        self.object_sizes = sizes;
         self
     }
 
@@ -83,7 +90,7 @@ impl Background {
         let Ok(framing) = head.framing(false) else {
             return;
         };
-        let h = heuristics(&ctx, self.default_ttl);
+        let h = self.ttls.heuristics(ctx.storing.heuristic_max);
         // No client waits: whatever is stored keeps standing in for an error.
         match Disposition::of(Answer::Status(head.status), self.stale.is_some(), || true) {
             // Keep serving what we have.
@@ -136,6 +143,14 @@ impl Background {
                 return;
             }
         };
+        let (min, max) = (
+            self.object_sizes.min,
+            super::max_body(&ctx, self.object_sizes),
+        );
+        if framing.length().is_some_and(|n| n < min || n > max) {
+            tracing::debug!(target = %self.req.target, "background fetch outside the sizes stored; not stored");
+            return;
+        }
         let (key, meta) = fill_meta(
             &self.primary,
             st,
@@ -146,7 +161,7 @@ impl Background {
             ctx.hash_bits,
         );
         let fill = match Fill::create(ctx.store.clone(), key.hash, meta) {
-            Ok(f) => f,
+            Ok(f) => f.bounded(min, max),
             Err(e) => {
                 ctx.store.write_failed(&e);
                 return;
@@ -179,7 +194,7 @@ impl Fetch<'_> {
         primary: CacheKey,
         url: String,
         stale: Option<Arc<Entry>>,
-        default_ttl: Option<std::time::Duration>,
+        ttls: crate::routing::Ttls,
         guard: LeaderGuard,
     ) -> Background {
         Background {
@@ -188,9 +203,10 @@ impl Fetch<'_> {
             primary,
             url,
             stale,
-            default_ttl,
+            ttls,
             guard,
             store_set_cookie: true,
+            object_sizes: crate::routing::ObjectSizes::ANY,
         }
     }
 }

@@ -39,7 +39,7 @@ pub struct Fetch<'a> {
     /// The key to fill and the coalescing guard, when the response may be stored.
     fill: Option<(CacheKey, Option<LeaderGuard>)>,
     started: Instant,
-    default_ttl: Option<std::time::Duration>,
+    ttls: crate::routing::Ttls,
     /// The stored response being revalidated: its validators go upstream, and a 304 serves it.
     revalidating: Option<Arc<Entry>>,
     /// The URL key text of the entry being filled (see `Meta::url`).
@@ -72,6 +72,8 @@ pub struct Fetch<'a> {
     via_peer: Option<crate::fleet::forward::Relay>,
     /// `false`: the answer is not stored here (an owner's, or `on_owner_down: origin`).
     store_here: bool,
+    /// The body sizes the route stores.
+    object_sizes: crate::routing::ObjectSizes,
 }
 
 /// How a response body reaches the client.
@@ -142,8 +144,8 @@ pub struct RangeFill {
     pub primary: CacheKey,
     /// The URL key text (see `Meta::url`).
     pub url: String,
-    /// The route's `default_ttl`.
-    pub default_ttl: Option<std::time::Duration>,
+    /// The route's `default_ttl` and `status_ttl`.
+    pub ttls: crate::routing::Ttls,
 }
 
 /// What a fetch got, for the connection to send. The fetch exchanges with the upstream, updates
@@ -227,8 +229,9 @@ pub struct FetchSpec<'a> {
 pub struct FetchOptions {
     /// The key to fill and the coalescing guard, when the response may be stored.
     pub fill: Option<(CacheKey, Option<LeaderGuard>)>,
-    /// The route's `default_ttl`: freshness for storable responses that carry none.
-    pub default_ttl: Option<std::time::Duration>,
+    /// The route's `default_ttl` and `status_ttl`: freshness for storable responses that carry
+    /// none.
+    pub ttls: crate::routing::Ttls,
     /// Revalidate this stale entry instead of fetching unconditionally (RFC 9111 §4.3.1).
     pub revalidating: Option<Arc<Entry>>,
     /// The URL key text the filled entry is indexed under for invalidation and purge.
@@ -250,13 +253,15 @@ pub struct FetchOptions {
     pub head_update: Option<(Arc<Entry>, u128)>,
     /// Ask these fleet members first (a miss of a key this node does not own).
     pub fleet: Option<crate::fleet::forward::Plan>,
+    /// The body sizes the route stores (`max_object_size`, `min_object_size`).
+    pub object_sizes: crate::routing::ObjectSizes,
 }
 
 impl Default for FetchOptions {
     fn default() -> FetchOptions {
         FetchOptions {
             fill: None,
-            default_ttl: None,
+            ttls: crate::routing::Ttls::default(),
             revalidating: None,
             url: String::new(),
             invalidate: None,
@@ -266,6 +271,7 @@ impl Default for FetchOptions {
             store_set_cookie: true,
             head_update: None,
             fleet: None,
+            object_sizes: crate::routing::ObjectSizes::ANY,
         }
     }
 }
@@ -291,7 +297,7 @@ impl<'a> Fetch<'a> {
             detail,
             fill: opts.fill,
             started,
-            default_ttl: opts.default_ttl,
+            ttls: opts.ttls,
             revalidating: opts.revalidating,
             url: opts.url,
             invalidate: opts.invalidate,
@@ -305,6 +311,7 @@ impl<'a> Fetch<'a> {
             fleet: opts.fleet,
             via_peer: None,
             store_here: true,
+            object_sizes: opts.object_sizes,
         }
     }
 
@@ -339,6 +346,11 @@ impl<'a> Fetch<'a> {
         )
     }
 
+    /// The largest body this fetch may store: the route's bound, within the cache's size.
+    fn max_body(&self, ctx: &crate::server::Ctx) -> u64 {
+        max_body(ctx, self.object_sizes)
+    }
+
     fn rules<'c>(&self, ctx: &'c crate::server::Ctx) -> policy::Rules<'c> {
         rules(ctx, self.store_set_cookie)
     }
@@ -350,6 +362,14 @@ impl<'a> Fetch<'a> {
         let e = self.revalidating.as_ref()?;
         crate::cache::stale::if_error(e, self.stale_grace, crate::clock::now()).then(|| e.clone())
     }
+}
+
+/// The largest body a fetch under `ctx` with the route's `sizes` may store: its
+/// `max_object_size`, never more than the cache's `max_size`.
+fn max_body(ctx: &crate::server::Ctx, sizes: crate::routing::ObjectSizes) -> u64 {
+    sizes
+        .max
+        .map_or(ctx.store.max_size(), |m| m.min(ctx.store.max_size()))
 }
 
 /// The storage rules of a response fetched under `ctx` for a route that stores `Set-Cookie` or

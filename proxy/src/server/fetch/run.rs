@@ -124,7 +124,8 @@ impl Fetch<'_> {
                 fills: self.fill.is_some(),
                 not_stored: self.not_stored,
                 length: framing.length(),
-                max_body: ctx.store.max_size(),
+                max_body: self.max_body(ctx),
+                min_body: self.object_sizes.min,
             },
             || self.store_here && self.via_peer.as_ref().is_none_or(|r| r.may_store(&head)),
             || {
@@ -158,6 +159,11 @@ impl Fetch<'_> {
             (Ok(_), None) => (None, None),
             (Err(why), _) => (None, why),
         };
+        if self.fill.is_some()
+            && let Some(why) = not_stored
+        {
+            ctx.accounting.not_stored(why);
+        }
         // Only a storable response keeps the followers waiting; for any other, let them go now
         // and fetch on their own (hit-for-miss), so an uncacheable URL never queues its clients.
         let guard = self.fill.take().and_then(|(_, g)| g);
@@ -314,7 +320,9 @@ impl Fetch<'_> {
             ctx.hash_bits,
         );
         let len = framing.length().unwrap_or(0);
+        let (min, max) = (self.object_sizes.min, self.max_body(ctx));
         Fill::create(ctx.store.clone(), key.hash, meta)
+            .map(|f| f.bounded(min, max))
             .and_then(|f| {
                 ctx.store
                     .on_full_disk_evict_and_retry(len, || f.reserve(len))?;

@@ -99,25 +99,16 @@ impl Fetch<'_> {
             r.primary,
             r.url,
             None,
-            r.default_ttl,
+            r.ttls,
             guard,
         )
-        .store_set_cookie(self.store_set_cookie);
+        .store_set_cookie(self.store_set_cookie)
+        .object_sizes(self.object_sizes);
         tokio::spawn(bg.refresh(ctx.clone(), peer));
     }
 
-    pub(super) fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics {
-        heuristics(ctx, self.default_ttl)
-    }
-}
-
-pub(super) fn heuristics(
-    ctx: &crate::server::Ctx,
-    default_ttl: Option<std::time::Duration>,
-) -> Heuristics {
-    Heuristics {
-        max: ctx.storing.heuristic_max,
-        default_ttl,
+    pub(super) fn heuristics(&self, ctx: &crate::server::Ctx) -> Heuristics<'_> {
+        self.ttls.heuristics(ctx.storing.heuristic_max)
     }
 }
 
@@ -142,6 +133,7 @@ pub(super) async fn pump(
     let mut reader = BodyReader::new(framing, group.read_timeout);
     let mut piece = Vec::with_capacity(64 * 1024);
     let mut alone_since: Option<Instant> = None;
+    let mut past_max = false;
     while !reader.is_done() {
         if let Err(e) = reader.next(&mut up, &mut piece).await {
             tracing::warn!(upstream = %group.name, error = %e, received = fill.written(), "upstream body failed; nothing stored, its readers aborted");
@@ -161,6 +153,21 @@ pub(super) async fn pump(
             break;
         }
         w.advance(fill.written());
+        // Past the largest object stored (a body of unknown length): it will not be committed.
+        // Its readers still get every byte through the file; with none left, it stops.
+        if let Some(why) = fill.too_large() {
+            if !past_max {
+                past_max = true;
+                tracing::debug!(
+                    bytes = fill.written(),
+                    "larger than may be stored; relayed, not stored"
+                );
+                ctx.accounting.not_stored(why);
+            }
+            if w.readers() == 0 {
+                return;
+            }
+        }
         if abandon && w.readers() == 0 {
             let since = *alone_since.get_or_insert_with(Instant::now);
             if fill.written() > ctx.storing.abandoned_fill_max
@@ -177,14 +184,13 @@ pub(super) async fn pump(
         }
     }
     let n = fill.written();
-    if !fill.fits_the_cache() {
-        // Larger than the whole cache (its length was unknown, or its header tipped it over):
-        // the readers still get every byte from the open file, and dropping the fill deletes it.
-        tracing::debug!(
-            bytes = n,
-            max_size = ctx.store.max_size(),
-            "larger than the cache; not stored"
-        );
+    if let Some(why) = fill.too_large().or(fill.too_small()) {
+        // Its length was unknown (or its header tipped it over the cache's size): the readers
+        // still get every byte from the open file, and dropping the fill deletes it.
+        if !past_max {
+            tracing::debug!(bytes = n, why, "body outside the sizes stored; not stored");
+            ctx.accounting.not_stored(why);
+        }
         w.finish(n);
         if reusable && reader.reusable() {
             group.release(up);
