@@ -37,7 +37,7 @@ fn unknown_keys_are_rejected_with_a_suggestion() {
     let text = GOOD.replace("    upstream: origin", "    upstrem: origin");
     assert_eq!(
         err(&text),
-        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `max_object_size`, `min_object_size`; did you mean `upstream`?"
+        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `accept_encoding`, `max_object_size`, `min_object_size`; did you mean `upstream`?"
     );
 }
 
@@ -115,6 +115,48 @@ fn object_sizes_must_leave_room_for_an_object() {
     assert_eq!(
         c.routes[0].min_object_size.map(|b| b.as_u64()),
         Some(20 * 1024)
+    );
+}
+
+/// `accept_encoding` is a list of content codings or `as-sent`; anything else names its line.
+#[test]
+fn accept_encoding_is_codings_or_as_sent() {
+    let with = |v: &str| {
+        GOOD.replace(
+            "    upstream: origin\n",
+            &format!("    upstream: origin\n    accept_encoding: {v}\n"),
+        )
+    };
+    for (v, why) in [
+        (
+            "gzip",
+            "`gzip` is neither a list of content codings (`[br, gzip]`) nor `as-sent`",
+        ),
+        ("[gzip, GZIP]", "`gzip` is listed twice"),
+        ("[identity]", "`identity` is not a content coding"),
+        ("[\"g zip\"]", "`g zip` is not a content coding"),
+        ("[\"*\"]", "`*` is not a content coding"),
+    ] {
+        let e = err(&with(v));
+        assert!(
+            e.starts_with(&format!("zc.yaml:13:22: routes[0].accept_encoding: {why}")),
+            "{v}: {e}"
+        );
+    }
+    let c = parse(&with("as-sent"), "zc.yaml").expect("as-sent");
+    assert_eq!(
+        c.routes[0].accept_encoding,
+        zerocache_config::AcceptEncoding::AsSent
+    );
+    let c = parse(&with("[Zstd, br]"), "zc.yaml").expect("codings");
+    assert_eq!(
+        c.routes[0].accept_encoding,
+        zerocache_config::AcceptEncoding::Codings(vec!["zstd".into(), "br".into()])
+    );
+    let c = parse(GOOD, "zc.yaml").expect("default");
+    assert_eq!(
+        c.routes[0].accept_encoding,
+        zerocache_config::AcceptEncoding::Codings(vec!["br".into(), "gzip".into()])
     );
 }
 

@@ -30,6 +30,8 @@ pub struct Route {
     pub store_set_cookie: bool,
     /// The sizes of body this route stores (`max_object_size`, `min_object_size`).
     pub object_sizes: ObjectSizes,
+    /// The codings `Accept-Encoding` is normalised to (`None`: `as-sent`).
+    pub accept_encoding: Option<Vec<String>>,
 }
 
 /// A route's freshness for responses that carry none: `status_ttl` by status, then (for the
@@ -69,6 +71,22 @@ impl ObjectSizes {
 }
 
 impl Route {
+    /// Normalises `req`'s `Accept-Encoding` to this route's codings (see
+    /// [`crate::http::accept_encoding`]): every line of it replaced by one canonical line, or
+    /// none for identity. The cache key and the upstream request are made from the result.
+    pub fn normalise_accept_encoding(&self, req: &mut crate::http::request::RequestHead) {
+        let Some(codings) = &self.accept_encoding else {
+            return;
+        };
+        let sent = req.joined("accept-encoding");
+        let canonical = crate::http::accept_encoding::canonical(sent.as_deref(), codings);
+        req.fields
+            .retain(|(k, _)| !k.eq_ignore_ascii_case("accept-encoding"));
+        if let Some(v) = canonical {
+            req.fields.push(("Accept-Encoding".into(), v.into_bytes()));
+        }
+    }
+
     /// True when `req` matches one of the route's bypass rules.
     pub fn bypasses(&self, req: &crate::http::request::RequestHead) -> bool {
         let b = &self.bypass;
@@ -148,6 +166,10 @@ impl Routes {
                     bypass: r.bypass.clone(),
                     allow_trace: r.allow_trace,
                     store_set_cookie: r.store_set_cookie,
+                    accept_encoding: match &r.accept_encoding {
+                        zerocache_config::AcceptEncoding::Codings(c) => Some(c.clone()),
+                        zerocache_config::AcceptEncoding::AsSent => None,
+                    },
                     object_sizes: ObjectSizes {
                         min: r
                             .min_object_size

@@ -49,12 +49,86 @@ pub struct Route {
     /// stores them.
     #[serde(default = "default_true")]
     pub store_set_cookie: bool,
+    /// The request's `Accept-Encoding`, before the cache key and the upstream request are made
+    /// from it: the content codings this route's origin serves, in preference order (default
+    /// `[br, gzip]`). The field becomes those of them the client accepts (`q=0` honoured, `*`
+    /// understood), so one variant is stored per set and the origin is asked with it; none
+    /// accepted removes the field (identity). `as-sent` leaves the field as the client sent it.
+    #[serde(default)]
+    pub accept_encoding: AcceptEncoding,
     /// This route's `cache.max_object_size` (unset: the cache's).
     #[serde(default, with = "crate::units::opt_size")]
     pub max_object_size: Option<bytesize::ByteSize>,
     /// This route's `cache.min_object_size` (unset: the cache's).
     #[serde(default, with = "crate::units::opt_size")]
     pub min_object_size: Option<bytesize::ByteSize>,
+}
+
+/// `routes[].accept_encoding`: the codings the route serves, or `as-sent`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcceptEncoding {
+    /// Normalise to these codings (lower case, in preference order).
+    Codings(Vec<String>),
+    /// Leave the client's field as it came.
+    AsSent,
+}
+
+impl Default for AcceptEncoding {
+    fn default() -> AcceptEncoding {
+        AcceptEncoding::Codings(vec!["br".into(), "gzip".into()])
+    }
+}
+
+impl<'de> Deserialize<'de> for AcceptEncoding {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<AcceptEncoding, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = AcceptEncoding;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of content codings (`[br, gzip]`) or `as-sent`")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<AcceptEncoding, E> {
+                match s {
+                    "as-sent" => Ok(AcceptEncoding::AsSent),
+                    _ => Err(E::custom(format!(
+                        "`{s}` is neither a list of content codings (`[br, gzip]`) nor `as-sent`"
+                    ))),
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<AcceptEncoding, A::Error> {
+                let mut codings: Vec<String> = Vec::new();
+                while let Some(c) = seq.next_element::<String>()? {
+                    let c = c.to_ascii_lowercase();
+                    let token = !c.is_empty()
+                        && c.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'+-.^_`|~".contains(&b));
+                    if !token || c == "identity" {
+                        return Err(serde::de::Error::custom(format!(
+                            "`{c}` is not a content coding (`br`, `gzip`, `zstd`, `deflate`; identity is what no coding means)"
+                        )));
+                    }
+                    if codings.contains(&c) {
+                        return Err(serde::de::Error::custom(format!("`{c}` is listed twice")));
+                    }
+                    codings.push(c);
+                }
+                Ok(AcceptEncoding::Codings(codings))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Serialize for AcceptEncoding {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            AcceptEncoding::Codings(c) => c.serialize(s),
+            AcceptEncoding::AsSent => s.serialize_str("as-sent"),
+        }
+    }
 }
 
 fn default_stale_grace() -> Duration {

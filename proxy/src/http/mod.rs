@@ -1,6 +1,7 @@
 //! HTTP/1.1 message handling: parsing requests, framing bodies, hop-by-hop hygiene, ranges.
 //! Nothing here does I/O; the server and upstream modules drive it.
 
+pub(crate) mod accept_encoding;
 pub mod chunked;
 pub mod date;
 pub mod framing;

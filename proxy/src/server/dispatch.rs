@@ -76,6 +76,9 @@ impl Conn {
                     .await;
             }
         };
+        // One request from here on: the key, the bypass rules and the upstream request all see
+        // the route's Accept-Encoding.
+        route.normalise_accept_encoding(&mut req);
         let directives = freshness::request_directives(&req);
         let ask = Ask {
             method: &req.method,

@@ -401,15 +401,24 @@ fn a_full_disk_degrades_to_pass_through_never_an_error() {
     let (origin, _rt) = origin();
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("cache");
-    // A 1 MiB filesystem for the cache.
-    let _unmount = tmpfs(&dir, "1m");
+    // A 4 MiB filesystem for the cache (max_size is clamped to it), 3 MiB of it then taken by
+    // another file: the disk fills below max_size.
+    let _unmount = tmpfs(&dir, "4m");
     let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
+    std::fs::write(dir.join("not-the-caches"), vec![0u8; 3 << 20]).expect("filler");
     let mut c = proxy.client();
-    // 3 MB cannot fit: the fill fails mid-body, the client still gets every byte.
+    // 2 MB is within max_size but cannot fit: the fill fails, the client still gets every byte.
     for _ in 0..2 {
-        let r = c.get("/obj/3000000", &[]);
-        assert_eq!((r.status, r.x_cache()), (200, "MISS"));
-        assert_eq!(r.body, body(3_000_000));
+        let r = c.get("/obj/2000000", &[]);
+        assert_eq!(
+            (r.status, r.x_cache(), r.cache_status().as_deref()),
+            (
+                200,
+                "MISS",
+                Some("zerocache; fwd=miss; detail=cache-unwritable")
+            )
+        );
+        assert_eq!(r.body, body(2_000_000));
     }
     let m = proxy.metrics();
     assert!(m.contains("zerocache_cache_writable 0"), "{m}");

@@ -639,6 +639,83 @@ fn rfc9111_4_1_vary_stores_variants_side_by_side() {
     assert_eq!(c.get("/star", &[]).x_cache(), "MISS");
 }
 
+/// `Accept-Encoding` is normalised to the route's codings (default `[br, gzip]`) before the key
+/// and the upstream request (issue #32): what Chrome, curl and Safari send is one variant, asked
+/// of the origin as `br, gzip`; Python's `gzip, deflate` is `gzip`; a client accepting none of
+/// them is identity, the field removed. `as-sent` forwards the field untouched.
+#[test]
+fn accept_encoding_is_normalised_to_the_routes_codings() {
+    let (origin, _rt) = origin();
+    let v = |b: &str| {
+        reply(
+            b,
+            &[
+                ("Cache-Control", "max-age=600"),
+                ("Vary", "Accept-Encoding"),
+            ],
+        )
+    };
+    origin.script("/ae", v("not a canonical value"));
+    origin.script_by_header(
+        "/ae",
+        "accept-encoding",
+        vec![
+            (Some("br, gzip"), v("br body")),
+            (Some("gzip"), v("gzip body")),
+            (None, v("plain body")),
+        ],
+    );
+    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let mut c = proxy.client();
+    for (sent, x_cache, body) in [
+        (Some("gzip, deflate, br, zstd"), "MISS", "br body"), // Chrome, Firefox
+        (Some("br, gzip"), "HIT", "br body"),
+        (Some("deflate, gzip, br, zstd"), "HIT", "br body"), // curl --compressed
+        (Some("gzip, deflate, br"), "HIT", "br body"),       // Safari
+        (Some("gzip, deflate"), "MISS", "gzip body"),        // Python requests
+        (Some("gzip"), "HIT", "gzip body"),                  // Go
+        (Some("br;q=0, gzip"), "HIT", "gzip body"),
+        (None, "MISS", "plain body"), // curl
+        (Some("identity"), "HIT", "plain body"),
+        (Some("deflate"), "HIT", "plain body"),
+        (Some("gzip;q=2"), "HIT", "plain body"),
+    ] {
+        let h: Vec<(&str, &str)> = sent
+            .map(|a| vec![("Accept-Encoding", a)])
+            .unwrap_or_default();
+        let r = c.get("/ae", &h);
+        assert_eq!(
+            (r.x_cache(), r.body.as_slice()),
+            (x_cache, body.as_bytes()),
+            "{sent:?}"
+        );
+    }
+    let asked: Vec<Option<String>> = origin
+        .received()
+        .iter()
+        .filter(|r| r.path == "/ae")
+        .map(|r| r.header("accept-encoding").map(str::to_string))
+        .collect();
+    assert_eq!(
+        asked,
+        [Some("br, gzip".to_string()), Some("gzip".into()), None]
+    );
+
+    let as_sent = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    accept_encoding: as-sent\n".into(),
+            ..Opts::default()
+        },
+    );
+    let r = as_sent
+        .client()
+        .get("/ae", &[("Accept-Encoding", "gzip, deflate")]);
+    assert_eq!(r.body, b"not a canonical value");
+    let last = origin.received().pop().expect("asked");
+    assert_eq!(last.header("accept-encoding"), Some("gzip, deflate"));
+}
+
 #[test]
 fn rfc9111_5_1_age_is_forwarded_verbatim_and_parsed_strictly_for_the_stored_copy() {
     let (origin, _rt) = origin();

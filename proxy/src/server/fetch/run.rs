@@ -118,35 +118,7 @@ impl Fetch<'_> {
             }
             Disposition::Relay | Disposition::Fail => {}
         }
-        let relay = Relay::of(
-            Relaying {
-                status: head.status,
-                fills: self.fill.is_some(),
-                not_stored: self.not_stored,
-                length: framing.length(),
-                max_body: self.max_body(ctx),
-                min_body: self.object_sizes.min,
-            },
-            || self.store_here && self.via_peer.as_ref().is_none_or(|r| r.may_store(&head)),
-            || {
-                policy::storable(
-                    req,
-                    &head,
-                    request_time,
-                    response_time,
-                    self.heuristics(ctx),
-                    self.rules(ctx),
-                )
-            },
-            || {
-                conditional::evaluate(
-                    req,
-                    head.field("etag"),
-                    head.field("last-modified"),
-                    head.field("date"),
-                )
-            },
-        );
+        let relay = self.relay_of(ctx, &head, framing, request_time, response_time);
         let local = relay.answer;
         let (fill, not_stored) = match (relay.store, self.fill.as_ref()) {
             (Ok(st), Some((primary, _))) => {
@@ -202,6 +174,48 @@ impl Fetch<'_> {
             reuse,
             body_unfinished: self.body_unfinished,
         }))
+    }
+
+    /// What becomes of a relayed answer (`cache::decide::Relay::of`): stored or not, and
+    /// whether it answers the client's precondition.
+    fn relay_of(
+        &self,
+        ctx: &crate::server::Ctx,
+        head: &ResponseHead,
+        framing: BodyFraming,
+        request_time: SystemTime,
+        response_time: SystemTime,
+    ) -> Relay {
+        let req = self.req;
+        Relay::of(
+            Relaying {
+                status: head.status,
+                fills: self.fill.is_some(),
+                not_stored: self.not_stored,
+                length: framing.length(),
+                max_body: self.max_body(ctx),
+                min_body: self.object_sizes.min,
+            },
+            || self.store_here && self.via_peer.as_ref().is_none_or(|r| r.may_store(head)),
+            || {
+                policy::storable(
+                    req,
+                    head,
+                    request_time,
+                    response_time,
+                    self.heuristics(ctx),
+                    self.rules(ctx),
+                )
+            },
+            || {
+                conditional::evaluate(
+                    req,
+                    head.field("etag"),
+                    head.field("last-modified"),
+                    head.field("date"),
+                )
+            },
+        )
     }
 
     /// Starts the fill of a storable body: a task copies it from the origin into the cache file
