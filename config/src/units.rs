@@ -215,37 +215,38 @@ pub mod duration {
     }
 }
 
+/// An optional [`Scalar`]: `null` or an absent key is `None`.
+struct OptScalar<T>(Scalar<T>);
+
+impl<'de, T> serde::de::Visitor<'de> for OptScalar<T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.0.expecting)
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self.0).map(Some)
+    }
+}
+
 /// `#[serde(with = "crate::units::opt_duration")]` for an `Option<Duration>` field.
 pub mod opt_duration {
     use super::*;
-
-    struct Opt;
-
-    impl<'de> serde::de::Visitor<'de> for Opt {
-        type Value = Option<Duration>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str(DURATION)
-        }
-
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_any(duration_scalar()).map(Some)
-        }
-    }
 
     /// Reads an optional duration (`null` or absent: `None`).
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
-        d.deserialize_option(Opt)
+        d.deserialize_option(OptScalar(duration_scalar()))
     }
 
     /// Writes the duration as humantime, or null.
@@ -261,33 +262,11 @@ pub mod opt_duration {
 pub mod opt_size {
     use super::*;
 
-    struct Opt;
-
-    impl<'de> serde::de::Visitor<'de> for Opt {
-        type Value = Option<ByteSize>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str(SIZE)
-        }
-
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_any(size_scalar()).map(Some)
-        }
-    }
-
     /// Reads an optional size (`null` or absent: `None`).
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<ByteSize>, D::Error> {
-        d.deserialize_option(Opt)
+        d.deserialize_option(OptScalar(size_scalar()))
     }
 
     /// Writes the size as a number of bytes, or null.
