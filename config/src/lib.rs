@@ -71,7 +71,7 @@ pub fn load_and_check_dirs(path: &Path) -> Result<Config, ConfigError> {
 /// Per-host overrides operators set without editing the file.
 pub fn apply_env(config: &mut Config, get: impl Fn(&str) -> Option<String>) {
     if let Some(listen) = get("ZEROCACHE_LISTEN") {
-        config.listen = Listen::One(listen);
+        config.listen = Listen::One(ListenEntry::plain(listen));
     }
     if let Some(path) = get("ZEROCACHE_CACHE_PATH") {
         config.cache.path = path.into();

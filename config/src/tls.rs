@@ -108,6 +108,9 @@ fn yes() -> bool {
 /// address that parses, `cert` and `key` together.
 pub(crate) fn checks(config: &crate::Config, errs: &mut Vec<Invalid>) {
     if let Some(t) = &config.tls {
+        for (at, why) in t.listen.problems("tls.listen") {
+            errs.push(invalid(at, why));
+        }
         if let Err(e) = t.listen.addrs() {
             errs.push(invalid("tls.listen", e));
         }

@@ -42,6 +42,9 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             Vec::new()
         }
     };
+    for (at, why) in config.listen.problems("listen") {
+        errs.push(invalid(at, why));
+    }
     if config.backlog == 0 {
         errs.push(invalid(
             "backlog",

@@ -160,6 +160,45 @@ fn accept_encoding_is_codings_or_as_sent() {
     );
 }
 
+/// A listen entry is an address or a map with `addr` and options; PROXY protocol needs its
+/// sources, and they must be addresses or CIDRs.
+#[test]
+fn listen_entries_take_options() {
+    let with = |v: &str| GOOD.replace("listen: 127.0.0.1:8080", &format!("listen: {v}"));
+    let c = parse(
+        &with("[127.0.0.1:8080, {addr: \"127.0.0.1:8081\", proxy_protocol: true, proxy_protocol_from: [10.0.0.0/8, \"::1\"]}]"),
+        "zc.yaml",
+    )
+    .expect("valid");
+    let e = c.listen.entries();
+    assert_eq!(e[0], &zerocache_config::ListenEntry::plain("127.0.0.1:8080"));
+    assert_eq!(
+        (e[1].addr.as_str(), e[1].proxy_protocol, e[1].proxy_protocol_from.len()),
+        ("127.0.0.1:8081", true, 2)
+    );
+    for (v, want) in [
+        (
+            "{addr: \"127.0.0.1:8081\", proxy_protocol: true}",
+            "zc.yaml:1:1: listen.proxy_protocol_from: is needed with proxy_protocol",
+        ),
+        (
+            "[127.0.0.1:8080, {addr: \"127.0.0.1:8081\", proxy_protocol: true, proxy_protocol_from: [10.0.0.0/33]}]",
+            "zc.yaml:1:1: listen[1].proxy_protocol_from[0]: `10.0.0.0/33`: prefix length must be 0 to 32",
+        ),
+        (
+            "{addr: \"127.0.0.1:8081\", proxy_protocol_from: [10.0.0.0/8]}",
+            "zc.yaml:1:1: listen.proxy_protocol_from: has no meaning without `proxy_protocol: true`",
+        ),
+        (
+            "{addr: \"127.0.0.1:8081\", proxy: true}",
+            "zc.yaml:1:34: listen: unknown field `proxy`, expected one of `addr`, `proxy_protocol`, `proxy_protocol_from`",
+        ),
+    ] {
+        let e = err(&with(v));
+        assert!(e.starts_with(want), "{v}: {e}");
+    }
+}
+
 #[test]
 fn unreadable_files_say_so() {
     let e =
@@ -265,7 +304,7 @@ fn environment_overrides_apply_per_host() {
     });
     assert_eq!(
         c.listen,
-        zerocache_config::Listen::One("127.0.0.1:9999".into())
+        zerocache_config::Listen::One(zerocache_config::ListenEntry::plain("127.0.0.1:9999"))
     );
     assert_eq!(c.cache.path, std::path::PathBuf::from("/srv/cache"));
 }

@@ -269,6 +269,20 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         not_stored.with_label_values(&[k]).inc_by(n);
     }
 
+    let server_up = IntGaugeVec::new(
+        Opts::new(
+            "zerocache_upstream_server_up",
+            "1 while the balancer may pick the upstream server, 0 while it is marked down by failures (max_fails within fail_timeout) or by the active health check; every configured server from start-up.",
+        ),
+        &["upstream", "server"],
+    )?;
+    for (group, server, up) in (state.upstream_servers)() {
+        server_up
+            .with_label_values(&[group.as_str(), server.as_str()])
+            .set(i64::from(up));
+    }
+    r.register(Box::new(server_up))?;
+
     let per_worker = IntGaugeVec::new(
         Opts::new(
             "zerocache_worker_connections",

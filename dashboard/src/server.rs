@@ -40,6 +40,9 @@ pub struct DashboardState {
     pub cache: Box<dyn Fn() -> CacheStats + Send + Sync>,
     /// Upstream names (metric labels initialised at 0).
     pub upstreams: Vec<String>,
+    /// Every configured server of every upstream group, `(group, server, up)`: up while the
+    /// balancer may pick it (not marked down by failures or by the health check).
+    pub upstream_servers: Box<dyn Fn() -> Vec<(String, String, bool)> + Send + Sync>,
     /// The data-plane worker threads' figures.
     pub workers: Box<dyn Fn() -> WorkerStats + Send + Sync>,
     /// Per-second samples.

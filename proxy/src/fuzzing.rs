@@ -220,6 +220,37 @@ pub fn cache_fields(data: &[u8]) {
         let twice = crate::cache::variance::normalise(name, Some(&once));
         assert_eq!(once, twice, "normalise({name}) is not idempotent on {s:?}");
     }
+    // The Accept-Encoding a route sends upstream reads back as itself.
+    let codings = ["br".to_string(), "gzip".to_string(), "zstd".to_string()];
+    let once = crate::http::accept_encoding::canonical(Some(s), &codings);
+    let twice = crate::http::accept_encoding::canonical(once.as_deref(), &codings);
+    assert_eq!(
+        once, twice,
+        "Accept-Encoding {s:?} is not canonical once normalised"
+    );
+}
+
+/// A PROXY protocol header: parsing never panics; a whole header lies within the bytes given
+/// and within the bound taken, reads the same without the bytes after it, and every shorter
+/// prefix of it is incomplete (never an error, never another header).
+pub fn proxy_header(data: &[u8]) {
+    use crate::net::proxy_protocol::{Parsed, V2_MAX, parse};
+    let Ok(Parsed::Header { len, source }) = parse(data) else {
+        return;
+    };
+    assert!(
+        len <= data.len() && len <= V2_MAX,
+        "header of {len} bytes in {}",
+        data.len()
+    );
+    assert_eq!(parse(&data[..len]), Ok(Parsed::Header { len, source }));
+    for cut in [0, len / 2, len - 1] {
+        assert_eq!(
+            parse(&data[..cut]),
+            Ok(Parsed::Incomplete),
+            "prefix of {cut} of {len}"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -139,12 +139,16 @@ pub struct Routes {
 }
 
 impl Routes {
-    /// Compiles the routes of a validated config.
-    pub fn new(config: &Config) -> Routes {
+    /// Compiles the routes of a validated config; the groups count their failed connects in
+    /// `accounting`.
+    pub fn new(config: &Config, accounting: &Arc<zerocache_ledger::Accounting>) -> Routes {
         let groups: HashMap<String, Arc<Group>> = config
             .upstreams
             .iter()
-            .map(|(name, u)| (name.clone(), Arc::new(Group::new(name, u))))
+            .map(|(name, u)| {
+                let g = Group::new(name, u).counted_by(accounting.clone());
+                (name.clone(), Arc::new(g))
+            })
             .collect();
         let routes = config
             .routes
@@ -208,7 +212,10 @@ mod tests {
             "t.yaml",
         )
         .expect("valid");
-        let r = Routes::new(&cfg);
+        let r = Routes::new(
+            &cfg,
+            &Arc::new(zerocache_ledger::Accounting::new(16, false)),
+        );
         assert_eq!(
             r.find("img.example", "/i/1")
                 .map(|r| r.upstream.name.as_str()),

@@ -81,7 +81,7 @@ fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placeme
 }
 
 fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::TlsServer>>) -> Ctx {
-    let routes = Routes::new(config);
+    let routes = Routes::new(config, &kept.accounting);
     for (name, group) in &routes.groups {
         if let Some(cfg) = config.upstreams.get(name) {
             group.start_health_check(cfg);
@@ -207,9 +207,19 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         nofile,
         fleet,
     };
+    // The dashboard starts before the request context exists; what it reads of the context
+    // (the upstream groups, replaced on reload) it finds here once set.
+    let shared_slot: Arc<std::sync::OnceLock<Arc<Shared>>> = Arc::default();
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
-        let state = dashboard_state(&config, &kept, &probe, (&loads, &placement), &draining)?;
+        let state = dashboard_state(
+            &config,
+            &kept,
+            &probe,
+            (&loads, &placement),
+            &draining,
+            &shared_slot,
+        )?;
         tokio::spawn(async move {
             if let Err(e) = zerocache_dashboard::serve(l, state).await {
                 tracing::error!(error = %e, "dashboard stopped");
@@ -218,6 +228,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         tracing::info!(%addr, "dashboard listening");
     }
     let shared = Shared::new(build_ctx(&config, &kept, tls.server));
+    let _ = shared_slot.set(shared.clone());
     if config.debug.adjustable_clock {
         tracing::warn!(
             "debug.adjustable_clock is on: POST /api/debug/clock ages every cached response (test hook)"
@@ -389,29 +400,31 @@ fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> 
     Ok(store)
 }
 
+use crate::net::listen::Accepting;
+
 /// Binds the data listeners (`listen`, then `tls_listen` marked as TLS) and the dashboard's.
 async fn bind(
     config: &Config,
-    tls_listen: &[std::net::SocketAddr],
-) -> anyhow::Result<(Vec<(std::net::TcpListener, bool)>, Option<TcpListener>)> {
+    tls_listen: &[(std::net::SocketAddr, Accepting)],
+) -> anyhow::Result<(Vec<(std::net::TcpListener, Accepting)>, Option<TcpListener>)> {
     let mut listeners = Vec::new();
-    for addr in config
+    for (addr, entry) in config
         .listen
-        .addrs()
+        .bound()
         .map_err(anyhow::Error::msg)
         .context("listen")?
     {
         listeners.push((
             crate::net::listen::bind_listener(addr, config.backlog)
                 .with_context(|| format!("cannot listen on {addr} (listen)"))?,
-            false,
+            Accepting::of(entry, false),
         ));
     }
-    for &addr in tls_listen {
+    for (addr, accepting) in tls_listen {
         listeners.push((
-            crate::net::listen::bind_listener(addr, config.backlog)
+            crate::net::listen::bind_listener(*addr, config.backlog)
                 .with_context(|| format!("cannot listen on {addr} (tls.listen)"))?,
-            true,
+            accepting.clone(),
         ));
     }
     let dashboard_listener = if config.dashboard.enabled {
@@ -439,6 +452,7 @@ fn dashboard_state(
     probe: &Probe,
     (loads, placement): (&Arc<server::workers::Loads>, &Arc<Placement>),
     draining: &Arc<std::sync::atomic::AtomicBool>,
+    shared: &Arc<std::sync::OnceLock<Arc<Shared>>>,
 ) -> anyhow::Result<Arc<DashboardState>> {
     let (store, accounting, access_log, fleet) =
         (&kept.store, &kept.accounting, &kept.access_log, &kept.fleet);
@@ -462,6 +476,27 @@ fn dashboard_state(
             }
         }),
         upstreams: config.upstreams.keys().cloned().collect(),
+        upstream_servers: {
+            let shared = shared.clone();
+            Box::new(move || {
+                let Some(shared) = shared.get() else {
+                    return Vec::new();
+                };
+                let ctx = shared.ctx.load();
+                let mut all: Vec<(String, String, bool)> = ctx
+                    .routes
+                    .groups
+                    .iter()
+                    .flat_map(|(name, g)| {
+                        g.servers_up()
+                            .into_iter()
+                            .map(move |(s, up)| (name.clone(), s, up))
+                    })
+                    .collect();
+                all.sort();
+                all
+            })
+        },
         workers: {
             let (loads, placement) = (loads.clone(), placement.clone());
             Box::new(move || WorkerStats {

@@ -11,8 +11,9 @@
 //! | `chunked`       | `ChunkedDecoder::decode`, whole and split in two (same result)      |
 //! | `response_head` | `http::response::parse`, then `.framing(false)` / `.framing(true)`  |
 //! | `cache_entry`   | `cache::entry::Meta::decode` (round trip) and `read_header` on a file |
-//! | `cache_fields`  | `http::date::parse` (round trip), `cache::targeted::parse`, `Vary` normalisation (idempotent) |
+//! | `cache_fields`  | `http::date::parse` (round trip), `cache::targeted::parse`, `Vary` and Accept-Encoding normalisation (idempotent) |
 //! | `config`        | `zerocache_config::parse` on UTF-8 input                            |
+//! | `proxy_header`  | `net::proxy_protocol::parse`: within bounds, prefixes incomplete    |
 //!
 //! # Where things go
 //!
@@ -76,6 +77,7 @@ pub const TARGETS: &[&str] = &[
     "cache_entry",
     "cache_fields",
     "config",
+    "proxy_header",
 ];
 
 /// libFuzzer's per-input time limit: a hang is reported (as a `timeout-*` artifact) instead of

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 mod cache;
 mod dashboard;
 mod limits;
+mod listen;
 mod route;
 mod status_ttl;
 mod upstream;
@@ -14,6 +15,7 @@ mod upstream;
 pub use cache::*;
 pub use dashboard::*;
 pub use limits::*;
+pub use listen::*;
 pub use route::*;
 pub use status_ttl::*;
 pub use upstream::*;
@@ -27,8 +29,10 @@ pub(crate) fn default_true() -> bool {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Where the proxy listens: one `host:port` or a list of them. A host may be a name
-    /// (`localhost:8080`, every address it resolves to) or an IPv6 literal (`[::]:8080`).
+    /// Where the proxy listens: one entry or a list of them, each a `host:port` or a map with
+    /// options (`{addr: "0.0.0.0:80", proxy_protocol: true, proxy_protocol_from: [10.0.0.0/8]}`).
+    /// A host may be a name (`localhost:8080`, every address it resolves to) or an IPv6 literal
+    /// (`[::]:8080`).
     pub listen: Listen,
     /// The listen backlog of each listening socket (nginx's `backlog=`, 511 by default, as
     /// nginx's); the kernel caps it at `net.core.somaxconn`.
@@ -103,87 +107,6 @@ impl Config {
 
 fn default_backlog() -> u32 {
     511
-}
-
-/// `listen`: one address or a list, as written.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Listen {
-    /// `listen: 127.0.0.1:8080`.
-    One(String),
-    /// `listen: [127.0.0.1:8080, "[::1]:8080"]`.
-    Many(Vec<String>),
-}
-
-impl Listen {
-    /// Every `host:port` written, in order.
-    pub fn entries(&self) -> Vec<&str> {
-        match self {
-            Listen::One(s) => vec![s.as_str()],
-            Listen::Many(v) => v.iter().map(String::as_str).collect(),
-        }
-    }
-
-    /// Every socket address to bind: each entry resolved (names to all their addresses),
-    /// duplicates removed, in order.
-    pub fn addrs(&self) -> Result<Vec<std::net::SocketAddr>, String> {
-        use std::net::ToSocketAddrs;
-        let mut out = Vec::new();
-        for e in self.entries() {
-            let resolved = e
-                .to_socket_addrs()
-                .map_err(|err| format!("`{e}` is not an address (host:port): {err}"))?;
-            for a in resolved {
-                if !out.contains(&a) {
-                    out.push(a);
-                }
-            }
-        }
-        if out.is_empty() {
-            return Err("no address to listen on".into());
-        }
-        Ok(out)
-    }
-}
-
-impl std::fmt::Display for Listen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.entries().join(", "))
-    }
-}
-
-impl Serialize for Listen {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Listen::One(a) => s.serialize_str(a),
-            Listen::Many(v) => v.serialize(s),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Listen {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Listen, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Listen;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an address (`host:port`) or a list of them")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Listen, E> {
-                Ok(Listen::One(v.to_string()))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Listen, A::Error> {
-                let mut v = Vec::new();
-                while let Some(a) = seq.next_element::<String>()? {
-                    v.push(a);
-                }
-                Ok(Listen::Many(v))
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 /// What the proxy does to the requests it forwards upstream.

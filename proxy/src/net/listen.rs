@@ -7,6 +7,33 @@ use nix::sys::socket::{
     sockopt,
 };
 use std::net::SocketAddr;
+use std::sync::Arc;
+use zerocache_config::cidr::Cidr;
+
+/// What a listening socket's connections start with: TLS or plain, and a PROXY protocol header
+/// from one of these peers or none.
+#[derive(Debug, Clone, Default)]
+pub struct Accepting {
+    /// The `tls:` listener's.
+    pub tls: bool,
+    /// `proxy_protocol: true`: the peers a header is taken from (`proxy_protocol_from`).
+    pub proxy_from: Option<Arc<[Cidr]>>,
+}
+
+impl Accepting {
+    /// The options of a `listen` (or, with `tls`, `tls.listen`) entry of a validated config.
+    pub fn of(entry: &zerocache_config::ListenEntry, tls: bool) -> Accepting {
+        let proxy_from = entry.proxy_protocol.then(|| {
+            entry
+                .proxy_protocol_from
+                .iter()
+                .filter_map(|c| Cidr::parse(c).ok())
+                .collect::<Vec<_>>()
+                .into()
+        });
+        Accepting { tls, proxy_from }
+    }
+}
 
 /// A listening, non-blocking, close-on-exec TCP socket on `addr` with `backlog` pending
 /// connections at most (the kernel caps it at `net.core.somaxconn`).

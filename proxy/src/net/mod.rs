@@ -5,3 +5,4 @@
 
 pub(crate) mod client_sock;
 pub(crate) mod listen;
+pub(crate) mod proxy_protocol;

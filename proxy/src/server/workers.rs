@@ -30,6 +30,7 @@ use super::refusal::{ACCEPT_BACKOFF, AcceptFailures, Reserve, out_of_fds, refuse
 use super::{Shared, conn};
 use crate::cpu::affinity;
 use crate::cpu::placement::Placement;
+use crate::net::listen::Accepting;
 use crate::worker_id;
 use parking_lot::Mutex;
 use std::io;
@@ -43,7 +44,7 @@ use zerocache_ledger::RejectReason;
 
 /// A connection handed from the worker that accepted it to the one that will serve it, and
 /// whether it came in on the TLS listener (its handshake runs on the worker that serves it).
-type Handoff = (std::net::TcpStream, SocketAddr, bool);
+type Handoff = (std::net::TcpStream, SocketAddr, Accepting);
 
 /// Open connections per worker: what the balancing reads and `/metrics` shows.
 pub struct Loads(Vec<AtomicUsize>);
@@ -142,9 +143,9 @@ pub struct Workers {
 impl Workers {
     /// Starts one worker thread per entry of `loads`, accepting from every one of `listeners` until
     /// `shared.shutdown`, each placed as `placement` says (which must have one slot per worker).
-    /// Each listener comes with whether it is the TLS listener.
+    /// Each listener comes with what its connections start with (TLS, a PROXY header).
     pub fn start(
-        listeners: Vec<(std::net::TcpListener, bool)>,
+        listeners: Vec<(std::net::TcpListener, Accepting)>,
         shared: Arc<Shared>,
         loads: Arc<Loads>,
         placement: Arc<Placement>,
@@ -177,7 +178,7 @@ impl Workers {
         for (me, inbox) in inboxes.into_iter().enumerate() {
             let mine = listeners
                 .iter()
-                .map(|(l, tls)| Ok((l.try_clone()?, *tls)))
+                .map(|(l, accepting)| Ok((l.try_clone()?, accepting.clone())))
                 .collect::<io::Result<Vec<_>>>()?;
             let shared = shared.clone();
             let pool = pool.clone();
@@ -206,12 +207,12 @@ impl Workers {
                         // One accept loop per listening socket; the worker has stopped accepting
                         // once every one has returned.
                         let mut loops = Vec::with_capacity(mine.len());
-                        for (listener, tls) in mine {
+                        for (listener, accepting) in mine {
                             match TcpListener::from_std(listener) {
                                 Ok(l) => loops.push(tokio::spawn(accept_loop(
                                     me,
                                     l,
-                                    tls,
+                                    accepting,
                                     shared.clone(),
                                     pool.clone(),
                                 ))),
@@ -248,7 +249,7 @@ impl Workers {
 async fn accept_loop(
     me: usize,
     listener: TcpListener,
-    tls: bool,
+    accepting: Accepting,
     shared: Arc<Shared>,
     pool: Arc<Pool>,
 ) {
@@ -299,14 +300,14 @@ async fn accept_loop(
                     let to = pool.pick(me, &sock);
                     pool.loads.0[to].fetch_add(1, Ordering::Relaxed);
                     if to == me {
-                        spawn_serve(me, sock, peer, tls, &shared, &pool);
+                        spawn_serve(me, sock, peer, accepting.clone(), &shared, &pool);
                         continue;
                     }
                     // Deregister from this worker's epoll; the receiver registers it with its own.
                     let handed = sock
                         .into_std()
                         .map_err(|e| e.to_string())
-                        .and_then(|s| pool.queues[to].send((s, peer, tls)).map_err(|e| e.to_string()));
+                        .and_then(|s| pool.queues[to].send((s, peer, accepting.clone())).map_err(|e| e.to_string()));
                     if let Err(e) = handed {
                         tracing::warn!(worker = to, error = %e, "cannot hand a connection over");
                         finished(to, &shared, &pool);
@@ -343,9 +344,9 @@ async fn receive(
     shared: Arc<Shared>,
     pool: Arc<Pool>,
 ) {
-    while let Some((sock, peer, tls)) = inbox.recv().await {
+    while let Some((sock, peer, accepting)) = inbox.recv().await {
         match tokio::net::TcpStream::from_std(sock) {
-            Ok(sock) => spawn_serve(me, sock, peer, tls, &shared, &pool),
+            Ok(sock) => spawn_serve(me, sock, peer, accepting, &shared, &pool),
             Err(e) => {
                 tracing::warn!(worker = me, error = %e, "cannot poll a handed-over connection");
                 finished(me, &shared, &pool);
@@ -354,13 +355,14 @@ async fn receive(
     }
 }
 
-/// Runs one connection on worker `me` (the current thread), counted until it ends; a TLS one
-/// after its handshake.
+/// Runs one connection on worker `me` (the current thread), counted until it ends: after its
+/// PROXY header on a listener that takes one (whose source is then the client's address), and a
+/// TLS one after its handshake.
 fn spawn_serve(
     me: usize,
-    sock: tokio::net::TcpStream,
-    peer: SocketAddr,
-    tls: bool,
+    mut sock: tokio::net::TcpStream,
+    mut peer: SocketAddr,
+    accepting: Accepting,
     shared: &Arc<Shared>,
     pool: &Arc<Pool>,
 ) {
@@ -374,7 +376,18 @@ fn spawn_serve(
     }
     let done = Finished(me, shared.clone(), pool.clone());
     tokio::spawn(async move {
-        let sock = if tls {
+        if let Some(from) = &accepting.proxy_from {
+            let ctx = done.1.ctx.load_full();
+            match proxy_header(&mut sock, peer, from, ctx.client.header_timeout).await {
+                Ok(client) => peer = client,
+                Err(why) => {
+                    // A client can cause this; debug, not warn.
+                    tracing::debug!(%peer, why, "connection closed: PROXY protocol");
+                    return;
+                }
+            }
+        }
+        let sock = if accepting.tls {
             let ctx = done.1.ctx.load_full();
             match crate::tls::server::accept(sock, peer, ctx.tls.as_deref(), &ctx.accounting).await
             {
@@ -387,6 +400,23 @@ fn spawn_serve(
         conn::serve(sock, peer, done.1.clone()).await;
         drop(done);
     });
+}
+
+/// The client's address from the PROXY header at the start of `sock`, sent by `peer`: only a
+/// peer in `from` may send one, and it must be whole and well formed within `wait`. A header
+/// that names no address (a load balancer's health check) leaves `peer`.
+async fn proxy_header(
+    sock: &mut tokio::net::TcpStream,
+    peer: SocketAddr,
+    from: &[zerocache_config::cidr::Cidr],
+    wait: Duration,
+) -> Result<SocketAddr, &'static str> {
+    if !from.iter().any(|c| c.contains(peer.ip())) {
+        return Err("peer not in proxy_protocol_from");
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let client = crate::net::proxy_protocol::read(sock, deadline).await?;
+    Ok(client.unwrap_or(peer))
 }
 
 /// A connection of worker `me` ended (or never started).

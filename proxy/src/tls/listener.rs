@@ -15,8 +15,9 @@ pub struct Started {
     pub server: Option<Arc<TlsServer>>,
     /// Whether the kernel offers kTLS.
     pub ktls: Ktls,
-    /// The addresses of `tls.listen`, for the caller to bind beside the plain ones.
-    pub listen: Vec<std::net::SocketAddr>,
+    /// The addresses of `tls.listen` and their options, for the caller to bind beside the
+    /// plain ones.
+    pub listen: Vec<(std::net::SocketAddr, crate::net::listen::Accepting)>,
 }
 
 /// Loads the certificates and says where `tls.listen` is to be bound. A certificate that does
@@ -46,9 +47,12 @@ pub fn start(config: &Config) -> anyhow::Result<Started> {
     let server = TlsServer::load(cfg).context("tls.certificates")?;
     let listen = cfg
         .listen
-        .addrs()
+        .bound()
         .map_err(anyhow::Error::msg)
-        .context("tls.listen")?;
+        .context("tls.listen")?
+        .into_iter()
+        .map(|(a, e)| (a, crate::net::listen::Accepting::of(e, true)))
+        .collect();
     match plan {
         Ok(offload) => tracing::info!(
             listen = %cfg.listen,

@@ -58,6 +58,12 @@ impl UpstreamError {
         }
     }
 
+    /// Whether the group counted this failure already, attempt by attempt (a failed connect,
+    /// counted even when another server then answered): the caller must not count it again.
+    pub fn counted_per_attempt(&self) -> bool {
+        matches!(self, UpstreamError::Connect { .. })
+    }
+
     /// Metric label.
     pub fn kind(&self) -> &'static str {
         match self {

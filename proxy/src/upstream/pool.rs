@@ -34,6 +34,9 @@ pub struct Group {
     pub(super) tls: Option<Result<Arc<crate::tls::client::OriginTls>, String>>,
     /// Stops the group's health-check tasks: on [`Group::retire`], or when dropped.
     stop: watch::Sender<bool>,
+    /// Where each failed connect is counted (`zerocache_upstream_errors_total{kind="connect"}`),
+    /// also when another server then answered; `None` for a fleet peer's group.
+    accounting: Option<Arc<zerocache_ledger::Accounting>>,
 }
 
 /// A connection to one server of a group.
@@ -73,7 +76,24 @@ impl Group {
             host: cfg.host.clone(),
             tls,
             stop: watch::channel(false).0,
+            accounting: None,
         }
+    }
+
+    /// Counts this group's failed connects in `acc`.
+    pub fn counted_by(mut self, acc: Arc<zerocache_ledger::Accounting>) -> Group {
+        self.accounting = Some(acc);
+        self
+    }
+
+    /// Each server (`host:port`) and whether the balancer may pick it now: neither marked down
+    /// by failures (passive) nor by the health check (active).
+    pub fn servers_up(&self) -> Vec<(String, bool)> {
+        let now = Instant::now();
+        self.peers
+            .iter()
+            .map(|p| (p.addr.clone(), p.is_up(now)))
+            .collect()
     }
 
     /// Starts the active health check of `cfg` (if it has one) on the current runtime; it runs
@@ -166,6 +186,11 @@ impl Group {
             Err(_) => format!("timed out after {:?}", self.connect_timeout),
         };
         self.failed(i, "connect", &error);
+        if let Some(acc) = &self.accounting {
+            // Every failed connect, also one the next server makes good: the exchange's own
+            // failure is then not counted again (see `UpstreamError::counted_per_attempt`).
+            acc.upstream_error(&self.name, "connect");
+        }
         Err(UpstreamError::Connect {
             server: peer.addr.clone(),
             error,

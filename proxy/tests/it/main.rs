@@ -29,6 +29,7 @@ mod operations;
 mod package;
 mod placement;
 mod poisoning;
+mod proxy_protocol;
 mod rfc9111;
 mod rfc9111_optional;
 mod rfc9213;

@@ -170,9 +170,28 @@ fn a_dead_server_costs_no_client_errors_and_is_marked_down() {
         "    servers: [\"127.0.0.1:{dead}\", \"{}\"]\n",
         live.addr()
     ));
+    // Every configured server has its state from start-up.
+    let up = |server: &str| {
+        metric(
+            &proxy.metrics(),
+            &format!("zerocache_upstream_server_up{{server=\"{server}\",upstream=\"o\"}}"),
+        )
+    };
+    let live_addr = live.addr().to_string();
+    let dead_addr = format!("127.0.0.1:{dead}");
+    assert_eq!((up(&dead_addr), up(&live_addr)), (1, 1));
     // Round robin tries the dead server first: refused, so the request goes to the live one.
     let r = proxy.get("/d/0");
     assert_eq!((r.status, r.body.as_slice()), (200, &b"live"[..]));
+    // The refused connect is counted although the client got its answer, and the server is down.
+    assert_eq!(
+        metric(
+            &proxy.metrics(),
+            "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"o\"}"
+        ),
+        1
+    );
+    assert_eq!((up(&dead_addr), up(&live_addr)), (0, 1));
     // Something listens there now, but the server is down for fail_timeout (10 s): the next
     // requests, which round robin would split between the two, all go to the live one.
     let revived = rt

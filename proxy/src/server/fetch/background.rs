@@ -74,7 +74,9 @@ impl Background {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %self.req.target, error = %e, "background fetch failed; keeping what is stored");
-                ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                if !e.counted_per_attempt() {
+                    ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                }
                 return;
             }
         };

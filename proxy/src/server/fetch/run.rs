@@ -392,7 +392,9 @@ impl Fetch<'_> {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, error = %e, "upstream failed");
-                ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                if !e.counted_per_attempt() {
+                    ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                }
                 let stale = self.stale_on_error();
                 let outcome = match Disposition::of(Answer::Failed, false, || stale.is_some()) {
                     Disposition::ServeStale => stale.map(Outcome::stale),

@@ -55,6 +55,8 @@ pub struct Opts {
     pub run_as_caps: Option<String>,
     /// Run under this RLIMIT_NOFILE, soft and hard (through util-linux's `prlimit`).
     pub nofile: Option<u64>,
+    /// Options of the `listen` entry (`proxy_protocol: true, ...`), written as a map with them.
+    pub listen_options: String,
 }
 
 impl Proxy {
@@ -88,8 +90,13 @@ impl Proxy {
         } else {
             "  max_size: 1GiB\n"
         };
+        let listen = if opts.listen_options.is_empty() {
+            format!("127.0.0.1:{port}")
+        } else {
+            format!("{{ addr: \"127.0.0.1:{port}\", {} }}", opts.listen_options)
+        };
         let yaml = format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {dir}\n{max_size}{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\ndebug:\n  adjustable_clock: true\n{debug}{extra}",
+            "listen: {listen}\ncache:\n  path: {dir}\n{max_size}{cache}upstreams:\n  origin:\n    servers: [\"{origin}\"]\n{up}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route}dashboard:\n  listen: 127.0.0.1:{dport}\n{dash}probe:\n  enabled: {probe}\ndebug:\n  adjustable_clock: true\n{debug}{extra}",
             dir = dir.display(),
             cache = opts.cache_yaml,
             up = opts.upstream_yaml,
