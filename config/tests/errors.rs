@@ -171,9 +171,16 @@ fn listen_entries_take_options() {
     )
     .expect("valid");
     let e = c.listen.entries();
-    assert_eq!(e[0], &zerocache_config::ListenEntry::plain("127.0.0.1:8080"));
     assert_eq!(
-        (e[1].addr.as_str(), e[1].proxy_protocol, e[1].proxy_protocol_from.len()),
+        e[0],
+        &zerocache_config::ListenEntry::plain("127.0.0.1:8080")
+    );
+    assert_eq!(
+        (
+            e[1].addr.as_str(),
+            e[1].proxy_protocol,
+            e[1].proxy_protocol_from.len()
+        ),
         ("127.0.0.1:8081", true, 2)
     );
     for (v, want) in [
