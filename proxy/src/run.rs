@@ -405,7 +405,7 @@ use crate::net::listen::Accepting;
 /// Binds the data listeners (`listen`, then `tls_listen` marked as TLS) and the dashboard's.
 async fn bind(
     config: &Config,
-    tls_listen: &[(std::net::SocketAddr, Accepting)],
+    tls_listen: &[(std::net::SocketAddr, zerocache_config::ListenEntry)],
 ) -> anyhow::Result<(Vec<(std::net::TcpListener, Accepting)>, Option<TcpListener>)> {
     let mut listeners = Vec::new();
     for (addr, entry) in config
@@ -420,11 +420,11 @@ async fn bind(
             Accepting::of(entry, false),
         ));
     }
-    for (addr, accepting) in tls_listen {
+    for (addr, entry) in tls_listen {
         listeners.push((
             crate::net::listen::bind_listener(*addr, config.backlog)
                 .with_context(|| format!("cannot listen on {addr} (tls.listen)"))?,
-            accepting.clone(),
+            Accepting::of(entry, true),
         ));
     }
     let dashboard_listener = if config.dashboard.enabled {

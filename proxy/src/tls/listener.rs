@@ -15,9 +15,9 @@ pub struct Started {
     pub server: Option<Arc<TlsServer>>,
     /// Whether the kernel offers kTLS.
     pub ktls: Ktls,
-    /// The addresses of `tls.listen` and their options, for the caller to bind beside the
-    /// plain ones.
-    pub listen: Vec<(std::net::SocketAddr, crate::net::listen::Accepting)>,
+    /// The addresses of `tls.listen` and the entries they come from (their options), for the
+    /// caller to bind beside the plain ones.
+    pub listen: Vec<(std::net::SocketAddr, zerocache_config::ListenEntry)>,
 }
 
 /// Loads the certificates and says where `tls.listen` is to be bound. A certificate that does
@@ -51,7 +51,7 @@ pub fn start(config: &Config) -> anyhow::Result<Started> {
         .map_err(anyhow::Error::msg)
         .context("tls.listen")?
         .into_iter()
-        .map(|(a, e)| (a, crate::net::listen::Accepting::of(e, true)))
+        .map(|(a, e)| (a, e.clone()))
         .collect();
     match plan {
         Ok(offload) => tracing::info!(

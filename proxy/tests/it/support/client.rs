@@ -114,7 +114,13 @@ impl Client {
         // Read straight into the buffer's spare capacity: no intermediate copy.
         let len = self.buf.len();
         self.buf.resize(len + 256 * 1024, 0);
-        let n = self.sock.read(&mut self.buf[len..]).expect("read");
+        // A signal to the test process (a child's exit) may interrupt a read: read again.
+        let n = loop {
+            match self.sock.read(&mut self.buf[len..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r.expect("read"),
+            }
+        };
         self.buf.truncate(len + n);
         n
     }
