@@ -269,7 +269,11 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             ));
         }
         // An object size range with nothing in it stores nothing: a mistake, never a switch.
-        let max = r.max_object_size.or(config.cache.max_object_size);
+        let max = Some(
+            r.max_object_size
+                .or(config.cache.max_object_size)
+                .map_or(config.cache.max_size, |m| m.min(config.cache.max_size)),
+        );
         let min = r.min_object_size.unwrap_or(config.cache.min_object_size);
         if let Some(max) = max
             && min > max

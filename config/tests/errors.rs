@@ -93,6 +93,15 @@ fn object_sizes_must_leave_room_for_an_object() {
         err(&cache),
         "zc.yaml:6:3: cache.min_object_size: 20 KiB is more than the largest object stored (10 KiB), so nothing would be stored; use `cache: false` for that"
     );
+    // Without max_object_size the largest object is the cache's max_size.
+    let over = GOOD.replace(
+        "max_size: 1GiB\n",
+        "max_size: 1GiB\n  min_object_size: 2GiB\n",
+    );
+    assert_eq!(
+        err(&over),
+        "zc.yaml:5:3: cache.min_object_size: 2 GiB is more than the largest object stored (1 GiB), so nothing would be stored; use `cache: false` for that"
+    );
     let e = err(&GOOD.replace(
         "max_size: 1GiB\n",
         "max_size: 1GiB\n  max_object_size: huge\n",
@@ -134,6 +143,10 @@ fn accept_encoding_is_codings_or_as_sent() {
         ),
         ("[gzip, GZIP]", "`gzip` is listed twice"),
         ("[identity]", "`identity` is not a content coding"),
+        (
+            "[x-gzip]",
+            "`x-gzip` is not a content coding a route can list",
+        ),
         ("[\"g zip\"]", "`g zip` is not a content coding"),
         ("[\"*\"]", "`*` is not a content coding"),
     ] {

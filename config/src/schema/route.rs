@@ -22,7 +22,9 @@ pub struct Route {
     #[serde(default, with = "crate::units::opt_duration")]
     pub default_ttl: Option<Duration>,
     /// Freshness by status for responses that carry none (`{404: 1m, 4xx: 10s}`; an exact
-    /// status over its class), like nginx's `proxy_cache_valid`. An operator's override of
+    /// status over its class, and a class never covers a status one request can cause for
+    /// everyone: 400, 401, 403, 407, 408, 411, 413, 414, 415, 421, 429, 431, 500), like nginx's
+    /// `proxy_cache_valid`. An operator's override of
     /// RFC 9111's heuristics: it applies to any final status (a 302, a 403 too, which RFC 9111
     /// would not store without explicit freshness), and before the `Last-Modified` heuristic and
     /// `default_ttl`. Never over `no-store`, `private` or explicit freshness; a 5xx still needs
@@ -105,9 +107,9 @@ impl<'de> Deserialize<'de> for AcceptEncoding {
                     let token = !c.is_empty()
                         && c.bytes()
                             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'+-.^_`|~".contains(&b));
-                    if !token || c == "identity" {
+                    if !token || c == "identity" || c == "x-gzip" {
                         return Err(serde::de::Error::custom(format!(
-                            "`{c}` is not a content coding (`br`, `gzip`, `zstd`, `deflate`; identity is what no coding means)"
+                            "`{c}` is not a content coding a route can list (`br`, `gzip`, `zstd`, `deflate`; identity is what no coding means, and a client's x-gzip is read as gzip)"
                         )));
                     }
                     if codings.contains(&c) {

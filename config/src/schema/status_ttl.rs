@@ -14,6 +14,14 @@ use std::time::Duration;
 /// (interim, never a response of its own).
 const NEVER_STORED: [u16; 4] = [206, 304, 412, 416];
 
+/// Statuses a class key (`4xx`, `5xx`) does not cover: each can depend on the one request that
+/// caused it (a header too large for the origin, credentials, an address rule, a client's rate
+/// limit, a crafted field that makes the origin fail), so storing it for a class would serve one
+/// client's error to everyone (cache-poisoned denial of service). An exact key still may.
+pub const NOT_BY_CLASS: [u16; 13] = [
+    400, 401, 403, 407, 408, 411, 413, 414, 415, 421, 429, 431, 500,
+];
+
 /// A `status_ttl` key: one status code, or a class of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StatusKey {
@@ -96,11 +104,13 @@ pub struct Ttl(#[serde(with = "crate::units::duration")] pub Duration);
 pub struct StatusTtl(pub BTreeMap<StatusKey, Ttl>);
 
 impl StatusTtl {
-    /// The TTL of `status`: its exact key, else its class's; `None` without either.
+    /// The TTL of `status`: its exact key, else its class's (never for [`NOT_BY_CLASS`]);
+    /// `None` without either.
     pub fn of(&self, status: u16) -> Option<Duration> {
         let exact = self.0.get(&StatusKey::Exact(status));
         let class = u8::try_from(status / 100)
             .ok()
+            .filter(|_| !NOT_BY_CLASS.contains(&status))
             .and_then(|c| self.0.get(&StatusKey::Class(c)));
         exact.or(class).map(|t| t.0)
     }
@@ -153,5 +163,14 @@ mod tests {
         assert_eq!(t.of(302), None);
         assert_eq!(t.of(200), None);
         assert_eq!(t.of(u16::MAX), None);
+        // A class never covers what one request can cause for everyone; an exact key may.
+        for s in NOT_BY_CLASS {
+            assert_eq!(t.of(s), None, "{s}");
+        }
+        let exact = StatusTtl(BTreeMap::from([(
+            StatusKey::Exact(403),
+            Ttl(Duration::from_secs(7)),
+        )]));
+        assert_eq!(exact.of(403), Some(Duration::from_secs(7)));
     }
 }

@@ -228,10 +228,14 @@ impl Relay {
             Err(r.not_stored)
         } else if r.length.is_some_and(|n| n > r.max_body) {
             Err(Some("too-large"))
-        } else if r.length.is_some_and(|n| n < r.min_body) {
-            Err(Some("too-small"))
         } else if stores_here() {
-            storable().map_err(|why| Some(why.token()))
+            // Too small only once storable: a small no-store answer says `response-directive`.
+            storable()
+                .map_err(|why| Some(why.token()))
+                .and_then(|st| match r.length {
+                    Some(n) if n < r.min_body => Err(Some("too-small")),
+                    _ => Ok(st),
+                })
         } else {
             Err(r.not_stored)
         };
@@ -635,7 +639,8 @@ mod tests {
     }
 
     /// The route's object sizes: outside them a known length is relayed, not stored, and the
-    /// bounds themselves are stored.
+    /// bounds themselves are stored. Too large is known before anything is asked; too small
+    /// only of a storable answer, so a small no-store answer keeps its own reason.
     #[test]
     fn a_known_length_outside_the_routes_sizes_is_not_stored() {
         let fill = |length| Relaying {
@@ -649,14 +654,19 @@ mod tests {
         let proceed = || Precondition::Proceed;
         let not_asked = || -> bool { panic!("stores_here asked") };
         let not_judged = || -> Result<Storable, NotStored> { panic!("storable asked") };
-        for (length, why) in [
-            (1023, "too-small"),
-            (0, "too-small"),
-            ((1 << 20) + 1, "too-large"),
-        ] {
+        assert_eq!(
+            Relay::of(fill((1 << 20) + 1), not_asked, not_judged, proceed).store,
+            Err(Some("too-large"))
+        );
+        for length in [1023, 0] {
             assert_eq!(
-                Relay::of(fill(length), not_asked, not_judged, proceed).store,
-                Err(Some(why)),
+                Relay::of(fill(length), || true, || Ok(stored()), proceed).store,
+                Err(Some("too-small")),
+                "{length}"
+            );
+            assert_eq!(
+                Relay::of(fill(length), || true, || Err(NotStored::Directive), proceed).store,
+                Err(Some("response-directive")),
                 "{length}"
             );
         }

@@ -198,6 +198,17 @@ pub fn storable(
         return Err(NotStored::Authorization);
     }
     let vary = vary_names(res).ok_or(NotStored::VaryStar)?;
+    // `must-understand, no-store` lets a cache that knows the status store it (§5.2.2.3), as the
+    // origin's own rules say: never for a lifetime the operator made up.
+    let heuristics = if d.must_understand && d.no_store {
+        Heuristics {
+            default_ttl: None,
+            status_ttl: None,
+            ..heuristics
+        }
+    } else {
+        heuristics
+    };
     let (lifetime, source) = match freshness::lifetime(res, &d, targeted, response_time, heuristics)
     {
         Some(l) => l,

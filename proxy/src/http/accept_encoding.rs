@@ -14,7 +14,9 @@
 
 /// The canonical value for a client's `Accept-Encoding` (every line of it, joined) among the
 /// route's `codings` (lower case, in the route's preference order): the accepted ones, `", "`
-/// joined, or `None` for identity (the field removed).
+/// joined, or `identity` when the client accepts none of them. A field that was absent stays
+/// absent (`None`): no field means no preference (RFC 9110 §12.5.3), which an origin may answer
+/// with any coding, while `identity` asks for none.
 pub fn canonical(field: Option<&str>, codings: &[String]) -> Option<String> {
     let field = field?;
     let mut listed: Vec<(String, bool)> = Vec::new();
@@ -51,7 +53,11 @@ pub fn canonical(field: Option<&str>, codings: &[String]) -> Option<String> {
         .map(String::as_str)
         .filter(|c| accepts(c))
         .collect();
-    (!out.is_empty()).then(|| out.join(", "))
+    Some(if out.is_empty() {
+        "identity".to_string()
+    } else {
+        out.join(", ")
+    })
 }
 
 /// One list element: its coding (lower case; `x-gzip` as `gzip`) and whether its weight accepts
@@ -122,10 +128,10 @@ mod tests {
             ("gzip, deflate", Some("gzip")),               // Python requests, older curl
             ("gzip", Some("gzip")),                        // Go net/http
             ("br;q=1.0, gzip;q=0.8, *;q=0.1", Some("br, gzip")),
-            ("identity", None), // wget
+            ("identity", Some("identity")), // wget
             ("br, gzip", Some("br, gzip")),
             ("*", Some("br, gzip")),
-            ("", None),
+            ("", Some("identity")),
         ] {
             assert_eq!(canonical(Some(sent), &route()).as_deref(), want, "{sent:?}");
         }
@@ -140,13 +146,13 @@ mod tests {
             ("br;q=0, gzip", Some("gzip")),
             ("gzip;q=0, *", Some("br")),
             ("*;q=0, gzip", Some("gzip")),
-            ("*;q=0", None),
+            ("*;q=0", Some("identity")),
             ("GZIP, Br", Some("br, gzip")),
             ("x-gzip", Some("gzip")),
             ("gzip;q=0.001", Some("gzip")),
-            ("gzip;q=0.000", None),
+            ("gzip;q=0.000", Some("identity")),
             ("gzip ; q=0.5 , br;Q=1", Some("br, gzip")),
-            ("gzip, gzip;q=0", None),
+            ("gzip, gzip;q=0", Some("identity")),
             ("identity;q=0, br", Some("br")),
         ] {
             assert_eq!(canonical(Some(sent), &route()).as_deref(), want, "{sent:?}");
@@ -157,21 +163,21 @@ mod tests {
     #[test]
     fn hostile_elements_accept_nothing() {
         for (sent, want) in [
-            ("gzip;q=2", None),
-            ("gzip;q=1.5", None),
-            ("gzip;q=0.0001", None),
-            ("gzip;q=-0", None),
-            ("gzip;q=", None),
-            ("gzip;q=abc", None),
-            ("gzip;level=9", None),
-            ("gzip;q=1;q=0", None),
-            ("gz ip", None),
+            ("gzip;q=2", Some("identity")),
+            ("gzip;q=1.5", Some("identity")),
+            ("gzip;q=0.0001", Some("identity")),
+            ("gzip;q=-0", Some("identity")),
+            ("gzip;q=", Some("identity")),
+            ("gzip;q=abc", Some("identity")),
+            ("gzip;level=9", Some("identity")),
+            ("gzip;q=1;q=0", Some("identity")),
+            ("gz ip", Some("identity")),
             ("gzip\u{0}, br", Some("br")),
-            ("\"gzip\"", None),
+            ("\"gzip\"", Some("identity")),
             (",,, ,gzip,,", Some("gzip")),
-            ("br;q=0.5;", None),
-            ("gzip;q=1.0000", None),
-            ("ｇｚｉｐ", None),
+            ("br;q=0.5;", Some("identity")),
+            ("gzip;q=1.0000", Some("identity")),
+            ("ｇｚｉｐ", Some("identity")),
         ] {
             assert_eq!(canonical(Some(sent), &route()).as_deref(), want, "{sent:?}");
         }
@@ -186,7 +192,13 @@ mod tests {
             canonical(Some("gzip, deflate, br, zstd"), &zstd_first).as_deref(),
             Some("zstd, gzip")
         );
-        assert_eq!(canonical(Some("br"), &zstd_first), None);
-        assert_eq!(canonical(Some("gzip, br"), &[]), None);
+        assert_eq!(
+            canonical(Some("br"), &zstd_first).as_deref(),
+            Some("identity")
+        );
+        assert_eq!(
+            canonical(Some("gzip, br"), &[]).as_deref(),
+            Some("identity")
+        );
     }
 }

@@ -163,8 +163,9 @@ fn v2(buf: &[u8]) -> Result<Parsed, &'static str> {
                 u16::from_be_bytes([a[32], a[33]]),
             ))
         }
-        // UNSPEC, UNIX or datagrams: known families the connection's own addresses stand in for.
-        (0..=3, 0..=2) => None,
+        // UNSPEC, UDP over IPv4 or IPv6, UNIX stream or datagram: the families the specification
+        // lists, for which the connection's own addresses stand.
+        (0, 0) | (1, 2) | (2, 2) | (3, 1) | (3, 2) => None,
         _ => return Err("PROXY v2 address family or transport unknown"),
     };
     // Whatever follows the addresses is TLVs, skipped whole: nothing in them is used.
@@ -421,6 +422,14 @@ mod tests {
             ),
             (
                 v2_header(0x21, 0x41, &ipv4_addrs()),
+                "PROXY v2 address family or transport unknown",
+            ),
+            (
+                v2_header(0x21, 0x01, &ipv4_addrs()),
+                "PROXY v2 address family or transport unknown",
+            ),
+            (
+                v2_header(0x21, 0x30, &ipv4_addrs()),
                 "PROXY v2 address family or transport unknown",
             ),
             (

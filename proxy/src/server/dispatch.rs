@@ -76,14 +76,18 @@ impl Conn {
                     .await;
             }
         };
-        // One request from here on: the key, the bypass rules and the upstream request all see
-        // the route's Accept-Encoding.
-        route.normalise_accept_encoding(&mut req);
+        // A request the cache may answer is one request from here on: its key and its upstream
+        // request both see the route's Accept-Encoding. One that goes past the cache keeps the
+        // client's field (a zstd-capable client of an uncached API loses nothing).
+        let bypassed = route.bypasses(&req);
+        if route.cache && !bypassed && matches!(req.method.as_str(), "GET" | "HEAD") {
+            route.normalise_accept_encoding(&mut req);
+        }
         let directives = freshness::request_directives(&req);
         let ask = Ask {
             method: &req.method,
             route_caches: route.cache,
-            bypassed: route.bypasses(&req),
+            bypassed,
             has_body: req.body != BodyFraming::None,
             has_range: req.field("range").is_some(),
             only_if_cached: directives.only_if_cached,

@@ -262,6 +262,10 @@ fn status_ttl_stores_what_the_origin_gave_no_freshness() {
     origin.script("/moved", reply(302, &[("Location", "/elsewhere")]));
     origin.script("/forbidden", reply(403, &[]));
     origin.script("/explicit", reply(404, &[("Cache-Control", "max-age=5")]));
+    origin.script(
+        "/must-understand",
+        reply(404, &[("Cache-Control", "must-understand, no-store")]),
+    );
     origin.script("/nostore", reply(404, &[("Cache-Control", "no-store")]));
     origin.script("/error", reply(503, &[]));
     origin.script("/modified", reply(200, &[("Last-Modified", &lm)]));
@@ -280,7 +284,6 @@ fn status_ttl_stores_what_the_origin_gave_no_freshness() {
     for (path, want) in [
         ("/missing", 60),
         ("/gone", 10),
-        ("/forbidden", 10),
         ("/moved", 20),
         ("/explicit", 5),
         // status_ttl before the Last-Modified heuristic (10% of 100,000 s) and default_ttl.
@@ -300,6 +303,11 @@ fn status_ttl_stores_what_the_origin_gave_no_freshness() {
     for (path, why) in [
         ("/nostore", "response-directive"),
         ("/error", "server-error"),
+        // A class never covers a status one request can cause for everyone (403: an address
+        // rule, credentials): it goes on needing explicit freshness.
+        ("/forbidden", "no-freshness"),
+        // must-understand, no-store: stored only by the origin's own rules, never a made-up TTL.
+        ("/must-understand", "no-freshness"),
     ] {
         for _ in 0..2 {
             let r = c.get(path, &[]);

@@ -662,6 +662,7 @@ fn accept_encoding_is_normalised_to_the_routes_codings() {
         vec![
             (Some("br, gzip"), v("br body")),
             (Some("gzip"), v("gzip body")),
+            (Some("identity"), v("identity body")),
             (None, v("plain body")),
         ],
     );
@@ -675,10 +676,11 @@ fn accept_encoding_is_normalised_to_the_routes_codings() {
         (Some("gzip, deflate"), "MISS", "gzip body"),        // Python requests
         (Some("gzip"), "HIT", "gzip body"),                  // Go
         (Some("br;q=0, gzip"), "HIT", "gzip body"),
-        (None, "MISS", "plain body"), // curl
-        (Some("identity"), "HIT", "plain body"),
-        (Some("deflate"), "HIT", "plain body"),
-        (Some("gzip;q=2"), "HIT", "plain body"),
+        (None, "MISS", "plain body"), // curl: no preference
+        // Accepting none of the route's codings asks for none: identity, not "no preference".
+        (Some("identity"), "MISS", "identity body"),
+        (Some("deflate"), "HIT", "identity body"),
+        (Some("gzip;q=2"), "HIT", "identity body"),
     ] {
         let h: Vec<(&str, &str)> = sent
             .map(|a| vec![("Accept-Encoding", a)])
@@ -698,8 +700,27 @@ fn accept_encoding_is_normalised_to_the_routes_codings() {
         .collect();
     assert_eq!(
         asked,
-        [Some("br, gzip".to_string()), Some("gzip".into()), None]
+        [
+            Some("br, gzip".to_string()),
+            Some("gzip".into()),
+            None,
+            Some("identity".into())
+        ]
     );
+    // A bypassed request keeps the client's field.
+    let bypassing = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    bypass:\n      headers: [X-No-Cache]\n".into(),
+            ..Opts::default()
+        },
+    );
+    bypassing.client().get(
+        "/ae",
+        &[("Accept-Encoding", "gzip, deflate"), ("X-No-Cache", "1")],
+    );
+    let last = origin.received().pop().expect("asked");
+    assert_eq!(last.header("accept-encoding"), Some("gzip, deflate"));
 
     let as_sent = Proxy::start(
         origin.addr(),

@@ -149,8 +149,16 @@ impl Background {
             self.object_sizes.min,
             super::max_body(&ctx, self.object_sizes),
         );
-        if framing.length().is_some_and(|n| n < min || n > max) {
+        if let Some(n) = framing.length()
+            && (n < min || n > max)
+        {
+            // The resource is no longer what may be stored: stop serving the old copy.
             tracing::debug!(target = %self.req.target, "background fetch outside the sizes stored; not stored");
+            ctx.accounting
+                .not_stored(if n > max { "too-large" } else { "too-small" });
+            if let Some(stale) = &self.stale {
+                ctx.store.remove_if_same(stale);
+            }
             return;
         }
         let (key, meta) = fill_meta(

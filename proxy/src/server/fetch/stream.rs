@@ -140,13 +140,20 @@ pub(super) async fn pump(
             ctx.accounting.upstream_error(&group.name, e.kind());
             return; // Dropping the writer fails the readers; dropping the fill deletes its file.
         }
-        // A full file system evicts room for the rest of the body (or this piece) and retries.
+        // A full file system evicts room for the rest of the body (or this piece) and retries;
+        // never for a body past what may be stored, which could only take the room of entries
+        // that can be kept (its readers are aborted instead).
         let rest = expected.map_or(piece.len() as u64, |n| n.saturating_sub(fill.written()));
-        if let Err(e) = ctx
-            .store
-            .on_full_disk_evict_and_retry(rest, || fill.write(&piece))
-        {
-            ctx.store.write_failed(&e);
+        let written = if past_max {
+            fill.write(&piece)
+        } else {
+            ctx.store
+                .on_full_disk_evict_and_retry(rest, || fill.write(&piece))
+        };
+        if let Err(e) = written {
+            if !past_max {
+                ctx.store.write_failed(&e);
+            }
             return;
         }
         if reader.is_done() {
