@@ -255,6 +255,19 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .with_label_values(&[] as &[&str])
         .inc_by(acc.corrupt_entries());
 
+    let upgrades = counter_vec(
+        &r,
+        "zerocache_upgrades_total",
+        "Upgrade requests (WebSocket, ...) on routes with upgrade: true, by outcome: switched (the origin's 101, then a tunnel), refused (the origin answered otherwise), failed (no answer).",
+        &["outcome"],
+    )?;
+    for k in ["switched", "refused", "failed"] {
+        upgrades.with_label_values(&[k]).inc_by(0);
+    }
+    for (k, n) in acc.upgrade_counts() {
+        upgrades.with_label_values(&[k]).inc_by(n);
+    }
+
     // Pre-seeded with the size reasons, so an alert on them has a series from the start.
     let not_stored = counter_vec(
         &r,

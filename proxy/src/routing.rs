@@ -32,6 +32,8 @@ pub struct Route {
     pub object_sizes: ObjectSizes,
     /// The codings `Accept-Encoding` is normalised to (`None`: `as-sent`).
     pub accept_encoding: Option<Vec<String>>,
+    /// Upgrade requests are tunnelled (`upgrade: true`).
+    pub upgrade: bool,
 }
 
 /// A route's freshness for responses that carry none: `status_ttl` by status, then (for the
@@ -170,6 +172,7 @@ impl Routes {
                     bypass: r.bypass.clone(),
                     allow_trace: r.allow_trace,
                     store_set_cookie: r.store_set_cookie,
+                    upgrade: r.upgrade,
                     accept_encoding: match &r.accept_encoding {
                         zerocache_config::AcceptEncoding::Codings(c) => Some(c.clone()),
                         zerocache_config::AcceptEncoding::AsSent => None,

@@ -51,6 +51,12 @@ pub struct Route {
     /// stores them.
     #[serde(default = "default_true")]
     pub store_set_cookie: bool,
+    /// Forward `Upgrade` requests (WebSocket and any other protocol) and, when the origin
+    /// answers 101, tunnel the bytes both ways until either side closes or stays idle for
+    /// `limits.idle_timeout`; never cached. Off: the Upgrade is not forwarded, and an origin's
+    /// 101 is a 502.
+    #[serde(default)]
+    pub upgrade: bool,
     /// The request's `Accept-Encoding`, before the cache key and the upstream request are made
     /// from it: the content codings this route's origin serves, in preference order (default
     /// `[br, gzip]`). The field becomes those of them the client accepts (`q=0` honoured, `*`

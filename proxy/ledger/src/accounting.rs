@@ -25,6 +25,8 @@ pub struct Accounting {
     upstream_errors: Mutex<HashMap<(String, &'static str), u64>>,
     /// Responses that could have been stored and were not, by `Cache-Status` detail token.
     not_stored: Mutex<HashMap<&'static str, u64>>,
+    /// Upgrade requests by outcome (`switched`, `refused`, `failed`).
+    upgrades: Mutex<HashMap<&'static str, u64>>,
     /// Upstream response heads received, by (group, server, status code).
     upstream_responses: Mutex<HashMap<(String, String, u16), u64>>,
     /// `zerocache_upstream_response_seconds`: request sent to response head, by group.
@@ -90,6 +92,7 @@ impl Accounting {
             next_conn: AtomicU64::new(1),
             upstream_errors: Mutex::new(HashMap::new()),
             not_stored: Mutex::default(),
+            upgrades: Mutex::default(),
             upstream_responses: Mutex::new(HashMap::new()),
             upstream_seconds,
             rejected: Default::default(),
@@ -181,6 +184,19 @@ impl Accounting {
     /// detail: `too-large`, `no-freshness`, ...).
     pub fn not_stored(&self, reason: &'static str) {
         *self.not_stored.lock().entry(reason).or_insert(0) += 1;
+    }
+
+    /// An Upgrade request ended so: `switched` (the origin's 101, then a tunnel), `refused` (the
+    /// origin answered otherwise) or `failed` (no answer).
+    pub fn upgrade(&self, outcome: &'static str) {
+        *self.upgrades.lock().entry(outcome).or_insert(0) += 1;
+    }
+
+    /// Upgrade requests by outcome, sorted.
+    pub fn upgrade_counts(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self.upgrades.lock().iter().map(|(k, v)| (*k, *v)).collect();
+        v.sort();
+        v
     }
 
     /// Responses not stored, by reason, sorted.

@@ -29,16 +29,20 @@ pub enum CopyReason {
     /// A fleet member relayed the answer of the key's owner (not stored here): the bytes came
     /// over a socket from the peer, so they pass through user space at this node by design.
     Peer,
+    /// The bytes of an Upgrade tunnel (a WebSocket), relayed both ways after the origin's 101:
+    /// a protocol the proxy does not cache, so through user space by design.
+    Tunnel,
 }
 
 impl CopyReason {
     /// Every reason, in metric order.
-    pub const ALL: [CopyReason; 5] = [
+    pub const ALL: [CopyReason; 6] = [
         CopyReason::Miss,
         CopyReason::TlsUserspace,
         CopyReason::DebugCopy,
         CopyReason::Generated,
         CopyReason::Peer,
+        CopyReason::Tunnel,
     ];
 
     /// The metric label.
@@ -49,6 +53,7 @@ impl CopyReason {
             CopyReason::DebugCopy => "debug-copy",
             CopyReason::Generated => "generated",
             CopyReason::Peer => "peer",
+            CopyReason::Tunnel => "tunnel",
         }
     }
 
@@ -98,7 +103,7 @@ mod tests {
         assert_eq!(c.get(CopyReason::Miss), 0);
         assert_eq!(
             CopyReason::ALL.map(CopyReason::as_str),
-            ["miss", "tls-userspace", "debug-copy", "generated", "peer"]
+            ["miss", "tls-userspace", "debug-copy", "generated", "peer", "tunnel"]
         );
     }
 }

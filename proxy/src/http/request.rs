@@ -33,6 +33,10 @@ pub struct RequestHead {
     /// It came in on the TLS listener: `https` in its cache key and in the `X-Forwarded-Proto`
     /// and `Forwarded: proto=` sent upstream.
     pub tls: bool,
+    /// The protocols an `Upgrade` field named by `Connection` asked for (trimmed, non-empty).
+    /// Hop-by-hop, so it is not among `fields`; only an Upgrade tunnel (`routes[].upgrade`)
+    /// forwards it.
+    pub upgrade: Option<String>,
 }
 
 /// How a request body is delimited.
@@ -184,6 +188,13 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
     // same request.
     let nominated =
         super::headers::connection_tokens(fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+    let upgrade = if nominated.iter().any(|t| t == "upgrade") {
+        super::headers::joined(&fields, "upgrade")
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+    } else {
+        None
+    };
     if !nominated.is_empty() {
         fields.retain(|(k, _)| {
             k.eq_ignore_ascii_case("connection")
@@ -202,6 +213,7 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             expect_continue,
             id: String::new(),
             tls: false,
+            upgrade,
         },
         consumed,
     )))
@@ -348,6 +360,24 @@ mod tests {
 
     fn parse_ok(s: &str) -> RequestHead {
         parse(s.as_bytes(), L).expect("parses").expect("complete").0
+    }
+
+    /// An `Upgrade` named by `Connection` is kept aside (it is hop-by-hop, so not among the
+    /// fields); one not named, or empty, asks for nothing.
+    #[test]
+    fn an_upgrade_named_by_connection_is_kept_aside() {
+        let r = parse_ok(
+            "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\r\n",
+        );
+        assert_eq!(r.upgrade.as_deref(), Some("websocket"));
+        assert_eq!(r.field("upgrade"), None);
+        for head in [
+            "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
+            "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade:  \r\nConnection: upgrade\r\n\r\n",
+            "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\n\r\n",
+        ] {
+            assert_eq!(parse_ok(head).upgrade, None, "{head:?}");
+        }
     }
 
     #[test]

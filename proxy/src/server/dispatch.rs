@@ -76,6 +76,10 @@ impl Conn {
                     .await;
             }
         };
+        // An Upgrade on a route that tunnels: past the cache, past HTTP (see `tunnel`).
+        if route.upgrade && super::tunnel::wants_tunnel(&req) {
+            return self.tunnel(&req, route.upstream.clone(), started).await;
+        }
         // A request the cache may answer is one request from here on: its key and its upstream
         // request both see the route's Accept-Encoding. One that goes past the cache keeps the
         // client's field (a zstd-capable client of an uncached API loses nothing).

@@ -17,6 +17,7 @@ pub mod hit;
 mod refusal;
 mod relay;
 pub mod request_body;
+mod tunnel;
 pub mod upload;
 pub mod workers;
 

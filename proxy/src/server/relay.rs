@@ -147,7 +147,7 @@ impl Conn {
 
     /// Sends the origin's answer `r` to `req`: its precondition answered here, or its head and
     /// body. Returns whether the connection stays open.
-    async fn relay(
+    pub(super) async fn relay(
         &mut self,
         req: &RequestHead,
         started: Instant,

@@ -333,7 +333,7 @@ impl Group {
             .send_all(request)
             .await
             .map_err(|e| ExchangeError::BeforeResponse(e.into()))?;
-        self.read_response_head(conn, on_interim).await
+        self.read_response_head(conn, on_interim, false).await
     }
 
     /// Reads the final response head of a request already sent on `conn` (a streamed request
@@ -347,7 +347,7 @@ impl Group {
         on_interim: &mut Vec<ResponseHead>,
         body_delivered: bool,
     ) -> Result<ResponseHead, UpstreamError> {
-        match self.read_response_head(conn, on_interim).await {
+        match self.read_response_head(conn, on_interim, false).await {
             Ok(head) => {
                 self.answered(conn.server);
                 Ok(head)
@@ -357,10 +357,38 @@ impl Group {
         }
     }
 
+    /// An Upgrade request on a fresh connection: sends `request` (a head, no body) and reads
+    /// the answer, a 101 included (the only exchange that takes one). Interim heads other than
+    /// 101 are dropped: the client's Upgrade is answered by the final head alone.
+    pub async fn exchange_upgrade(
+        &self,
+        request: &[u8],
+        key: &str,
+    ) -> Result<(UpstreamConn, ResponseHead), UpstreamError> {
+        let mut conn = self.connect_fresh(key).await?;
+        conn.stream
+            .send_all(request)
+            .await
+            .map_err(UpstreamError::from)?;
+        match self
+            .read_response_head(&mut conn, &mut Vec::new(), true)
+            .await
+        {
+            Ok(head) => {
+                self.answered(conn.server);
+                Ok((conn, head))
+            }
+            Err(e) => Err(self.attempt_failed(conn.server, e).into_inner()),
+        }
+    }
+
+    /// Reads the final response head; `switching`: the request asked to Upgrade, so a 101 is
+    /// its answer.
     async fn read_response_head(
         &self,
         conn: &mut UpstreamConn,
         on_interim: &mut Vec<ResponseHead>,
+        switching: bool,
     ) -> Result<ResponseHead, ExchangeError> {
         let mut got_any = !conn.buf.is_empty();
         let mut interim = 0usize;
@@ -381,8 +409,10 @@ impl Group {
                             // The proxy answers a client's Expect itself and never sends one
                             // upstream: an origin's 100 is for nobody.
                             100 => {}
+                            101 if switching => return Ok(head),
                             101 => {
-                                // No Upgrade is ever forwarded: a switch is a protocol error.
+                                // This request asked for no Upgrade: a switch is a protocol
+                                // error.
                                 return Err(ExchangeError::After(UpstreamError::Protocol(
                                     "101 Switching Protocols without an Upgrade".into(),
                                 )));

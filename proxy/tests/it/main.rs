@@ -41,6 +41,7 @@ mod test_clock;
 mod tls_ktls;
 mod tls_listener;
 mod tls_origin;
+mod upgrade;
 mod uploads;
 mod upstreams;
 mod watch_cli;

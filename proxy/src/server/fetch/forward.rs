@@ -203,3 +203,26 @@ impl Fetch<'_> {
         out
     }
 }
+
+impl Fetch<'_> {
+    /// The request of an Upgrade tunnel: the one [`Fetch::upstream_request`] makes (hop-by-hop
+    /// fields removed, forwarding fields added), with the client's `Upgrade` value and
+    /// `Connection: upgrade` put back, the only hop-by-hop fields a tunnel forwards. The request
+    /// has no body (an Upgrade with one is not tunnelled).
+    pub(crate) fn upgrade_request(
+        &self,
+        peer: IpAddr,
+        ctx: &crate::server::Ctx,
+        upgrade: &[u8],
+    ) -> Vec<u8> {
+        let mut out = self.upstream_request(peer, ctx);
+        // The head ends with its blank line (no body follows): the two fields go before it.
+        if out.ends_with(b"\r\n\r\n") {
+            out.truncate(out.len() - 2);
+        }
+        out.extend_from_slice(b"Upgrade: ");
+        out.extend_from_slice(upgrade);
+        out.extend_from_slice(b"\r\nConnection: upgrade\r\n\r\n");
+        out
+    }
+}
