@@ -103,7 +103,14 @@ mod tests {
         assert_eq!(c.get(CopyReason::Miss), 0);
         assert_eq!(
             CopyReason::ALL.map(CopyReason::as_str),
-            ["miss", "tls-userspace", "debug-copy", "generated", "peer", "tunnel"]
+            [
+                "miss",
+                "tls-userspace",
+                "debug-copy",
+                "generated",
+                "peer",
+                "tunnel"
+            ]
         );
     }
 }

@@ -27,31 +27,10 @@ impl Conn {
         mut req: RequestHead,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        // The id costs a hash and an allocation: a hit with no access log has no use for it (a
-        // fetch makes one for the upstream request when none was made here).
-        if self.ctx.access_log.is_some() {
-            req.id = crate::request_id::of(
-                &req,
-                self.peer.ip(),
-                &self.ctx.forwarding.trusted_proxies,
-                &self.ctx.forwarding.request_id_header,
-            );
-            self.log_info = crate::accesslog::RequestInfo::of(&req);
-        }
-        let Some(body) = self.read_body(&req).await? else {
-            return Ok(false);
+        let body = match self.admit(&mut req, started).await? {
+            Ok(body) => body,
+            Err(keep) => return Ok(keep),
         };
-        // Part of a large body is still unread: whatever answers this request (a 404, a 405, a
-        // 502 before the body went upstream), the next bytes on the connection are no request.
-        // `Conn::fetch` (relay.rs) clears this once the fetch has read the body to its end.
-        self.must_close = matches!(body, RequestBody::Streaming { .. });
-        if self.sock.misdirected(&req.host) {
-            // A connection made (by SNI) for one site, asked for a host its certificate does
-            // not name: the client must not have reused it (tls.strict_sni).
-            return self
-                .respond_simple(&req, 421, CacheStatus::Error, &[], None, started)
-                .await;
-        }
         let ctx = self.ctx.clone();
         use super::fleet_intake::Intake;
         let from_peer = match self.fleet_intake(&mut req, &body).await? {
@@ -177,6 +156,48 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// What comes before routing: the request id (with an access log), the body read (or
+    /// refused), and a connection made for another host refused. `Err(keep)`: answered already.
+    async fn admit(
+        &mut self,
+        req: &mut RequestHead,
+        started: Instant,
+    ) -> Result<Result<RequestBody, bool>, ConnError> {
+        // The id costs a hash and an allocation: a hit with no access log has no use for it (a
+        // fetch makes one for the upstream request when none was made here).
+        if self.ctx.access_log.is_some() {
+            req.id = crate::request_id::of(
+                req,
+                self.peer.ip(),
+                &self.ctx.forwarding.trusted_proxies,
+                &self.ctx.forwarding.request_id_header,
+            );
+            self.log_info = crate::accesslog::RequestInfo::of(req);
+        }
+        let Some(body) = self.read_body(req).await? else {
+            return Ok(Err(false));
+        };
+        // Part of a large body is still unread: whatever answers this request (a 404, a 405, a
+        // 502 before the body went upstream), the next bytes on the connection are no request.
+        // `Conn::fetch` (relay.rs) clears this once the fetch has read the body to its end.
+        self.must_close = matches!(body, RequestBody::Streaming { .. });
+        if self.sock.misdirected(&req.host) {
+            // A connection made (by SNI) for one site, asked for a host its certificate does
+            // not name: the client must not have reused it (tls.strict_sni).
+            return self
+                .respond_simple(req, 421, CacheStatus::Error, &[], None, started)
+                .await
+                .map(Err);
+        }
+        // An Upgrade the proxy does not carry out: the connection closes after the answer, so
+        // a front proxy that took the request for a switch cannot send raw bytes that would be
+        // read as requests here.
+        if req.upgrade.is_some() {
+            req.close = true;
+        }
+        Ok(Ok(body))
     }
 
     /// Refreshes the stale entry `e` once in the background (stale-while-revalidate), unless

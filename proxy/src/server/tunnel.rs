@@ -26,8 +26,33 @@ use zerocache_ledger::{CacheStatus, CopyReason, DataPath, ResponseRecord};
 /// by `Connection` (the parser keeps its value aside, see `RequestHead::upgrade`), HTTP/1.1, and
 /// no body (the body of an Upgrade request would have to be read before the switch, and none of
 /// the protocols proxied this way sends one).
+///
+/// Never `h2c`: an HTTP/2 connection to the origin handed to the client would carry requests
+/// that no route, rule or key of this proxy ever sees (h2c smuggling).
 pub(super) fn wants_tunnel(req: &RequestHead) -> bool {
-    !req.http10 && req.body == BodyFraming::None && req.upgrade.is_some()
+    !req.http10
+        && req.body == BodyFraming::None
+        && req
+            .upgrade
+            .as_deref()
+            .is_some_and(|u| !protocols(u).any(|p| p.eq_ignore_ascii_case("h2c")))
+}
+
+/// The protocol names of an `Upgrade` list (`websocket`, `foo/2` → `foo`), trimmed.
+fn protocols(list: &str) -> impl Iterator<Item = &str> {
+    list.split(',')
+        .map(|p| p.trim().split('/').next().unwrap_or("").trim())
+        .filter(|p| !p.is_empty())
+}
+
+/// The protocol a 101 switched to, if it is one the client asked for (RFC 9110 §7.8: the 101
+/// names the protocol chosen, among those requested). `None`: no such switch.
+fn switched_to<'a>(asked: &str, answer: Option<&'a str>) -> Option<&'a str> {
+    let answer = answer?.trim();
+    let chosen = protocols(answer).next()?;
+    protocols(asked)
+        .any(|p| p.eq_ignore_ascii_case(chosen))
+        .then_some(answer)
 }
 
 impl Conn {
@@ -92,8 +117,19 @@ impl Conn {
             self.relay(req, started, r, 0).await?;
             return Ok(false);
         }
+        let Some(switched) = switched_to(&upgrade, head.field("upgrade")).map(str::to_string)
+        else {
+            // A 101 to a protocol nobody asked for, or to none: no tunnel, and the origin's
+            // connection is dropped.
+            tracing::debug!(upstream = %upstream.name, target = %req.target, "101 without a protocol the client asked for");
+            ctx.accounting.upgrade("failed");
+            let mut close = req.clone();
+            close.close = true;
+            self.respond_simple(&close, 502, CacheStatus::Error, &[], None, started)
+                .await?;
+            return Ok(false);
+        };
         ctx.accounting.upgrade("switched");
-        let switched = head.field("upgrade").map(str::to_string).unwrap_or(upgrade);
         let mut h = Head::new(&mut self.head, 101, &head.reason);
         h.end_to_end(&head.fields, proxy_owned)
             .field("Connection", b"upgrade")
@@ -101,9 +137,9 @@ impl Conn {
         h.end(false);
         let sent = self.send_head().await;
         let head_bytes = self.head.len() as u64;
-        let (down, complete) = match sent {
+        let (down, ending) = match sent {
             Ok(()) => self.pipe(up).await,
-            Err(_) => (0, false),
+            Err(_) => (0, Ending::Failed),
         };
         self.record_as(
             &ResponseRecord {
@@ -115,71 +151,146 @@ impl Conn {
                 body_bytes: down,
                 path: DataPath::Copy,
                 duration: started.elapsed(),
-                complete,
+                complete: ending != Ending::Failed,
             },
             CopyReason::Tunnel,
         );
-        Ok(false)
+        match ending {
+            Ending::Failed => Err(ConnError::Aborted("tunnel failed".into())),
+            Ending::Closed | Ending::Idle => Ok(false),
+        }
     }
 
-    /// Copies bytes both ways between the client and `up` until both have closed, a side
-    /// fails, or neither sends for `limits.idle_timeout`. What either had sent past its head
-    /// goes first. Returns the bytes sent to the client and whether the tunnel ended by both
-    /// sides closing.
-    async fn pipe(&mut self, mut up: UpstreamConn) -> (u64, bool) {
+    /// Copies bytes both ways between the client and `up`, each direction on its own (a side
+    /// that stops reading holds up only what is sent to it), until both have closed, a side
+    /// fails or a write waits past `limits.send_timeout`, or neither sends for
+    /// `limits.idle_timeout`. What either had sent past its head goes first. Returns the bytes
+    /// sent to the client and how the tunnel ended.
+    async fn pipe(&mut self, mut up: UpstreamConn) -> (u64, Ending) {
+        use std::sync::atomic::{AtomicU64, Ordering};
         let idle = self.ctx.client.idle_timeout;
         let send = self.ctx.client.send_timeout;
-        let mut down = 0u64;
+        let down = AtomicU64::new(0);
         if !up.buf.is_empty() {
             let early = up.buf.split();
             if self.sock.send_all(&early, send).await.is_err() {
-                return (0, false);
+                return (0, Ending::Failed);
             }
-            down += early.len() as u64;
+            down.fetch_add(early.len() as u64, Ordering::Relaxed);
         }
         if !self.buf.is_empty() {
             let early = self.buf.split();
-            if up.stream.send_all(&early).await.is_err() {
-                return (down, false);
+            let sent = tokio::time::timeout(send, up.stream.send_all(&early)).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                return (down.into_inner(), Ending::Failed);
             }
         }
-        let mut from_client = vec![0u8; 16 * 1024];
-        let mut from_origin = vec![0u8; 16 * 1024];
-        let (mut client_open, mut origin_open) = (true, true);
-        while client_open || origin_open {
-            let step = tokio::time::timeout(idle, async {
-                tokio::select! {
-                    r = self.sock.read(&mut from_client), if client_open => (true, r),
-                    r = up.stream.read(&mut from_origin), if origin_open => (false, r),
+        // Milliseconds since `start` of the last byte either way, for the idle rule.
+        let start = tokio::time::Instant::now();
+        let last = AtomicU64::new(0);
+        let touch = || last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let (mut client_r, mut client_w) = tokio::io::split(&mut self.sock);
+        let (mut origin_r, mut origin_w) = tokio::io::split(&mut up.stream);
+        let to_origin = async {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = client_r.read(&mut buf).await?;
+                if n == 0 {
+                    let _ = tokio::time::timeout(send, origin_w.shutdown()).await;
+                    return Ok::<(), std::io::Error>(());
                 }
-            })
-            .await;
-            let Ok((client_side, read)) = step else {
-                return (down, false); // idle on both sides
-            };
-            match (client_side, read) {
-                (_, Err(_)) => return (down, false),
-                (true, Ok(0)) => {
-                    client_open = false;
-                    let _ = up.stream.shutdown().await;
-                }
-                (false, Ok(0)) => {
-                    origin_open = false;
-                    let _ = self.sock.shutdown().await;
-                }
-                (true, Ok(n)) => {
-                    if up.stream.send_all(&from_client[..n]).await.is_err() {
-                        return (down, false);
-                    }
-                }
-                (false, Ok(n)) => {
-                    if self.sock.send_all(&from_origin[..n], send).await.is_err() {
-                        return (down, false);
-                    }
-                    down += n as u64;
-                }
+                tokio::time::timeout(send, origin_w.write_all(&buf[..n]))
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                touch();
             }
+        };
+        let to_client = async {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = origin_r.read(&mut buf).await?;
+                if n == 0 {
+                    let _ = tokio::time::timeout(send, client_w.shutdown()).await;
+                    return Ok::<(), std::io::Error>(());
+                }
+                tokio::time::timeout(send, client_w.write_all(&buf[..n]))
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                down.fetch_add(n as u64, Ordering::Relaxed);
+                touch();
+            }
+        };
+        let idle_for = async {
+            loop {
+                let seen = std::time::Duration::from_millis(last.load(Ordering::Relaxed));
+                let quiet_until = start + seen + idle;
+                if tokio::time::Instant::now() >= quiet_until {
+                    return;
+                }
+                tokio::time::sleep_until(quiet_until).await;
+            }
+        };
+        let ending = tokio::select! {
+            r = async { tokio::try_join!(to_origin, to_client) } => match r {
+                Ok(_) => Ending::Closed,
+                Err(_) => Ending::Failed,
+            },
+            _ = idle_for => Ending::Idle,
+        };
+        (down.into_inner(), ending)
+    }
+}
+
+/// How a tunnel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Both sides closed.
+    Closed,
+    /// Neither sent for `limits.idle_timeout`: closed by the proxy, as an idle keep-alive
+    /// connection is.
+    Idle,
+    /// A side failed, or a write waited past `limits.send_timeout`: the client's connection is
+    /// reset, so a protocol that reads a close as "complete" is not misled.
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_101_must_name_a_protocol_the_client_asked_for() {
+        assert_eq!(
+            switched_to("websocket", Some("WebSocket")),
+            Some("WebSocket")
+        );
+        assert_eq!(
+            switched_to("foo/2, websocket", Some(" websocket ")),
+            Some("websocket")
+        );
+        assert_eq!(switched_to("foo/2", Some("foo/3")), Some("foo/3"));
+        assert_eq!(switched_to("websocket", None), None);
+        assert_eq!(switched_to("websocket", Some("")), None);
+        assert_eq!(switched_to("websocket", Some("h2c")), None);
+        assert_eq!(switched_to("websocket", Some(",,")), None);
+    }
+
+    #[test]
+    fn h2c_is_never_tunnelled() {
+        let req = |upgrade: &str| {
+            let mut r = crate::http::request::test_request("GET", "");
+            r.upgrade = Some(upgrade.to_string());
+            r
+        };
+        assert!(wants_tunnel(&req("websocket")));
+        for u in ["h2c", "H2C", "websocket, h2c", "h2c/1"] {
+            assert!(!wants_tunnel(&req(u)), "{u}");
         }
-        (down, true)
+        let mut http10 = req("websocket");
+        http10.http10 = true;
+        assert!(!wants_tunnel(&http10));
+        let mut with_body = req("websocket");
+        with_body.body = BodyFraming::Length(1);
+        assert!(!wants_tunnel(&with_body));
     }
 }

@@ -47,6 +47,13 @@ fn ws_origin() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
                 if sock.write_all(reply.as_bytes()).is_err() {
                     return;
                 }
+                if head.starts_with("GET /push ") {
+                    // Sends 4 MiB and never reads: the proxy must go on relaying this way while
+                    // the client's bytes pile up the other way.
+                    let _ = sock.write_all(&body(PUSHED));
+                    std::thread::sleep(Duration::from_secs(30));
+                    return;
+                }
                 let _ = sock.write_all(&buf[end..]);
                 loop {
                     match sock.read(&mut chunk) {
@@ -63,6 +70,8 @@ fn ws_origin() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
     });
     (addr, heads)
 }
+
+const PUSHED: usize = 4 << 20;
 
 const HANDSHAKE: &[u8] = b"GET /ws HTTP/1.1\r\nHost: t.example\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
 
@@ -208,4 +217,30 @@ fn a_declined_upgrade_is_relayed_and_without_upgrade_true_a_101_is_a_502() {
         ),
         0
     );
+}
+
+/// Each direction of a tunnel goes on its own: an origin that never reads while it sends 4 MiB,
+/// to a client that sends 4 MiB the other way at the same time, still gets every byte to the
+/// client (copying one direction at a time would deadlock on the full buffers).
+#[test]
+fn a_side_that_stops_reading_holds_up_only_its_own_direction() {
+    let (origin, _heads) = ws_origin();
+    let proxy = Proxy::start(
+        origin,
+        Opts {
+            route_yaml: "    upgrade: true\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut s = client(&proxy);
+    let push = String::from_utf8_lossy(HANDSHAKE).replace("GET /ws ", "GET /push ");
+    s.write_all(push.as_bytes()).expect("send");
+    let mut writer = s.try_clone().expect("clone");
+    std::thread::spawn(move || {
+        let _ = writer.write_all(&vec![7u8; PUSHED]);
+    });
+    let (head, got) = read_head_and(&mut s, PUSHED);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert_eq!(got.len(), PUSHED);
+    assert!(got == body(PUSHED), "the pushed bytes, in order");
 }
