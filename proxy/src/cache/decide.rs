@@ -481,6 +481,18 @@ mod tests {
         );
     }
 
+    /// A fill's answer of `status`: 1 MiB, within any size bound.
+    fn fill_of(status: u16) -> Relaying {
+        Relaying {
+            status,
+            fills: true,
+            not_stored: None,
+            length: Some(1 << 20),
+            max_body: 1 << 30,
+            min_body: 0,
+        }
+    }
+
     fn stored() -> Storable {
         Storable {
             lifetime: std::time::Duration::from_secs(60),
@@ -535,14 +547,7 @@ mod tests {
     /// reason when not; a fleet owner's answer this node may not keep is relayed, not judged.
     #[test]
     fn a_fills_answer_is_stored_as_the_policy_and_the_fleet_allow() {
-        let fill = |status| Relaying {
-            status,
-            fills: true,
-            not_stored: None,
-            length: Some(1 << 20),
-            max_body: 1 << 30,
-            min_body: 0,
-        };
+        let fill = fill_of;
         let proceed = || Precondition::Proceed;
         assert_eq!(
             Relay::of(fill(200), || true, || Ok(stored()), proceed),
@@ -571,14 +576,7 @@ mod tests {
     /// client as it is.
     #[test]
     fn a_fills_2xx_answers_the_clients_precondition() {
-        let fill = |status| Relaying {
-            status,
-            fills: true,
-            not_stored: None,
-            length: Some(1 << 20),
-            max_body: 1 << 30,
-            min_body: 0,
-        };
+        let fill = fill_of;
         for (p, status) in [
             (Precondition::NotModified, 200),
             (Precondition::Failed, 200),

@@ -75,6 +75,17 @@ const PUSHED: usize = 4 << 20;
 
 const HANDSHAKE: &[u8] = b"GET /ws HTTP/1.1\r\nHost: t.example\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
 
+/// A proxy whose one route tunnels Upgrades to `origin`.
+fn tunnelling(origin: std::net::SocketAddr) -> Proxy {
+    Proxy::start(
+        origin,
+        Opts {
+            route_yaml: "    upgrade: true\n".into(),
+            ..Opts::default()
+        },
+    )
+}
+
 fn client(proxy: &Proxy) -> TcpStream {
     let s = TcpStream::connect(proxy.addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20)))
@@ -112,13 +123,7 @@ fn read_head_and(s: &mut TcpStream, want: usize) -> (String, Vec<u8>) {
 #[test]
 fn a_websocket_handshake_gets_the_origins_101_and_its_echo() {
     let (origin, heads) = ws_origin();
-    let proxy = Proxy::start(
-        origin,
-        Opts {
-            route_yaml: "    upgrade: true\n".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = tunnelling(origin);
     let mut s = client(&proxy);
     // Bytes sent right behind the handshake cross too.
     s.write_all(&[HANDSHAKE, b"ping-1"].concat()).expect("send");
@@ -169,13 +174,7 @@ fn a_websocket_handshake_gets_the_origins_101_and_its_echo() {
 #[test]
 fn a_declined_upgrade_is_relayed_and_without_upgrade_true_a_101_is_a_502() {
     let (origin, heads) = ws_origin();
-    let proxy = Proxy::start(
-        origin,
-        Opts {
-            route_yaml: "    upgrade: true\n".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = tunnelling(origin);
     let mut s = client(&proxy);
     let decline = String::from_utf8_lossy(HANDSHAKE).replace("GET /ws ", "GET /decline ");
     s.write_all(decline.as_bytes()).expect("send");
@@ -225,13 +224,7 @@ fn a_declined_upgrade_is_relayed_and_without_upgrade_true_a_101_is_a_502() {
 #[test]
 fn a_side_that_stops_reading_holds_up_only_its_own_direction() {
     let (origin, _heads) = ws_origin();
-    let proxy = Proxy::start(
-        origin,
-        Opts {
-            route_yaml: "    upgrade: true\n".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = tunnelling(origin);
     let mut s = client(&proxy);
     let push = String::from_utf8_lossy(HANDSHAKE).replace("GET /ws ", "GET /push ");
     s.write_all(push.as_bytes()).expect("send");
