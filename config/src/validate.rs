@@ -45,6 +45,14 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
     for (at, why) in config.listen.problems("listen") {
         errs.push(invalid(at, why));
     }
+    if let Some(p) = &config.pid_file
+        && (!p.is_absolute() || p.file_name().is_none())
+    {
+        errs.push(invalid(
+            "pid_file",
+            format!("`{}` must be an absolute path to a file", p.display()),
+        ));
+    }
     if config.backlog == 0 {
         errs.push(invalid(
             "backlog",

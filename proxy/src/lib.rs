@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub(crate) mod http;
 pub(crate) mod net;
 pub(crate) mod notify;
+pub(crate) mod pid_file;
 pub mod probe_check;
 pub(crate) mod purge;
 pub(crate) mod request_id;

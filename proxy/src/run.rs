@@ -250,6 +250,14 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             .context("starting the data-plane worker threads")?;
     // Until the process exits: connections still draining after shutdown need it as well.
     tokio::spawn(async move { placement.valve().await });
+    // Written once the listeners accept, removed when this returns (while it still names us).
+    let _pid_file = match &config.pid_file {
+        Some(p) => Some(
+            crate::pid_file::PidFile::write(p)
+                .with_context(|| format!("cannot write pid_file {}", p.display()))?,
+        ),
+        None => None,
+    };
     // The index is rebuilt and both listeners are bound and accepting: systemd (Type=notify) may
     // start what comes after this unit.
     crate::notify::ready();

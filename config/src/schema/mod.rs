@@ -34,6 +34,11 @@ pub struct Config {
     /// A host may be a name (`localhost:8080`, every address it resolves to) or an IPv6 literal
     /// (`[::]:8080`).
     pub listen: Listen,
+    /// Where the process id is written once the listeners are bound, and removed at exit, for
+    /// scripts that signal it (logrotate's `postrotate`, an init system without systemd), as
+    /// nginx's `pid`. Unset: none.
+    #[serde(default)]
+    pub pid_file: Option<std::path::PathBuf>,
     /// The listen backlog of each listening socket (nginx's `backlog=`, 511 by default, as
     /// nginx's); the kernel caps it at `net.core.somaxconn`.
     #[serde(default = "default_backlog")]

@@ -658,3 +658,96 @@ fn without_an_access_log_a_forwarded_request_still_carries_a_request_id() {
         "{ids:?}"
     );
 }
+
+/// `pid_file` names the serving process once its listeners accept, and goes when it exits
+/// (SIGTERM: drained, then removed), so logrotate's postrotate signals the right process.
+#[test]
+fn the_pid_file_names_the_process_while_it_serves() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let pid_file = dir.path().join("zerocache.pid");
+    std::fs::write(&pid_file, "999999\n").expect("a stale one");
+    let mut proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("pid_file: {}\n", pid_file.display()),
+            ..Opts::default()
+        },
+    );
+    let pid = proxy.child.id();
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).expect("pid file"),
+        format!("{pid}\n")
+    );
+    assert_eq!(proxy.get("/obj/100").status, 200);
+    signal(&proxy, libc::SIGTERM);
+    let status = proxy.child.wait().expect("exit");
+    assert!(status.success(), "{status}");
+    assert!(!pid_file.exists(), "removed at exit");
+}
+
+/// The package's logrotate snippet, run by logrotate itself with no systemd (its paths moved to
+/// a temporary directory): the log is rotated, the process named by the pid file reopens it, and
+/// the next request's line is in the new file, not the rotated one.
+#[test]
+fn the_shipped_logrotate_snippet_reopens_the_log_without_systemd() {
+    if !require::command("logrotate") {
+        return;
+    }
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let logs = dir.path().join("log");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let log = logs.join("access.log");
+    let pid_file = dir.path().join("zerocache.pid");
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!(
+                "pid_file: {}\nlogging:\n  access_log: {}\n",
+                pid_file.display(),
+                log.display()
+            ),
+            ..Opts::default()
+        },
+    );
+    proxy.get("/obj/100");
+    assert_eq!(log_lines(&log, 1).len(), 1);
+    let snippet = include_str!("../../../config/packaging/logrotate")
+        .replace("/var/log/zerocache", &logs.display().to_string())
+        .replace(
+            "/run/zerocache/zerocache.pid",
+            &pid_file.display().to_string(),
+        );
+    let conf = dir.path().join("logrotate.conf");
+    std::fs::write(&conf, snippet).expect("snippet");
+    let state = dir.path().join("logrotate.state");
+    let out = Command::new("logrotate")
+        .arg("-f")
+        .arg("-s")
+        .arg(&state)
+        .arg(&conf)
+        .output()
+        .expect("logrotate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Rotated (not yet compressed: delaycompress), and reopened by the signal.
+    let rotated = logs.join("access.log.1");
+    assert_eq!(log_lines(&rotated, 1).len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proxy.get("/obj/200");
+    let fresh = log_lines(&log, 1);
+    assert_eq!(fresh.len(), 1, "{fresh:?}");
+    assert!(fresh[0].contains("/obj/200"), "{fresh:?}");
+    assert_eq!(
+        log_lines(&rotated, 1).len(),
+        1,
+        "nothing more in the rotated file"
+    );
+}
