@@ -10,6 +10,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// How far ahead of this node a peer's epoch may plausibly be: a member that missed a million
+/// fleet purges is not what a report that far ahead means (a forged or corrupt number, which
+/// would otherwise carry the epoch to `u64::MAX` and wrap the next purge to 0).
+pub(crate) const MAX_AHEAD: u64 = 1_000_000;
+
 /// The epoch and the moment before which stored entries count as purged.
 pub(crate) struct Epoch {
     state: Mutex<(u64, SystemTime)>,
@@ -41,6 +46,12 @@ impl Epoch {
         self.state.lock().0
     }
 
+    /// Whether a peer's `theirs` is an epoch it could have reached: at most [`MAX_AHEAD`] past
+    /// this node's (behind is always plausible: that peer missed purges).
+    pub(crate) fn plausible(&self, theirs: u64) -> bool {
+        theirs <= self.current().saturating_add(MAX_AHEAD)
+    }
+
     /// A purge carrying `epoch` was applied here: moves up to it (never down).
     pub(crate) fn applied(&self, epoch: u64) {
         let mut s = self.state.lock();
@@ -53,7 +64,7 @@ impl Epoch {
     /// The next epoch for a purge started here.
     pub(crate) fn next(&self) -> u64 {
         let mut s = self.state.lock();
-        s.0 += 1;
+        s.0 = s.0.saturating_add(1);
         self.save(&s);
         s.0
     }
@@ -63,6 +74,14 @@ impl Epoch {
     pub(crate) fn seen(&self, theirs: u64) -> bool {
         let mut s = self.state.lock();
         if theirs <= s.0 {
+            return false;
+        }
+        if theirs > s.0.saturating_add(MAX_AHEAD) {
+            tracing::warn!(
+                ours = s.0,
+                theirs,
+                "a peer reported an implausible purge epoch; ignored"
+            );
             return false;
         }
         tracing::warn!(
@@ -120,5 +139,22 @@ mod tests {
         let again = Epoch::load(dir.path());
         assert_eq!(again.current(), 3);
         assert!(again.is_stale(before));
+    }
+
+    /// An epoch far past anything a peer could have issued is refused: it would carry this
+    /// node's to `u64::MAX`, and the next purge would wrap it to 0.
+    #[test]
+    fn an_implausible_epoch_is_refused_and_none_wraps() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = Epoch::load(dir.path());
+        assert!(e.plausible(MAX_AHEAD));
+        assert!(!e.plausible(MAX_AHEAD + 1));
+        assert!(!e.plausible(u64::MAX));
+        assert!(!e.seen(u64::MAX), "ignored, nothing made stale");
+        assert_eq!(e.current(), 0);
+        assert!(!e.is_stale(SystemTime::now() - Duration::from_secs(1)));
+        e.applied(u64::MAX - 1);
+        assert_eq!(e.next(), u64::MAX);
+        assert_eq!(e.next(), u64::MAX, "saturates, never wraps to 0");
     }
 }

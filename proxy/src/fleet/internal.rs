@@ -75,6 +75,12 @@ fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
             );
         }
     };
+    if !fleet.epoch.plausible(p.epoch) {
+        return (
+            400,
+            serde_json::json!({"error": format!("purge epoch {} is beyond what a peer could have issued", p.epoch)}),
+        );
+    }
     let target = match (p.url, p.prefix) {
         (Some(u), None) => zerocache_ops::Purge::Url(u),
         (None, Some(p)) => zerocache_ops::Purge::Prefix(p),

@@ -677,3 +677,36 @@ fn a_relayed_hit_is_logged_as_the_owners_hit() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A fleet purge whose epoch is beyond what any member could have issued (issue #31: it was
+/// accepted, and the next purge wrapped to 0) is refused with 400 and moves nothing; a real
+/// fleet purge after it still counts from where the fleet was.
+#[test]
+fn an_implausible_purge_epoch_is_refused() {
+    let (origin, _rt) = origin();
+    let f = TestFleet::start(origin.addr(), 2, "", false);
+    let hop = format!("v1 from=127.0.0.9:1 cfg=0 op=purge key={FLEET_SECRET}");
+    let mut c = f.client(0);
+    let r = c.send_with_body(
+        "POST",
+        "/_zerocache/fleet/purge",
+        &[("Zerocache-Fleet", hop.as_str())],
+        br#"{"url":"http://a/obj/1","epoch":18446744073709551615}"#,
+    );
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("beyond what a peer could have issued"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let mut h = f.client(0);
+    let health = h.get(
+        "/_zerocache/fleet/health",
+        &[(
+            "Zerocache-Fleet",
+            format!("v1 from=127.0.0.9:1 cfg=0 op=health key={FLEET_SECRET}").as_str(),
+        )],
+    );
+    let json: serde_json::Value = serde_json::from_slice(&health.body).expect("json");
+    assert_eq!(json["purge_epoch"], 0, "{json}");
+}
