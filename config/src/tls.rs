@@ -30,6 +30,11 @@ pub struct TlsListener {
     /// connections are sent with sendfile as on plain ones. Default `auto`.
     #[serde(default)]
     pub ktls: KtlsMode,
+    /// Offer HTTP/2 by ALPN (`h2`, then `http/1.1`), as nginx's `http2 on`. Off by default:
+    /// an HTTP/2 connection's bodies are DATA frames written from user space, so a client that
+    /// takes h2 gives up sendfile (and kTLS's zero-copy) for multiplexing.
+    #[serde(default)]
+    pub http2: bool,
 }
 
 /// `tls.ktls`: kernel TLS for the `tls:` listener's connections.
@@ -110,6 +115,18 @@ pub(crate) fn checks(config: &crate::Config, errs: &mut Vec<Invalid>) {
     if let Some(t) = &config.tls {
         for (at, why) in t.listen.problems("tls.listen") {
             errs.push(invalid(at, why));
+        }
+        for (i, e) in t.listen.entries().into_iter().enumerate() {
+            if e.h2c {
+                let at = match &t.listen {
+                    crate::Listen::One(_) => "tls.listen.h2c".to_string(),
+                    crate::Listen::Many(_) => format!("tls.listen[{i}].h2c"),
+                };
+                errs.push(invalid(
+                    &at,
+                    "is HTTP/2 without TLS; on the TLS listener, ALPN offers h2 with `tls.http2: true`".into(),
+                ));
+            }
         }
         if let Err(e) = t.listen.addrs() {
             errs.push(invalid("tls.listen", e));

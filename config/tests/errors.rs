@@ -196,6 +196,19 @@ fn listen_entries_take_options() {
         ),
         ("127.0.0.1:8081", true, 2)
     );
+    // h2c on a plain listener; never on the TLS one, where ALPN offers h2.
+    let c = parse(&with("{addr: \"127.0.0.1:8081\", h2c: true}"), "zc.yaml").expect("h2c");
+    assert!(c.listen.entries()[0].h2c);
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8081 (h2c)");
+    let tls = format!(
+        "{}tls:\n  listen: [{{addr: \"127.0.0.1:8443\", h2c: true}}]\n  certificates: [{{cert: /c.pem, key: /k.pem}}]\n",
+        GOOD
+    );
+    let e = err(&tls);
+    assert!(
+        e.contains("tls.listen[0].h2c: is HTTP/2 without TLS; on the TLS listener, ALPN offers h2 with `tls.http2: true`"),
+        "{e}"
+    );
     for (v, want) in [
         (
             "{addr: \"127.0.0.1:8081\", proxy_protocol: true}",

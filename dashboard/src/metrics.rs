@@ -268,6 +268,19 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         upgrades.with_label_values(&[k]).inc_by(n);
     }
 
+    let h2 = counter_vec(
+        &r,
+        "zerocache_h2_events_total",
+        "HTTP/2 connections and what happened on them: connections, streams, malformed (refused before anything went upstream), client-resets, send-timeouts, connection-errors (floods and protocol errors included), goaway, enhance-your-calm (GOAWAY to a client resetting most of its streams: rapid reset).",
+        &["event"],
+    )?;
+    for k in zerocache_ledger::H2_EVENTS {
+        h2.with_label_values(&[k]).inc_by(0);
+    }
+    for (k, n) in acc.h2_event_counts() {
+        h2.with_label_values(&[k]).inc_by(n);
+    }
+
     // Pre-seeded with the size reasons, so an alert on them has a series from the start.
     let not_stored = counter_vec(
         &r,

@@ -25,7 +25,7 @@ pub(crate) fn register(
     let copied = IntCounterVec::new(
         Opts::new(
             "zerocache_copied_body_bytes_total",
-            "Response body bytes the proxy sent through user space, by reason (miss, tls-userspace, debug-copy, generated).",
+            "Response body bytes the proxy sent through user space, by reason (miss, tls-userspace, debug-copy, generated, peer, tunnel, h2).",
         ),
         &["reason"],
     )?;

@@ -35,6 +35,8 @@ pub struct RequestInfo {
     pub id: String,
     /// HTTP/1.0 (else 1.1).
     pub http10: bool,
+    /// HTTP/2 (a stream of an h2 connection).
+    pub h2: bool,
     /// The normalised host.
     pub host: String,
     /// `User-Agent`, as sent.
@@ -67,6 +69,7 @@ impl RequestInfo {
         RequestInfo {
             id: req.id.clone(),
             http10: req.http10,
+            h2: req.h2,
             host: req.host.clone(),
             user_agent: field("user-agent"),
             referer: field("referer"),
@@ -214,7 +217,13 @@ pub fn format_line(
     };
     let ended = if r.complete { "complete" } else { "aborted" };
     let cache = info.relayed_cache.unwrap_or(r.cache_status);
-    let proto = if info.http10 { "HTTP/1.0" } else { "HTTP/1.1" };
+    let proto = if info.h2 {
+        "HTTP/2.0"
+    } else if info.http10 {
+        "HTTP/1.0"
+    } else {
+        "HTTP/1.1"
+    };
     // Absent values are `-`, as in nginx's logs.
     let or_dash = |s: &str| {
         if s.is_empty() {
@@ -364,6 +373,7 @@ mod tests {
         let hit = RequestInfo {
             id: "0123456789abcdef".into(),
             http10: false,
+            h2: false,
             host: "test.example".into(),
             user_agent: "curl/8.5.0".into(),
             referer: String::new(),
@@ -377,6 +387,15 @@ mod tests {
         assert_eq!(
             format_line(AccessLogFormat::Combined, t, &peer, &r, &hit),
             "127.0.0.1 - - [30/Nov/2026:08:26:58 +0000] \"GET /obj/1024 HTTP/1.1\" 200 1024 \"-\" \"curl/8.5.0\" HIT\n"
+        );
+        // A stream of an HTTP/2 connection says so.
+        let h2 = RequestInfo {
+            h2: true,
+            ..hit.clone()
+        };
+        assert_eq!(
+            format_line(AccessLogFormat::Combined, t, &peer, &r, &h2),
+            "127.0.0.1 - - [30/Nov/2026:08:26:58 +0000] \"GET /obj/1024 HTTP/2.0\" 200 1024 \"-\" \"curl/8.5.0\" HIT\n"
         );
         let miss = RequestInfo {
             referer: "http://a.example/".into(),

@@ -37,7 +37,8 @@ use std::time::Instant;
 /// for `cargo xtask vm-test` (virtme-ng): qemu-system-x86, busybox-static (its initramfs), kmod
 /// (depmod for the unpacked kernels, modprobe in the guest), udev (names the guest's virtio-serial
 /// ports, without which vng loses the script's output and exit code) and file (reads a kernel
-/// image's version).
+/// image's version); nghttp2-client (`nghttp` and `h2load`: the HTTP/2 tests' real clients
+/// and `bench --h2`).
 /// As root the tests fail rather than skip when one of these is missing.
 const APT_PACKAGES: &[&str] = &[
     "nginx",
@@ -64,6 +65,7 @@ const APT_PACKAGES: &[&str] = &[
     "kmod",
     "udev",
     "file",
+    "nghttp2-client",
 ];
 
 /// The kubernetes-validate release (PyPI) that checks config/k8s/ in the fleet deployment test.

@@ -1,6 +1,6 @@
 //! `listen` (and `tls.listen`): where the proxy accepts connections. Each entry is a `host:port`,
 //! or a map with the same address under `addr` and the options of that listener; the map is the
-//! one shape listener options take (`proxy_protocol` here; HTTP/2's `h2c` next).
+//! one shape listener options take (`proxy_protocol`, HTTP/2's `h2c`).
 //!
 //! Why a map and not more top-level keys: options belong to a socket (a load balancer's PROXY
 //! header arrives on one port, plain clients on another), and an entry says which.
@@ -29,6 +29,10 @@ pub struct ListenEntry {
     /// is closed. Required with `proxy_protocol`: whoever can reach the port could otherwise
     /// claim any address.
     pub proxy_protocol_from: Vec<String>,
+    /// HTTP/2 without TLS, with prior knowledge (RFC 9113 §3.3): a connection that opens with
+    /// the HTTP/2 preface speaks h2, any other HTTP/1.1. Off by default; never on the TLS
+    /// listener (there ALPN chooses: `tls.http2`), and never by `Upgrade: h2c`.
+    pub h2c: bool,
 }
 
 impl ListenEntry {
@@ -38,6 +42,7 @@ impl ListenEntry {
             addr: addr.into(),
             proxy_protocol: false,
             proxy_protocol_from: Vec::new(),
+            h2c: false,
         }
     }
 }
@@ -114,11 +119,14 @@ impl std::fmt::Display for Listen {
             .entries()
             .iter()
             .map(|e| {
+                let mut s = e.addr.clone();
                 if e.proxy_protocol {
-                    format!("{} (PROXY protocol)", e.addr)
-                } else {
-                    e.addr.clone()
+                    s.push_str(" (PROXY protocol)");
                 }
+                if e.h2c {
+                    s.push_str(" (h2c)");
+                }
+                s
             })
             .collect();
         f.write_str(&all.join(", "))
@@ -134,17 +142,24 @@ struct EntryMap {
     proxy_protocol: bool,
     #[serde(default)]
     proxy_protocol_from: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    h2c: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Serialize for ListenEntry {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if !self.proxy_protocol && self.proxy_protocol_from.is_empty() {
+        if !self.proxy_protocol && self.proxy_protocol_from.is_empty() && !self.h2c {
             return s.serialize_str(&self.addr);
         }
         EntryMap {
             addr: self.addr.clone(),
             proxy_protocol: self.proxy_protocol,
             proxy_protocol_from: self.proxy_protocol_from.clone(),
+            h2c: self.h2c,
         }
         .serialize(s)
     }
@@ -170,6 +185,7 @@ impl<'de> Deserialize<'de> for ListenEntry {
                     addr: m.addr,
                     proxy_protocol: m.proxy_protocol,
                     proxy_protocol_from: m.proxy_protocol_from,
+                    h2c: m.h2c,
                 })
             }
         }

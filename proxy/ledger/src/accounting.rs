@@ -11,6 +11,24 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+/// What `zerocache_h2_events_total` counts: `connections` (h2 by ALPN or h2c), `streams`
+/// (requests), `malformed` (streams refused before any byte went upstream: a field HTTP/2 forbids
+/// or a request the HTTP/1.1 path could not carry), `client-resets` (RST_STREAM from the client),
+/// `send-timeouts` (a stream whose client took nothing within `send_timeout`, reset),
+/// `connection-errors` (the connection closed with an error: a flood, a protocol violation, a
+/// broken socket), `goaway` (a graceful GOAWAY on drain or idle), `enhance-your-calm` (GOAWAY
+/// to a client that reset most of its streams: rapid reset).
+pub const H2_EVENTS: [&str; 8] = [
+    "connections",
+    "streams",
+    "malformed",
+    "client-resets",
+    "send-timeouts",
+    "connection-errors",
+    "goaway",
+    "enhance-your-calm",
+];
+
 /// The accounting shared by the data plane and the dashboard.
 pub struct Accounting {
     requests: [AtomicU64; 7],
@@ -27,6 +45,7 @@ pub struct Accounting {
     not_stored: Mutex<HashMap<&'static str, u64>>,
     /// Upgrade requests by outcome (`switched`, `refused`, `failed`).
     upgrades: Mutex<HashMap<&'static str, u64>>,
+    h2_events: Mutex<HashMap<&'static str, u64>>,
     /// Upstream response heads received, by (group, server, status code).
     upstream_responses: Mutex<HashMap<(String, String, u16), u64>>,
     /// `zerocache_upstream_response_seconds`: request sent to response head, by group.
@@ -93,6 +112,7 @@ impl Accounting {
             upstream_errors: Mutex::new(HashMap::new()),
             not_stored: Mutex::default(),
             upgrades: Mutex::default(),
+            h2_events: Mutex::default(),
             upstream_responses: Mutex::new(HashMap::new()),
             upstream_seconds,
             rejected: Default::default(),
@@ -190,6 +210,23 @@ impl Accounting {
     /// origin answered otherwise) or `failed` (no answer).
     pub fn upgrade(&self, outcome: &'static str) {
         *self.upgrades.lock().entry(outcome).or_insert(0) += 1;
+    }
+
+    /// Something happened on an HTTP/2 connection: one of [`H2_EVENTS`].
+    pub fn h2_event(&self, event: &'static str) {
+        *self.h2_events.lock().entry(event).or_insert(0) += 1;
+    }
+
+    /// HTTP/2 events by name, sorted.
+    pub fn h2_event_counts(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self
+            .h2_events
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        v.sort();
+        v
     }
 
     /// Upgrade requests by outcome, sorted.

@@ -32,17 +32,22 @@ pub enum CopyReason {
     /// The bytes of an Upgrade tunnel (a WebSocket), relayed both ways after the origin's 101:
     /// a protocol the proxy does not cache, so through user space by design.
     Tunnel,
+    /// A body sent on an HTTP/2 connection: DATA frames are written from user space (the `h2`
+    /// crate frames and, on TLS, rustls or the kernel encrypts them), hits included. A copy by
+    /// design, chosen with `tls.http2` or `h2c`: multiplexing traded for sendfile.
+    H2,
 }
 
 impl CopyReason {
     /// Every reason, in metric order.
-    pub const ALL: [CopyReason; 6] = [
+    pub const ALL: [CopyReason; 7] = [
         CopyReason::Miss,
         CopyReason::TlsUserspace,
         CopyReason::DebugCopy,
         CopyReason::Generated,
         CopyReason::Peer,
         CopyReason::Tunnel,
+        CopyReason::H2,
     ];
 
     /// The metric label.
@@ -54,6 +59,7 @@ impl CopyReason {
             CopyReason::Generated => "generated",
             CopyReason::Peer => "peer",
             CopyReason::Tunnel => "tunnel",
+            CopyReason::H2 => "h2",
         }
     }
 
@@ -109,7 +115,8 @@ mod tests {
                 "debug-copy",
                 "generated",
                 "peer",
-                "tunnel"
+                "tunnel",
+                "h2"
             ]
         );
     }

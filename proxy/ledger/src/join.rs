@@ -59,6 +59,7 @@ impl Accounting {
             tls_userspace: false,
             tls_userspace_reason: None,
             ktls: false,
+            h2: false,
             tls_control_bytes: 0,
             started: Some(Instant::now()),
             zc_responses: VecDeque::new(),
@@ -80,6 +81,14 @@ impl Accounting {
                     c.tls_userspace_reason = Some(r);
                 }
             }
+        }
+    }
+
+    /// Connection `id` speaks HTTP/2: its bodies are DATA frames written from user space, a copy
+    /// by design however the socket below makes its records.
+    pub fn conn_h2(&self, id: ConnId) {
+        if let Some(c) = self.state.lock().active.get_mut(&id) {
+            c.h2 = true;
         }
     }
 
@@ -355,7 +364,9 @@ fn proxy_verdict(c: &ConnRecord) -> &'static str {
 /// A TLS connection in user space is a copy by design, whatever the figures, and says why; a
 /// kTLS connection whose bodies all went by sendfile says so.
 fn conn_verdict(c: &ConnRecord, zc: u64, copied_body: u64) -> &'static str {
-    if c.tls_userspace && copied_body > 0 {
+    if c.h2 && copied_body > 0 {
+        H2_VERDICT
+    } else if c.tls_userspace && copied_body > 0 {
         c.tls_userspace_reason
             .unwrap_or(UserspaceReason::KernelHasNoKtls)
             .verdict()
@@ -367,6 +378,9 @@ fn conn_verdict(c: &ConnRecord, zc: u64, copied_body: u64) -> &'static str {
     }
 }
 
+/// The verdict of an HTTP/2 connection that sent bodies: copied, by design.
+pub const H2_VERDICT: &str = "copy (HTTP/2: frames written from user space)";
+
 /// Bytes on `c`'s socket that carry no body: heads, and a kTLS connection's handshake and alerts.
 fn non_body(c: &ConnRecord) -> u64 {
     c.head_bytes + c.tls_control_bytes
@@ -376,7 +390,7 @@ fn non_body(c: &ConnRecord) -> u64 {
 /// them on a TLS connection in user space (records, handshake and all), else its declared ones.
 fn intended_copy(c: &ConnRecord, copied: u64) -> u64 {
     let body = copied.saturating_sub(non_body(c));
-    if c.tls_userspace {
+    if c.tls_userspace || c.h2 {
         body
     } else {
         body.min(c.copy_body_bytes)

@@ -17,7 +17,7 @@ mod tls_stats;
 mod tls_transport;
 mod vocabulary;
 
-pub use accounting::Accounting;
+pub use accounting::{Accounting, H2_EVENTS};
 pub use copy_reason::{CopiedBytes, CopyReason};
 pub use records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
 pub use tls_stats::{HandshakeResult, TlsSnapshot, TlsStats};

@@ -71,6 +71,9 @@ pub struct ConnRecord {
     /// A TLS connection whose keys were handed to the kernel (kTLS): its hit bodies go out with
     /// sendfile, and any copied hit body is a violation, as on a plain connection.
     pub ktls: bool,
+    /// An HTTP/2 connection (`tls.http2` by ALPN, or `h2c`): its `requests` are its streams,
+    /// and every body byte is copied by design (DATA frames are written from user space).
+    pub h2: bool,
     /// Bytes the transport wrote that are neither heads nor bodies: the TLS handshake before the
     /// keys went to the kernel, and the closing alert. Counted beside heads in the join.
     pub tls_control_bytes: u64,

@@ -87,7 +87,16 @@ pub const VIA_SELF_LINE: &[u8] = b"Via: 1.1 zerocache\r\n";
 /// The `Via` value to send on: `received` (the message's own `Via`, its lines joined by the caller), then this
 /// proxy as a member named by the version of the message it received (`http10`).
 pub fn via(received: Option<&str>, http10: bool) -> String {
-    let me = if http10 { "1.0 zerocache" } else { VIA_SELF };
+    via_as(received, if http10 { "1.0 zerocache" } else { VIA_SELF })
+}
+
+/// The `Via` value to send on a request that came over HTTP/2 (`2 zerocache`, RFC 9110 §7.6.3
+/// names the protocol received).
+pub fn via_h2(received: Option<&str>) -> String {
+    via_as(received, "2 zerocache")
+}
+
+fn via_as(received: Option<&str>, me: &str) -> String {
     match received {
         Some(prev) if !prev.is_empty() => format!("{prev}, {me}"),
         _ => me.to_string(),

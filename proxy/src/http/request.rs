@@ -33,6 +33,9 @@ pub struct RequestHead {
     /// It came in on the TLS listener: `https` in its cache key and in the `X-Forwarded-Proto`
     /// and `Forwarded: proto=` sent upstream.
     pub tls: bool,
+    /// It came on an HTTP/2 stream (see `server/h2`), translated into this HTTP/1.1 head: the
+    /// access log says `HTTP/2.0` and the upstream request's `Via` says `2`.
+    pub h2: bool,
     /// The protocols an `Upgrade` field named by `Connection` asked for (trimmed, non-empty).
     /// Hop-by-hop, so it is not among `fields`; only an Upgrade tunnel (`routes[].upgrade`)
     /// forwards it.
@@ -213,6 +216,7 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
             expect_continue,
             id: String::new(),
             tls: false,
+            h2: false,
             upgrade,
         },
         consumed,

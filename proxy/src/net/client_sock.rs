@@ -63,6 +63,19 @@ pub enum ClientSock {
     Ktls(Box<KtlsClient>),
     /// TLS in user space (rustls).
     Tls(Box<TlsClient>),
+    /// One HTTP/2 stream, which the HTTP/1.1 request path serves as a connection of its own
+    /// (see `server/h2`): an in-process pipe, so bodies are copied by design.
+    H2Stream(Box<H2StreamSock>),
+}
+
+/// The request path's end of an HTTP/2 stream's pipe, with what it keeps of the connection.
+pub struct H2StreamSock {
+    /// The pipe to the stream's driver.
+    pub io: tokio::io::DuplexStream,
+    /// The connection is TLS (h2 by ALPN) rather than h2c.
+    pub tls: bool,
+    /// The certificate the connection was served, with `tls.strict_sni`.
+    pub served: Option<crate::tls::server::Served>,
 }
 
 /// A TLS client connection in user space.
@@ -107,37 +120,64 @@ impl ClientSock {
         let served = match self {
             ClientSock::Tls(t) => &t.served,
             ClientSock::Ktls(t) => &t.served,
+            ClientSock::H2Stream(t) => &t.served,
             ClientSock::Plain(_) => return false,
         };
         served.as_ref().is_some_and(|s| !s.covers_host(host))
     }
 
-    /// The TCP socket underneath.
-    pub fn tcp(&self) -> &TcpStream {
+    /// The TCP socket underneath (none for an HTTP/2 stream: the connection's driver has it).
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            ClientSock::Plain(s) => s,
-            ClientSock::Ktls(t) => t.stream.tcp(),
-            ClientSock::Tls(t) => t.stream.get_ref().0.tcp(),
+            ClientSock::Plain(s) => Some(s),
+            ClientSock::Ktls(t) => Some(t.stream.tcp()),
+            ClientSock::Tls(t) => Some(t.stream.get_ref().0.tcp()),
+            ClientSock::H2Stream(_) => None,
         }
     }
 
     /// Whether the connection is TLS (in the kernel or in user space): its scheme is https.
     pub fn is_tls(&self) -> bool {
-        !matches!(self, ClientSock::Plain(_))
+        match self {
+            ClientSock::Plain(_) => false,
+            ClientSock::H2Stream(t) => t.tls,
+            _ => true,
+        }
     }
 
-    /// How a TLS connection's records are made (None for plain).
+    /// Whether this is an HTTP/2 stream.
+    pub fn is_h2(&self) -> bool {
+        matches!(self, ClientSock::H2Stream(_))
+    }
+
+    /// The certificate a TLS connection was served (with `tls.strict_sni`).
+    pub fn served(&self) -> Option<crate::tls::server::Served> {
+        match self {
+            ClientSock::Tls(t) => t.served.clone(),
+            ClientSock::Ktls(t) => t.served.clone(),
+            ClientSock::H2Stream(t) => t.served.clone(),
+            ClientSock::Plain(_) => None,
+        }
+    }
+
+    /// How a TLS connection's records are made (None for plain, and for a stream: its
+    /// connection's record says it).
     pub fn tls_transport(&self) -> Option<TlsTransport> {
         match self {
-            ClientSock::Plain(_) => None,
+            ClientSock::Plain(_) | ClientSock::H2Stream(_) => None,
             ClientSock::Ktls(_) => Some(TlsTransport::Ktls),
             ClientSock::Tls(t) => Some(TlsTransport::Userspace(t.why)),
         }
     }
 
-    /// Whether bodies are encrypted in user space (TLS without kTLS): copies by design.
-    pub fn tls_userspace(&self) -> bool {
-        matches!(self, ClientSock::Tls(_))
+    /// Why a body declared zero-copy is copied by design on this transport: TLS in user space,
+    /// or an HTTP/2 stream (None: it goes by sendfile).
+    pub fn copies_by_design(&self) -> Option<zerocache_ledger::CopyReason> {
+        match self {
+            ClientSock::Tls(_) => Some(zerocache_ledger::CopyReason::TlsUserspace),
+            ClientSock::H2Stream(_) => Some(zerocache_ledger::CopyReason::H2),
+            ClientSock::Plain(_) | ClientSock::Ktls(_) => None,
+        }
     }
 
     /// Bytes a kTLS transport wrote that are neither heads nor bodies (the handshake, the
@@ -158,6 +198,7 @@ impl ClientSock {
                 t.write_all(buf, timeout).await?;
                 t.flush(timeout).await
             }
+            ClientSock::H2Stream(t) => write_all_within(&mut t.io, buf, timeout).await,
         }
     }
 
@@ -171,6 +212,7 @@ impl ClientSock {
                 let queued = t.stream.get_mut().1.writer().write(head)?;
                 t.write_all(&head[queued..], timeout).await
             }
+            ClientSock::H2Stream(t) => write_all_within(&mut t.io, head, timeout).await,
         }
     }
 
@@ -198,8 +240,65 @@ impl ClientSock {
                 sendfile::send(t.stream.tcp(), file, offset, len, max_chunk, timeout).await
             }
             ClientSock::Tls(t) => t.send_file(file, offset, len, timeout).await,
+            ClientSock::H2Stream(t) => copy_file(&mut t.io, file, offset, len, timeout).await,
         }
     }
+}
+
+/// Writes all of `buf` to `w`, within `timeout` per write that makes progress.
+async fn write_all_within<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    buf: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = tokio::time::timeout(timeout, w.write(&buf[done..]))
+            .await
+            .map_err(|_| timed_out())??;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `offset` through `w` in large chunks read from the page
+/// cache: the path of every transport that cannot take sendfile.
+async fn copy_file<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    file: &File,
+    offset: u64,
+    len: u64,
+    timeout: Duration,
+) -> Result<u64, SendfileError> {
+    let mut buf = take_buffer();
+    let mut sent = 0u64;
+    let result = async {
+        while sent < len {
+            // The pages are resident (cold hits are read in on the blocking pool first), so
+            // this read copies from the page cache without waiting for the disk.
+            let n = crate::sendfile::read_piece(file, &mut buf, offset, sent, len)?;
+            write_all_within(w, &buf[..n], timeout)
+                .await
+                .map_err(|error| SendfileError::Io { sent, error })?;
+            sent += n as u64;
+            if sent < len {
+                // A chunk written: let other connections on this worker run.
+                tokio::task::yield_now().await;
+            }
+        }
+        tokio::time::timeout(timeout, w.flush())
+            .await
+            .map_err(|_| timed_out())
+            .and_then(|r| r)
+            .map_err(|error| SendfileError::Io { sent, error })?;
+        Ok(sent)
+    }
+    .await;
+    give_back(buf);
+    result
 }
 
 fn timed_out() -> io::Error {
@@ -211,17 +310,7 @@ fn timed_out() -> io::Error {
 
 impl TlsClient {
     async fn write_all(&mut self, buf: &[u8], timeout: Duration) -> io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            let n = tokio::time::timeout(timeout, self.stream.write(&buf[done..]))
-                .await
-                .map_err(|_| timed_out())??;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            done += n;
-        }
-        Ok(())
+        write_all_within(&mut self.stream, buf, timeout).await
     }
 
     async fn flush(&mut self, timeout: Duration) -> io::Result<()> {
@@ -237,30 +326,7 @@ impl TlsClient {
         len: u64,
         timeout: Duration,
     ) -> Result<u64, SendfileError> {
-        let mut buf = take_buffer();
-        let mut sent = 0u64;
-        let result = async {
-            while sent < len {
-                // The pages are resident (cold hits are read in on the blocking pool first), so
-                // this read copies from the page cache without waiting for the disk.
-                let n = crate::sendfile::read_piece(file, &mut buf, offset, sent, len)?;
-                self.write_all(&buf[..n], timeout)
-                    .await
-                    .map_err(|error| SendfileError::Io { sent, error })?;
-                sent += n as u64;
-                if sent < len {
-                    // A chunk encrypted: let other connections on this worker run.
-                    tokio::task::yield_now().await;
-                }
-            }
-            self.flush(timeout)
-                .await
-                .map_err(|error| SendfileError::Io { sent, error })?;
-            Ok(sent)
-        }
-        .await;
-        give_back(buf);
-        result
+        copy_file(&mut self.stream, file, offset, len, timeout).await
     }
 }
 
@@ -274,6 +340,7 @@ impl AsyncRead for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
+            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_read(cx, buf),
         }
     }
 }
@@ -288,6 +355,7 @@ impl AsyncWrite for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_write(cx, buf),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
+            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_write(cx, buf),
         }
     }
 
@@ -296,6 +364,7 @@ impl AsyncWrite for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_flush(cx),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_flush(cx),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_flush(cx),
+            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_flush(cx),
         }
     }
 
@@ -304,6 +373,7 @@ impl AsyncWrite for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_shutdown(cx),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
+            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_shutdown(cx),
         }
     }
 }

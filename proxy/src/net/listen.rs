@@ -10,14 +10,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use zerocache_config::cidr::Cidr;
 
-/// What a listening socket's connections start with: TLS or plain, and a PROXY protocol header
-/// from one of these peers or none.
+/// What a listening socket's connections start with: TLS or plain, a PROXY protocol header
+/// from one of these peers or none, and on a plain one perhaps the HTTP/2 preface.
 #[derive(Debug, Clone, Default)]
 pub struct Accepting {
     /// The `tls:` listener's.
     pub tls: bool,
     /// `proxy_protocol: true`: the peers a header is taken from (`proxy_protocol_from`).
     pub proxy_from: Option<Arc<[Cidr]>>,
+    /// `h2c: true`: a plain connection that opens with the HTTP/2 preface speaks h2.
+    pub h2c: bool,
 }
 
 impl Accepting {
@@ -31,7 +33,11 @@ impl Accepting {
                 .collect::<Vec<_>>()
                 .into()
         });
-        Accepting { tls, proxy_from }
+        Accepting {
+            tls,
+            proxy_from,
+            h2c: entry.h2c && !tls,
+        }
     }
 }
 

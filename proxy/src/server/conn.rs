@@ -50,31 +50,24 @@ pub struct Conn {
 }
 
 /// Runs the connection to its end.
-pub async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
+pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
     let ctx = shared.ctx.load_full();
+    let Some(tcp) = sock.tcp() else {
+        // An HTTP/2 stream has no socket of its own: `serve_stream` runs it.
+        return;
+    };
     // Small heads followed by sendfile bodies: without NODELAY, Nagle can hold a body's last
     // partial segment behind a delayed ACK (the ~40 ms stall nginx shows with tcp_nopush).
-    let _ = sock.tcp().set_nodelay(true);
-    let fd = sock.tcp().as_raw_fd() as u32;
+    let _ = tcp.set_nodelay(true);
+    let fd = tcp.as_raw_fd() as u32;
     let id = ctx.accounting.conn_opened(fd, peer);
+    let mut sock = sock;
     if let Some(t) = sock.tls_transport() {
         ctx.accounting.conn_tls(id, t);
         ctx.accounting
             .conn_tls_control(id, sock.take_control_bytes());
     }
-    let mut conn = Conn {
-        sock,
-        peer,
-        id,
-        buf: BytesMut::with_capacity(8 * 1024),
-        head: Vec::with_capacity(1024),
-        ctx: ctx.clone(),
-        shared,
-        must_close: false,
-        log_info: Default::default(),
-        from_peer: false,
-        body_pace: None,
-    };
+    let mut conn = Conn::new(sock, peer, id, ctx.clone(), shared);
     /// Closes the connection's record however the task ends (a panic included). Declared after
     /// `conn`, so it runs first: the record must be waiting before the kernel sees the close.
     struct Closed(Arc<Ctx>, ConnId);
@@ -93,17 +86,53 @@ pub async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) 
             l_onoff: 1,
             l_linger: 0,
         };
-        let _ = nix::sys::socket::setsockopt(
-            conn.sock.tcp(),
-            nix::sys::socket::sockopt::Linger,
-            &reset,
-        );
+        if let Some(tcp) = conn.sock.tcp() {
+            let _ = nix::sys::socket::setsockopt(tcp, nix::sys::socket::sockopt::Linger, &reset);
+        }
     } else if conn.sock.is_tls() {
         // A TLS close says it is one (close_notify), so a close-delimited body is known whole.
         let _ = tokio::time::timeout(conn.ctx.client.send_timeout, conn.sock.shutdown()).await;
         // A kTLS connection's close_notify is a write the probe sees: not a body byte.
         let alert = conn.sock.take_control_bytes();
         conn.ctx.accounting.conn_tls_control(id, alert);
+    }
+}
+
+/// Serves one HTTP/2 stream (`sock`, a [`ClientSock::H2Stream`]) as a connection of its own,
+/// recording its response under its h2 connection's accounting `id`. An error means the
+/// response did not end as its head said: the stream's driver resets the stream.
+pub(crate) async fn serve_stream(
+    sock: ClientSock,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    id: ConnId,
+) -> Result<(), ConnError> {
+    let ctx = shared.ctx.load_full();
+    let mut conn = Conn::new(sock, peer, id, ctx, shared);
+    conn.run().await
+}
+
+impl Conn {
+    fn new(
+        sock: ClientSock,
+        peer: SocketAddr,
+        id: ConnId,
+        ctx: Arc<Ctx>,
+        shared: Arc<Shared>,
+    ) -> Conn {
+        Conn {
+            sock,
+            peer,
+            id,
+            buf: BytesMut::with_capacity(8 * 1024),
+            head: Vec::with_capacity(1024),
+            ctx,
+            shared,
+            must_close: false,
+            log_info: Default::default(),
+            from_peer: false,
+            body_pace: None,
+        }
     }
 }
 
@@ -157,6 +186,7 @@ impl Conn {
                         let _ = self.buf.split_to(n);
                         let mut head = Box::new(head);
                         head.tls = self.sock.is_tls();
+                        head.h2 = self.sock.is_h2();
                         return Ok(Head::Request(head));
                     }
                     Ok(None) => {}

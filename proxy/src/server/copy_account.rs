@@ -2,7 +2,8 @@
 //! that turns what a response path declares (`Zerocopy`: served from a cache file; `Copy`:
 //! relayed or generated) into what the transport made of it. A cache-file body on a TLS
 //! connection without kTLS is a copy by design (`tls-userspace`), never a violation; on a kTLS
-//! connection it went by sendfile like a plain one, and is held to that; the planted
+//! connection it went by sendfile like a plain one, and is held to that; on an HTTP/2 stream it
+//! is a DATA frame written from user space (`h2`), by design too; the planted
 //! bug (`debug.copy_hits`) still declares zero-copy, so the probe flags it, and is counted as
 //! `debug-copy`. [`Conn::record_as`] applies it to every response the connection records.
 
@@ -15,12 +16,12 @@ use zerocache_ledger::{CopyReason, DataPath, ResponseRecord};
 pub(crate) fn classify(
     declared: DataPath,
     relay: CopyReason,
-    tls_userspace: bool,
+    by_design: Option<CopyReason>,
     copy_hits: bool,
 ) -> (DataPath, Option<CopyReason>) {
     match declared {
         DataPath::Copy => (DataPath::Copy, Some(relay)),
-        DataPath::Zerocopy if tls_userspace => (DataPath::Copy, Some(CopyReason::TlsUserspace)),
+        DataPath::Zerocopy if by_design.is_some() => (DataPath::Copy, by_design),
         DataPath::Zerocopy if copy_hits => (DataPath::Zerocopy, Some(CopyReason::DebugCopy)),
         DataPath::Zerocopy => (DataPath::Zerocopy, None),
     }
@@ -34,7 +35,7 @@ impl Conn {
         let (path, reason) = classify(
             r.path,
             relay,
-            self.sock.tls_userspace(),
+            self.sock.copies_by_design(),
             self.ctx.sending.copy_hits,
         );
         if let Some(reason) = reason {
@@ -59,22 +60,19 @@ mod tests {
     fn every_declared_path_gets_its_reason() {
         use CopyReason::*;
         use DataPath::*;
-        assert_eq!(classify(Zerocopy, Miss, false, false), (Zerocopy, None));
+        let tls = Some(TlsUserspace);
+        assert_eq!(classify(Zerocopy, Miss, None, false), (Zerocopy, None));
+        assert_eq!(classify(Zerocopy, Miss, tls, false), (Copy, tls));
+        assert_eq!(classify(Zerocopy, Miss, tls, true), (Copy, tls));
+        assert_eq!(classify(Zerocopy, Miss, Some(H2), true), (Copy, Some(H2)));
         assert_eq!(
-            classify(Zerocopy, Miss, true, false),
-            (Copy, Some(TlsUserspace))
-        );
-        assert_eq!(
-            classify(Zerocopy, Miss, true, true),
-            (Copy, Some(TlsUserspace))
-        );
-        assert_eq!(
-            classify(Zerocopy, Miss, false, true),
+            classify(Zerocopy, Miss, None, true),
             (Zerocopy, Some(DebugCopy))
         );
-        assert_eq!(classify(Copy, Miss, true, false), (Copy, Some(Miss)));
+        assert_eq!(classify(Copy, Miss, tls, false), (Copy, Some(Miss)));
+        assert_eq!(classify(Copy, Miss, Some(H2), false), (Copy, Some(Miss)));
         assert_eq!(
-            classify(Copy, Generated, false, false),
+            classify(Copy, Generated, None, false),
             (Copy, Some(Generated))
         );
     }

@@ -30,6 +30,7 @@ use super::refusal::{ACCEPT_BACKOFF, AcceptFailures, Reserve, out_of_fds, refuse
 use super::{Shared, conn};
 use crate::cpu::affinity;
 use crate::cpu::placement::Placement;
+use crate::net::client_sock::ClientSock;
 use crate::net::listen::Accepting;
 use crate::worker_id;
 use parking_lot::Mutex;
@@ -387,17 +388,24 @@ fn spawn_serve(
                 }
             }
         }
-        let sock = if accepting.tls {
-            let ctx = done.1.ctx.load_full();
-            match crate::tls::server::accept(sock, peer, ctx.tls.as_deref(), &ctx.accounting).await
-            {
-                Some(h) => crate::net::client_sock::ClientSock::from(h),
+        let shared = done.1.clone();
+        if accepting.tls {
+            let ctx = shared.ctx.load_full();
+            let accepted =
+                crate::tls::server::accept(sock, peer, ctx.tls.as_deref(), &ctx.accounting).await;
+            drop(ctx);
+            match accepted {
+                Some(a) if a.h2 => super::h2::serve(a.conn.into(), peer, shared).await,
+                Some(a) => conn::serve(a.conn.into(), peer, shared).await,
                 None => return,
             }
+        } else if accepting.h2c
+            && super::h2::opens_with_preface(&sock, shared.ctx.load().client.header_timeout).await
+        {
+            super::h2::serve(ClientSock::Plain(sock), peer, shared).await;
         } else {
-            crate::net::client_sock::ClientSock::Plain(sock)
-        };
-        conn::serve(sock, peer, done.1.clone()).await;
+            conn::serve(ClientSock::Plain(sock), peer, shared).await;
+        }
         drop(done);
     });
 }

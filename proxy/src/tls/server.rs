@@ -1,4 +1,4 @@
-//! The `tls:` listener: its rustls config (TLS 1.2 and 1.3, ALPN `http/1.1`, no 0-RTT, session
+//! The `tls:` listener: its rustls config (TLS 1.2 and 1.3, ALPN `http/1.1`, and `h2` first with `tls.http2`, no 0-RTT, session
 //! tickets and a session cache shared by every worker and kept across reloads), the choice of
 //! certificate by SNI from each certificate's SANs, and the handshake with its timeout.
 //!
@@ -78,7 +78,13 @@ impl TlsServer {
             .with_cert_resolver(Arc::new(SniResolver {
                 certs: certs.clone(),
             }));
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // HTTP/2 only when asked (`tls.http2`), as nginx's `http2 on`: its DATA frames are
+        // written from user space, so an h2 connection gives up sendfile, kTLS or not.
+        config.alpn_protocols = if cfg.http2 {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
         // 0-RTT data can be replayed: a cache must never act on a replayed request.
         config.max_early_data_size = 0;
         config.session_storage = session_cache();
@@ -183,6 +189,7 @@ fn covers(cert: &CertifiedKey, name: &rustls::pki_types::ServerName<'_>) -> bool
 }
 
 /// What a connection keeps of its handshake for `tls.strict_sni`: the certificate it was served.
+#[derive(Clone)]
 pub struct Served(Arc<CertifiedKey>);
 
 impl Served {
@@ -211,6 +218,12 @@ pub enum Handshaken {
     },
 }
 
+/// A completed handshake, and whether ALPN chose HTTP/2 (`h2`, offered with `tls.http2`).
+pub struct Accepted {
+    pub conn: Handshaken,
+    pub h2: bool,
+}
+
 impl Handshaken {
     /// How its records are made, as the accounting counts it.
     pub fn transport(&self) -> TlsTransport {
@@ -233,7 +246,7 @@ pub async fn accept(
     peer: SocketAddr,
     server: Option<&TlsServer>,
     acc: &Accounting,
-) -> Option<Handshaken> {
+) -> Option<Accepted> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp) as u32;
     let failed = |result: HandshakeResult| {
         acc.tls.handshake(result);
@@ -302,6 +315,7 @@ pub async fn accept(
         Ok(s) => {
             acc.tls.handshake(HandshakeResult::Ok);
             let (_, conn) = s.get_ref();
+            let h2 = conn.alpn_protocol() == Some(b"h2");
             tracing::trace!(%peer, version = ?conn.protocol_version().unwrap_or(ProtocolVersion::Unknown(0)), sni = ?conn.server_name(), "TLS handshake done");
             // The certificate the resolver chose for this SNI (its key's scheme aside, which
             // does not change the names).
@@ -339,7 +353,7 @@ pub async fn accept(
                 },
             };
             acc.tls.connection(done.transport());
-            Some(done)
+            Some(Accepted { conn: done, h2 })
         }
     }
 }

@@ -22,6 +22,7 @@ mod fleet_deploy;
 mod fleet_nodes;
 mod fleet_page;
 mod fleet_view;
+mod http2;
 mod integrity;
 mod latency;
 mod layering;

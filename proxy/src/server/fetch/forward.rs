@@ -166,7 +166,12 @@ impl Fetch<'_> {
         put(
             &mut out,
             "Via",
-            headers::via(via.as_deref(), req.http10).as_bytes(),
+            if req.h2 {
+                headers::via_h2(via.as_deref())
+            } else {
+                headers::via(via.as_deref(), req.http10)
+            }
+            .as_bytes(),
         );
         // Made when the request was read if an access log line needs it; otherwise here, where it
         // is first needed.

@@ -5,12 +5,14 @@
 //! - [`proxy`]: [`Proxy`] (a running zerocache, killed on drop), its [`Opts`], [`origin`];
 //! - [`client`]: [`Client`] and [`Response`];
 //! - [`observe`]: `/metrics` series, worker loads and CPU lists, sendfile byte counts;
+//! - [`h2raw`]: a raw HTTP/2 client (frames and HPACK literals by hand) for hostile tests;
 //! - [`require`]: root, CPUs, Chromium, commands: skip with the reason, or fail under
 //!   `ZEROCACHE_REQUIRE_PRIVILEGED=1`.
 #![allow(dead_code, unused_imports)]
 
 mod client;
 mod fleet;
+pub mod h2raw;
 mod observe;
 mod proxy;
 pub mod require;

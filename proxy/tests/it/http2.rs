@@ -1,0 +1,674 @@
+//! HTTP/2 to clients: by ALPN on the TLS listener (`tls.http2`) and with prior knowledge on a
+//! plain one (`h2c`), checked with real clients (curl, nghttp) byte for byte, and attacked with
+//! raw frames (`support::h2raw`): each hostile head refused and never forwarded, beside the
+//! friendly one that is; rapid reset, CONTINUATION floods, too many streams and a window held
+//! shut, each bounded while other clients are served.
+
+use crate::support::h2raw::{self, RawH2};
+use crate::support::*;
+use crate::tls_support::*;
+use std::process::Command;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A proxy with `h2c: true` on its listener (`extra` added to its config).
+fn h2c_proxy(origin: std::net::SocketAddr, extra: &str) -> Proxy {
+    Proxy::start(
+        origin,
+        Opts {
+            listen_options: "h2c: true".into(),
+            extra_yaml: extra.into(),
+            ..Opts::default()
+        },
+    )
+}
+
+/// curl's answer: (http_version, head, body).
+fn curl(args: &[&str]) -> (String, String, Vec<u8>) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let head = dir.path().join("head");
+    let body = dir.path().join("body");
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "20", "-D"])
+        .arg(&head)
+        .arg("-o")
+        .arg(&body)
+        .args(["-w", "%{http_version}"])
+        .args(args)
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "curl {args:?}: {out:?}");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        std::fs::read_to_string(&head).unwrap_or_default(),
+        std::fs::read(&body).unwrap_or_default(),
+    )
+}
+
+/// The value of `name` in a head curl wrote (lower-cased names over HTTP/2).
+fn field<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[test]
+fn curl_takes_h2_by_alpn_and_every_cache_answer_is_byte_exact() {
+    if !require::command("curl") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = cert(&["test.example"]);
+    let files = write(dir.path(), "a", &c);
+    let (origin, _rt) = origin();
+    let tport = free_port();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!(
+                "{}  ktls: off\n  http2: true\n",
+                listener_yaml(tport, std::slice::from_ref(&files))
+            ),
+            ..Opts::default()
+        },
+    );
+    let url = format!("https://test.example:{tport}/obj/100000");
+    let resolve = format!("test.example:{tport}:127.0.0.1");
+    let ca = files.0.display().to_string();
+    let h2 = |extra: &[&str]| {
+        let mut a = vec!["--http2", "--cacert", &ca, "--resolve", &resolve];
+        a.extend_from_slice(extra);
+        a.push(&url);
+        curl(&a)
+    };
+    let (v, head, b) = h2(&[]);
+    assert_eq!(v, "2", "{head}");
+    assert!(head.starts_with("HTTP/2 200"), "{head}");
+    assert_eq!(field(&head, "x-cache"), Some("MISS"));
+    assert_eq!(field(&head, "content-length"), Some("100000"));
+    assert!(field(&head, "connection").is_none(), "{head}");
+    assert!(b == body(100_000));
+    let (v, head, b) = h2(&[]);
+    assert_eq!((v.as_str(), field(&head, "x-cache")), ("2", Some("HIT")));
+    assert_eq!(
+        field(&head, "cache-status"),
+        Some("zerocache; hit; ttl=3600")
+    );
+    assert!(b == body(100_000));
+    // Range, a conditional and HEAD: the same answers as over HTTP/1.1.
+    let (_, head, b) = h2(&["-r", "10-19"]);
+    assert!(head.starts_with("HTTP/2 206"), "{head}");
+    assert_eq!(field(&head, "content-range"), Some("bytes 10-19/100000"));
+    assert_eq!(b, body(100_000)[10..20].to_vec());
+    let (_, head, b) = h2(&["-H", "If-None-Match: \"obj-100000\""]);
+    assert!(head.starts_with("HTTP/2 304"), "{head}");
+    assert!(b.is_empty());
+    let (_, head, b) = h2(&["-I"]);
+    assert!(head.starts_with("HTTP/2 200"), "{head}");
+    assert_eq!(field(&head, "content-length"), Some("100000"));
+    // With -I curl writes the head where the body would go: no body byte follows it.
+    assert_eq!(b, head.as_bytes());
+    // Purge, then a miss again.
+    let (status, answer) = proxy.purge(&format!(r#"{{"url": "{url}"}}"#));
+    assert_eq!(
+        (status, &answer["purged"]),
+        (200, &serde_json::json!(1)),
+        "{answer}"
+    );
+    let (_, head, b) = h2(&[]);
+    assert_eq!(field(&head, "x-cache"), Some("MISS"), "{head}");
+    assert!(b == body(100_000));
+    assert_eq!(origin.hits("/obj/100000"), 2);
+    // Every body went out as DATA frames from user space: a copy by design, to the byte.
+    let m = proxy.metrics();
+    assert_eq!(
+        metric(&m, "zerocache_copied_body_bytes_total{reason=\"h2\"}"),
+        300_010
+    );
+    assert_eq!(
+        metric(&m, "zerocache_h2_events_total{event=\"connections\"}"),
+        6
+    );
+    assert_eq!(
+        metric(&m, "zerocache_h2_events_total{event=\"streams\"}"),
+        6
+    );
+    assert_eq!(
+        metric(&m, "zerocache_h2_events_total{event=\"malformed\"}"),
+        0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "zerocache_copied_body_bytes_total{reason=\"tls-userspace\"}"
+        ),
+        0
+    );
+}
+
+#[test]
+fn without_tls_http2_alpn_offers_http11_only() {
+    if !require::command("curl") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = cert(&["test.example"]);
+    let files = write(dir.path(), "a", &c);
+    let (origin, _rt) = origin();
+    let tport = free_port();
+    let _proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!(
+                "{}  ktls: off\n",
+                listener_yaml(tport, std::slice::from_ref(&files))
+            ),
+            ..Opts::default()
+        },
+    );
+    let (v, head, b) = curl(&[
+        "--http2",
+        "--cacert",
+        &files.0.display().to_string(),
+        "--resolve",
+        &format!("test.example:{tport}:127.0.0.1"),
+        &format!("https://test.example:{tport}/obj/1000"),
+    ]);
+    assert_eq!(v, "1.1", "{head}");
+    assert!(b == body(1000));
+}
+
+#[test]
+fn nghttp_negotiates_h2_and_reads_a_hit() {
+    if !require::command("nghttp") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = cert(&["127.0.0.1"]);
+    let files = write(dir.path(), "a", &c);
+    let (origin, _rt) = origin();
+    let tport = free_port();
+    let _proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!(
+                "{}  ktls: off\n  http2: true\n",
+                listener_yaml(tport, &[files])
+            ),
+            ..Opts::default()
+        },
+    );
+    let url = format!("https://127.0.0.1:{tport}/obj/5000");
+    let run = || {
+        let out = Command::new("nghttp")
+            .args(["-nv", "-t", "20", &url])
+            .output()
+            .expect("nghttp");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = run();
+    assert!(first.contains("The negotiated protocol: h2"), "{first}");
+    assert!(first.contains("x-cache: MISS"), "{first}");
+    let second = run();
+    assert!(
+        second.contains("recv (stream_id=13) :status: 200"),
+        "{second}"
+    );
+    assert!(second.contains("x-cache: HIT"), "{second}");
+}
+
+#[test]
+fn h2c_and_http11_share_a_listener_and_split_cookies_are_joined() {
+    if !require::command("curl") {
+        return;
+    }
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    let url = format!("http://{}/obj/7000", proxy.addr);
+    let (v, head, b) = curl(&["--http2-prior-knowledge", &url]);
+    assert_eq!((v.as_str(), field(&head, "x-cache")), ("2", Some("MISS")));
+    assert!(b == body(7000));
+    // An HTTP/1.1 client on the same port reads the entry the h2 stream stored.
+    let (v, head, b) = curl(&["--http1.1", &url]);
+    assert_eq!((v.as_str(), field(&head, "x-cache")), ("1.1", Some("HIT")));
+    assert!(b == body(7000));
+    // Without prior knowledge curl speaks HTTP/1.1 here: never an h2c upgrade.
+    let (v, _, _) = curl(&["--http2", &url]);
+    assert_eq!(v, "1.1");
+
+    // RFC 9113 §8.2.3: cookie split across fields reaches the origin as one field.
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    let block = h2raw::get(
+        "/obj/300?cookies",
+        &[(b"cookie", b"a=1"), (b"x-a", b"1"), (b"cookie", b"b=2")],
+    );
+    c.send(&h2raw::frame(
+        h2raw::HEADERS,
+        h2raw::END_HEADERS | h2raw::END_STREAM,
+        1,
+        &block,
+    ));
+    let frames = c.until_end(1, WAIT);
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.kind == h2raw::HEADERS && f.stream == 1),
+        "{frames:?}"
+    );
+    let got: Vec<u8> = frames
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA && f.stream == 1)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    assert!(got == body(300));
+    let sent = origin
+        .received()
+        .into_iter()
+        .find(|r| r.path == "/obj/300?cookies")
+        .expect("forwarded");
+    assert_eq!(sent.header("cookie"), Some("a=1; b=2"));
+    assert_eq!(sent.header("via"), Some("2 zerocache"));
+}
+
+/// HEADERS for stream 1 ending the stream, with `block` as its field block.
+fn one_request(block: &[u8]) -> Vec<u8> {
+    h2raw::frame(
+        h2raw::HEADERS,
+        h2raw::END_HEADERS | h2raw::END_STREAM,
+        1,
+        block,
+    )
+}
+
+#[test]
+fn hostile_heads_are_refused_never_forwarded_and_the_friendly_twin_is_served() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    let b = |fields: &[(&[u8], &[u8])]| h2raw::block(fields);
+    let m: &[u8] = b":method";
+    let s: &[u8] = b":scheme";
+    let a: &[u8] = b":authority";
+    let p: &[u8] = b":path";
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "transfer-encoding",
+            one_request(&h2raw::get(
+                "/obj/10",
+                &[(b"transfer-encoding", b"chunked")],
+            )),
+        ),
+        (
+            "connection",
+            one_request(&h2raw::get("/obj/10", &[(b"connection", b"keep-alive")])),
+        ),
+        (
+            "keep-alive",
+            one_request(&h2raw::get("/obj/10", &[(b"keep-alive", b"timeout=5")])),
+        ),
+        (
+            "proxy-connection",
+            one_request(&h2raw::get("/obj/10", &[(b"proxy-connection", b"x")])),
+        ),
+        (
+            "upgrade",
+            one_request(&h2raw::get("/obj/10", &[(b"upgrade", b"websocket")])),
+        ),
+        (
+            "te gzip",
+            one_request(&h2raw::get("/obj/10", &[(b"te", b"gzip")])),
+        ),
+        (
+            "upper-case name",
+            one_request(&h2raw::get("/obj/10", &[(b"X-Foo", b"1")])),
+        ),
+        (
+            "CRLF in a value",
+            one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1\r\nx-b: 2")])),
+        ),
+        (
+            "NUL in a value",
+            one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1\x002")])),
+        ),
+        (
+            "leading space",
+            one_request(&h2raw::get("/obj/10", &[(b"x-a", b" 1")])),
+        ),
+        (
+            "trailing tab",
+            one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1\t")])),
+        ),
+        ("empty :path", one_request(&h2raw::get("", &[]))),
+        ("relative :path", one_request(&h2raw::get("obj/10", &[]))),
+        ("* for GET", one_request(&h2raw::get("*", &[]))),
+        (
+            "absolute :path",
+            one_request(&h2raw::get("http://evil.example/obj/10", &[])),
+        ),
+        (
+            "no :method",
+            one_request(&b(&[(s, b"http"), (a, b"a.example"), (p, b"/obj/10")])),
+        ),
+        (
+            "no :path",
+            one_request(&b(&[(m, b"GET"), (s, b"http"), (a, b"a.example")])),
+        ),
+        (
+            "two :path",
+            one_request(&b(&[
+                (m, b"GET"),
+                (s, b"http"),
+                (a, b"a.example"),
+                (p, b"/obj/10"),
+                (p, b"/obj/11"),
+            ])),
+        ),
+        (
+            "pseudo after regular",
+            one_request(&b(&[
+                (m, b"GET"),
+                (s, b"http"),
+                (b"x-a", b"1"),
+                (a, b"a.example"),
+                (p, b"/obj/10"),
+            ])),
+        ),
+        (
+            "unknown pseudo",
+            one_request(&b(&[
+                (m, b"GET"),
+                (s, b"http"),
+                (a, b"a.example"),
+                (p, b"/obj/10"),
+                (b":foo", b"x"),
+            ])),
+        ),
+        (
+            ":status in a request",
+            one_request(&b(&[
+                (m, b"GET"),
+                (s, b"http"),
+                (a, b"a.example"),
+                (p, b"/obj/10"),
+                (b":status", b"200"),
+            ])),
+        ),
+        (
+            ":authority vs host",
+            one_request(&h2raw::get("/obj/10", &[(b"host", b"evil.example")])),
+        ),
+        ("content-length vs DATA", {
+            let mut v = h2raw::frame(
+                h2raw::HEADERS,
+                h2raw::END_HEADERS,
+                1,
+                &b(&[
+                    (m, b"POST"),
+                    (s, b"http"),
+                    (a, b"a.example"),
+                    (p, b"/upload"),
+                    (b"content-length", b"5"),
+                ]),
+            );
+            v.extend(h2raw::frame(
+                h2raw::DATA,
+                h2raw::END_STREAM,
+                1,
+                b"0123456789",
+            ));
+            v
+        }),
+    ];
+    for (name, bytes) in &cases {
+        let mut c = RawH2::connect(proxy.addr, &[]);
+        c.send(bytes);
+        let answer = c.answer(1, WAIT);
+        // A reset of the stream, a GOAWAY, or the connection closed: never a response.
+        if let Some(f) = &answer {
+            assert_ne!(
+                f.kind,
+                h2raw::HEADERS,
+                "{name}: answered with a response: {f:?}"
+            );
+            assert!(
+                f.error_code()
+                    .is_some_and(|code| code != 0 || f.kind == h2raw::GOAWAY),
+                "{name}: {f:?}"
+            );
+        }
+    }
+    // Nothing reached the origin, and nothing was stored for the key the hostile heads named.
+    assert_eq!(origin.request_count(), 0, "{:?}", origin.received());
+    // The friendly twin: the same head without the hostile field is served.
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    c.send(&one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1 2")])));
+    let frames = c.until_end(1, WAIT);
+    assert!(
+        frames.iter().any(|f| f.kind == h2raw::HEADERS),
+        "{frames:?}"
+    );
+    assert_eq!(origin.request_count(), 1);
+    assert!(
+        metric(
+            &proxy.metrics(),
+            "zerocache_h2_events_total{event=\"malformed\"}"
+        ) >= 4
+    );
+}
+
+#[test]
+fn rapid_reset_gets_enhance_your_calm_while_other_clients_are_served() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    // CVE-2023-44487: HEADERS then RST_STREAM, over and over, on one connection.
+    let mut flood = Vec::new();
+    for i in 0..2000u32 {
+        let id = 1 + 2 * i;
+        flood.extend(h2raw::frame(
+            h2raw::HEADERS,
+            h2raw::END_HEADERS | h2raw::END_STREAM,
+            id,
+            &h2raw::get("/obj/1000", &[]),
+        ));
+        flood.extend(h2raw::frame(
+            h2raw::RST_STREAM,
+            0,
+            id,
+            &h2raw::CANCEL.to_be_bytes(),
+        ));
+    }
+    let writer = {
+        let mut sock = c.sock.try_clone().expect("clone");
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = sock.write_all(&flood);
+        })
+    };
+    // Meanwhile another client is answered.
+    let other = proxy.get("/obj/2000");
+    assert_eq!(other.status, 200);
+    assert!(other.body == body(2000));
+    let mut goaway = None;
+    while let Some(f) = c.next(WAIT) {
+        if f.kind == h2raw::GOAWAY {
+            goaway = Some(f);
+            break;
+        }
+    }
+    let _ = writer.join();
+    let goaway = goaway.expect("a GOAWAY");
+    assert_eq!(
+        goaway.error_code(),
+        Some(h2raw::ENHANCE_YOUR_CALM),
+        "{goaway:?}"
+    );
+    assert_eventually_eq(
+        "enhance-your-calm counted",
+        WAIT,
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_h2_events_total{event=\"enhance-your-calm\"}",
+            )
+        },
+        1,
+    );
+    // Still serving.
+    assert_eq!(proxy.get("/obj/2000").x_cache(), "HIT");
+}
+
+#[test]
+fn a_continuation_flood_is_cut_off_and_others_are_served() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    let c = RawH2::connect(proxy.addr, &[]);
+    // HEADERS without END_HEADERS, then CONTINUATION frames that never end: 64 MiB of fields.
+    let filler = h2raw::block(&[(b"x-filler", &[b'a'; 16_000][..])]);
+    let mut sock = c.sock.try_clone().expect("clone");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut sent = 0usize;
+        let first = h2raw::frame(h2raw::HEADERS, 0, 1, &h2raw::get("/obj/10", &[]));
+        if sock.write_all(&first).is_err() {
+            return sent;
+        }
+        let cont = h2raw::frame(h2raw::CONTINUATION, 0, 1, &filler);
+        while sent < 64 << 20 {
+            if sock.write_all(&cont).is_err() {
+                return sent;
+            }
+            sent += cont.len();
+        }
+        sent
+    });
+    let other = proxy.get("/obj/3000");
+    assert!(other.body == body(3000));
+    let sent = writer.join().expect("writer");
+    assert!(
+        sent < 64 << 20,
+        "the proxy read {sent} bytes of one header block"
+    );
+    assert_eq!(origin.hits("/obj/10"), 0);
+}
+
+#[test]
+fn streams_beyond_the_limit_are_refused() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/slow",
+        Reply::ok(b"ok".to_vec()).delay(Duration::from_secs(3)),
+    );
+    let proxy = h2c_proxy(origin.addr(), "");
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    // Wait for the proxy's SETTINGS (its stream limit) before opening 129 streams.
+    while let Some(f) = c.next(WAIT) {
+        if f.kind == h2raw::SETTINGS {
+            break;
+        }
+    }
+    let mut all = Vec::new();
+    for i in 0..129u32 {
+        all.extend(h2raw::frame(
+            h2raw::HEADERS,
+            h2raw::END_HEADERS | h2raw::END_STREAM,
+            1 + 2 * i,
+            &h2raw::get(&format!("/slow?{i}"), &[]),
+        ));
+    }
+    c.send(&all);
+    let last = 1 + 2 * 128;
+    let answer = c.answer(last, WAIT).expect("an answer to stream 257");
+    assert_eq!(answer.kind, h2raw::RST_STREAM, "{answer:?}");
+    assert_eq!(answer.error_code(), Some(h2raw::REFUSED_STREAM));
+}
+
+#[test]
+fn a_window_held_shut_is_reset_after_send_timeout_and_pins_nothing() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "limits:\n  send_timeout: 1s\n");
+    // SETTINGS_INITIAL_WINDOW_SIZE 0: the stream can be sent nothing until a WINDOW_UPDATE that
+    // never comes.
+    let mut c = RawH2::connect(proxy.addr, &[(0x4, 0)]);
+    c.send(&one_request(&h2raw::get("/obj/1048576", &[])));
+    let frames = c.until_end(1, WAIT);
+    let last = frames.last().expect("frames");
+    assert_eq!(last.kind, h2raw::RST_STREAM, "{frames:?}");
+    assert_eq!(last.error_code(), Some(h2raw::CANCEL));
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.kind != h2raw::DATA || f.payload.is_empty()),
+        "{frames:?}"
+    );
+    assert_eq!(
+        metric(
+            &proxy.metrics(),
+            "zerocache_h2_events_total{event=\"send-timeouts\"}"
+        ),
+        1
+    );
+    // The object was stored and is served whole to the next client (of the same host).
+    let mut client = proxy.client();
+    client.host = "a.example".into();
+    let hit = client.get("/obj/1048576", &[]);
+    assert_eq!(hit.x_cache(), "HIT");
+    assert!(hit.body == body(1_048_576));
+}
+
+#[test]
+fn drain_sends_goaway_and_the_stream_in_flight_finishes() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/slow",
+        Reply::ok(b"slow answer".to_vec())
+            .headers(&[("Cache-Control", "no-store")])
+            .delay(Duration::from_millis(1500)),
+    );
+    let mut proxy = h2c_proxy(origin.addr(), "");
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    c.send(&one_request(&h2raw::get("/slow", &[])));
+    assert_eq!(assert_eventually_origin_hit(&origin), 1);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGTERM) };
+    let frames = c.until_end(1, WAIT);
+    let goaway = frames.iter().position(|f| f.kind == h2raw::GOAWAY);
+    let data: Vec<u8> = frames
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    // The GOAWAY comes first (no error), and the stream already accepted still gets its answer.
+    let g = goaway.map(|i| frames[i].clone());
+    if let Some(g) = &g {
+        assert_eq!(g.error_code(), Some(0), "{frames:?}");
+    }
+    let rest = c.until_end(1, WAIT);
+    let data: Vec<u8> = data
+        .into_iter()
+        .chain(
+            rest.iter()
+                .filter(|f| f.kind == h2raw::DATA)
+                .flat_map(|f| f.payload.clone()),
+        )
+        .collect();
+    assert!(
+        g.is_some() || rest.iter().any(|f| f.kind == h2raw::GOAWAY),
+        "no GOAWAY: {frames:?} {rest:?}"
+    );
+    assert_eq!(data, b"slow answer");
+    assert!(proxy.child.wait().expect("wait").success());
+    let _ = &mut proxy;
+}
+
+/// Waits until the origin has the `/slow` request; returns how many it has.
+fn assert_eventually_origin_hit(origin: &Origin) -> usize {
+    for _ in 0..500 {
+        if origin.hits("/slow") > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    origin.hits("/slow")
+}
