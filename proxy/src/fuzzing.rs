@@ -253,6 +253,62 @@ pub fn proxy_header(data: &[u8]) {
     }
 }
 
+/// An HTTP/2 request head translated for the HTTP/1.1 request path (`server::h2::request`):
+/// whatever the fields, a head it writes is exactly one request to the HTTP/1.1 parser (whole,
+/// every byte of it, never a prefix or a second request), with the method it was given and the
+/// body framing it chose. The input is split at 0xFF: method, path, authority, then name/value
+/// pairs; what the `http` crate (and so the `h2` crate) would not carry is skipped.
+pub fn h2_request(data: &[u8]) {
+    use crate::server::h2::request::{BodyMode, to_h1};
+    let mut parts = data.split(|&b| b == 0xff);
+    let (Some(method), Some(path), Some(authority)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return;
+    };
+    let ended = method.first().is_some_and(|b| b & 1 == 1);
+    let method = method.get(1..).unwrap_or_default();
+    let mut uri = http::Uri::builder();
+    if !authority.is_empty() {
+        uri = uri.scheme("https").authority(authority);
+    }
+    let Ok(uri) = uri.path_and_query(path).build() else {
+        return;
+    };
+    let mut b = http::Request::builder().method(method).uri(uri);
+    let mut rest = parts;
+    while let (Some(n), Some(v)) = (rest.next(), rest.next()) {
+        b = b.header(n, v);
+    }
+    let Ok(req) = b.body(()) else {
+        return;
+    };
+    let (parts, ()) = req.into_parts();
+    let Ok((head, mode)) = to_h1(&parts, ended) else {
+        return;
+    };
+    match request::parse(&head, REQUEST_LIMITS) {
+        Ok(Some((h, n))) => {
+            assert_eq!(n, head.len(), "a translated head read as a shorter request");
+            assert_eq!(h.method, parts.method.as_str());
+            let want = match mode {
+                BodyMode::None => None,
+                BodyMode::Length => Some("length"),
+                BodyMode::Chunked => Some("chunked"),
+            };
+            let got = match h.body {
+                request::BodyFraming::None => None,
+                request::BodyFraming::Length(0) if want.is_none() => None,
+                request::BodyFraming::Length(_) => Some("length"),
+                request::BodyFraming::Chunked => Some("chunked"),
+            };
+            assert_eq!(got, want, "body framing");
+        }
+        Ok(None) => panic!("a translated head is incomplete to the HTTP/1.1 parser"),
+        // Refused by the HTTP/1.1 parser (a 4xx): the stream gets that answer, nothing else.
+        Err(_) => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,12 +392,14 @@ mod tests {
     #[test]
     fn committed_corpus_passes() {
         type Harness = fn(&[u8]);
-        let targets: [(&str, Harness); 5] = [
+        let targets: [(&str, Harness); 7] = [
             ("request_head", request_head),
             ("chunked", chunked),
             ("response_head", response_head),
             ("cache_entry", cache_entry),
             ("cache_fields", cache_fields),
+            ("proxy_header", proxy_header),
+            ("h2_request", h2_request),
         ];
         for (target, harness) in targets {
             let dir = corpus().join(target);

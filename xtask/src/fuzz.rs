@@ -14,6 +14,7 @@
 //! | `cache_fields`  | `http::date::parse` (round trip), `cache::targeted::parse`, `Vary` and Accept-Encoding normalisation (idempotent) |
 //! | `config`        | `zerocache_config::parse` on UTF-8 input                            |
 //! | `proxy_header`  | `net::proxy_protocol::parse`: within bounds, prefixes incomplete    |
+//! | `h2_request`    | `server::h2::request::to_h1`: one whole HTTP/1.1 request, or refused |
 //!
 //! # Where things go
 //!
@@ -78,6 +79,7 @@ pub const TARGETS: &[&str] = &[
     "cache_fields",
     "config",
     "proxy_header",
+    "h2_request",
 ];
 
 /// libFuzzer's per-input time limit: a hang is reported (as a `timeout-*` artifact) instead of

@@ -13,7 +13,7 @@ mod copy_account;
 mod dispatch;
 pub mod fetch;
 mod fleet_intake;
-mod h2;
+pub(crate) mod h2;
 pub mod hit;
 mod refusal;
 mod relay;

@@ -23,7 +23,7 @@
 //! `ENHANCE_YOUR_CALM` (CVE-2023-44487); the crate bounds resets it has to send itself
 //! (CVE-2025-8671) and streams reset before they were accepted.
 
-mod request;
+pub(crate) mod request;
 mod response;
 mod stream;
 
