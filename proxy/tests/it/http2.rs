@@ -672,3 +672,82 @@ fn assert_eventually_origin_hit(origin: &Origin) -> usize {
     }
     origin.hits("/slow")
 }
+
+#[test]
+fn ping_and_settings_floods_from_a_client_that_does_not_read_stall_only_that_client() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    for (name, one) in [
+        ("PING", h2raw::frame(h2raw::PING, 0, 0, &[7u8; 8])),
+        (
+            "SETTINGS",
+            h2raw::frame(h2raw::SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]),
+        ),
+    ] {
+        let c = RawH2::connect(proxy.addr, &[]);
+        // 48 MiB of frames, never reading the answers: the proxy's answers back up in its
+        // socket, after which it must stop reading this client rather than queue more.
+        let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 4096).collect();
+        let mut sock = c.sock.try_clone().expect("clone");
+        sock.set_write_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut sent = 0usize;
+            while sent < 48 << 20 {
+                if sock.write_all(&batch).is_err() {
+                    break;
+                }
+                sent += batch.len();
+            }
+            sent
+        });
+        let other = proxy.get("/obj/4000");
+        assert!(other.body == body(4000), "{name}");
+        let sent = writer.join().expect("writer");
+        assert!(sent < 48 << 20, "{name}: the proxy took all {sent} bytes");
+        drop(c);
+    }
+    assert_eq!(proxy.get("/obj/4000").x_cache(), "HIT");
+}
+
+#[test]
+fn sighup_reloads_without_goaway_and_the_connection_goes_on() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    c.send(&one_request(&h2raw::get("/obj/100", &[])));
+    let first = c.until_end(1, WAIT);
+    assert!(first.iter().any(|f| f.kind == h2raw::HEADERS), "{first:?}");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGHUP) };
+    assert_eventually_eq(
+        "reload counted",
+        WAIT,
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_config_reloads_total{result=\"accepted\"}",
+            )
+        },
+        1,
+    );
+    c.send(&h2raw::frame(
+        h2raw::HEADERS,
+        h2raw::END_HEADERS | h2raw::END_STREAM,
+        3,
+        &h2raw::get("/obj/100", &[]),
+    ));
+    let second = c.until_end(3, WAIT);
+    assert!(
+        second.iter().all(|f| f.kind != h2raw::GOAWAY),
+        "a GOAWAY on reload: {second:?}"
+    );
+    let data: Vec<u8> = second
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA && f.stream == 3)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    assert!(data == body(100));
+    assert_eq!(origin.hits("/obj/100"), 1);
+}
