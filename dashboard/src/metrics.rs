@@ -271,7 +271,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let h2 = counter_vec(
         &r,
         "zerocache_h2_events_total",
-        "HTTP/2 connections and what happened on them: connections, streams, malformed (refused before anything went upstream), client-resets, send-timeouts, connection-errors (floods and protocol errors included), goaway, enhance-your-calm (GOAWAY to a client resetting most of its streams: rapid reset).",
+        "HTTP/2 connections and what happened on them: connections, streams, malformed (refused before anything went upstream), refused (CONNECT), client-resets, send-timeouts, connection-errors (floods and protocol errors included), goaway, enhance-your-calm (GOAWAY to a client resetting most of its streams: rapid reset).",
         &["event"],
     )?;
     for k in zerocache_ledger::H2_EVENTS {

@@ -13,15 +13,17 @@ use std::time::Duration;
 
 /// What `zerocache_h2_events_total` counts: `connections` (h2 by ALPN or h2c), `streams`
 /// (requests), `malformed` (streams refused before any byte went upstream: a field HTTP/2 forbids
-/// or a request the HTTP/1.1 path could not carry), `client-resets` (RST_STREAM from the client),
+/// or a request the HTTP/1.1 path could not carry), `refused` (well formed but not served: CONNECT),
+/// `client-resets` (RST_STREAM from the client),
 /// `send-timeouts` (a stream whose client took nothing within `send_timeout`, reset),
 /// `connection-errors` (the connection closed with an error: a flood, a protocol violation, a
 /// broken socket), `goaway` (a graceful GOAWAY on drain or idle), `enhance-your-calm` (GOAWAY
 /// to a client that reset most of its streams: rapid reset).
-pub const H2_EVENTS: [&str; 8] = [
+pub const H2_EVENTS: [&str; 9] = [
     "connections",
     "streams",
     "malformed",
+    "refused",
     "client-resets",
     "send-timeouts",
     "connection-errors",

@@ -751,3 +751,64 @@ fn sighup_reloads_without_goaway_and_the_connection_goes_on() {
     assert!(data == body(100));
     assert_eq!(origin.hits("/obj/100"), 1);
 }
+
+#[test]
+fn a_get_whose_stream_ends_on_an_empty_data_frame_is_cached_like_any_get() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    for round in 0..3 {
+        let mut c = RawH2::connect(proxy.addr, &[]);
+        // HEADERS without END_STREAM, then END_STREAM on an empty DATA frame.
+        let mut bytes = h2raw::frame(
+            h2raw::HEADERS,
+            h2raw::END_HEADERS,
+            1,
+            &h2raw::get("/obj/77", &[]),
+        );
+        bytes.extend(h2raw::frame(h2raw::DATA, h2raw::END_STREAM, 1, &[]));
+        c.send(&bytes);
+        let frames = c.until_end(1, WAIT);
+        let data: Vec<u8> = frames
+            .iter()
+            .filter(|f| f.kind == h2raw::DATA)
+            .flat_map(|f| f.payload.clone())
+            .collect();
+        assert!(data == body(77), "round {round}: {frames:?}");
+    }
+    // Stored by the first and served from the cache to the next two.
+    assert_eq!(origin.hits("/obj/77"), 1);
+}
+
+#[test]
+fn a_connection_past_its_goaway_that_never_answers_is_closed() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(
+        origin.addr(),
+        "limits:\n  idle_timeout: 1s\n  send_timeout: 1s\n",
+    );
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    // Never acknowledges the PING that follows the idle GOAWAY: the connection must still end.
+    let mut saw_goaway = false;
+    let mut closed = false;
+    for _ in 0..100 {
+        match c.next(WAIT) {
+            Some(f) if f.kind == h2raw::GOAWAY => saw_goaway = true,
+            Some(_) => {}
+            None => {
+                closed = true;
+                break;
+            }
+        }
+    }
+    assert!(saw_goaway && closed, "goaway {saw_goaway}, closed {closed}");
+    assert_eventually_eq(
+        "the connection slot given back",
+        WAIT,
+        || {
+            worker_loads(&proxy, worker_count(&proxy))
+                .iter()
+                .sum::<usize>()
+        },
+        0,
+    );
+}

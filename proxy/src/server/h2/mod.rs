@@ -18,10 +18,13 @@
 //! **Bounds.** 128 concurrent streams per connection (as nginx), a header list no larger than
 //! `limits.max_header_bytes`, a 64 KiB pipe per stream; a connection with no stream for
 //! `idle_timeout` gets a GOAWAY, as does every connection on drain (in two steps, RFC 9113 §6.8,
-//! which the crate's graceful shutdown sends). A client that resets more than
-//! [`RESET_BUDGET`] streams, and more than half of those it opened, is sent GOAWAY
-//! `ENHANCE_YOUR_CALM` (CVE-2023-44487); the crate bounds resets it has to send itself
-//! (CVE-2025-8671) and streams reset before they were accepted.
+//! which the crate's graceful shutdown sends), and is closed `send_timeout` after its last
+//! stream if the client has not closed it. A client that resets more than [`RESET_BUDGET`]
+//! streams and more than half of those it opened, or more than [`RESET_CAP`] in all, is sent
+//! GOAWAY `ENHANCE_YOUR_CALM` (CVE-2023-44487); the crate bounds resets it has to send itself
+//! (CVE-2025-8671) and streams reset before they were accepted. A reset stream whose response
+//! was a fill leaves the fill running within `cache.abandoned_fill_max` and `_timeout`, as an
+//! HTTP/1.1 client that leaves does.
 
 pub(crate) mod request;
 mod response;
@@ -52,6 +55,7 @@ pub(crate) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub(crate) async fn opens_with_preface(tcp: &tokio::net::TcpStream, wait: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + wait;
     let mut seen = [0u8; PREFACE.len()];
+    let mut backoff = Duration::from_millis(1);
     loop {
         let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut seen)).await {
             Ok(Ok(n)) => n,
@@ -63,24 +67,41 @@ pub(crate) async fn opens_with_preface(tcp: &tokio::net::TcpStream, wait: Durati
         if n == PREFACE.len() {
             return true;
         }
-        // A matching start: the rest is on its way (peek would return the same bytes at once).
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // A matching start: the rest is on its way (peek would return the same bytes at once),
+        // looked for again after 1, 2, 4 ... 128 ms, so a client that sends half a preface costs
+        // a few wake-ups, not a spin.
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(128));
     }
 }
 
 /// A stream counted as live until its task ends (a panic included), when the connection's
-/// idle clock starts again.
-struct Live(Arc<AtomicUsize>, Arc<AtomicU64>);
+/// idle clock starts again and its loop is woken to look.
+struct Live(Arc<Streams>);
+
+/// The streams of one connection, as its loop and their tasks see them.
+struct Streams {
+    live: AtomicUsize,
+    /// When a stream last started or ended (`uptime_ms`), for the idle GOAWAY.
+    last_active: AtomicU64,
+    /// A stream ended.
+    ended: tokio::sync::Notify,
+}
 
 impl Drop for Live {
     fn drop(&mut self) {
-        self.1.store(super::uptime_ms(), Ordering::Relaxed);
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .last_active
+            .store(super::uptime_ms(), Ordering::Relaxed);
+        self.0.live.fetch_sub(1, Ordering::Relaxed);
+        self.0.ended.notify_one();
     }
 }
 
 /// Runs an HTTP/2 connection to its end.
 pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
+    // Subscribed before the handshake, so a drain that starts during it is not missed.
+    let stop = shared.shutdown.subscribe();
     let ctx = shared.ctx.load_full();
     let Some(tcp) = sock.tcp() else {
         return;
@@ -115,9 +136,12 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
     builder
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(ctx.client.limits.max_head.min(u32::MAX as usize) as u32)
+        // One stream uploading to a slow origin holds at most its own window (64 KiB) of the
+        // connection's, not all of it.
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .max_send_buffer_size(64 * 1024);
     let handshake = builder.handshake::<_, Bytes>(sock);
-    let mut h2c = match tokio::time::timeout(ctx.client.header_timeout, handshake).await {
+    let h2c = match tokio::time::timeout(ctx.client.header_timeout, handshake).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
             acc.h2_event("connection-errors");
@@ -130,64 +154,131 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
             return;
         }
     };
-    let idle = ctx.client.idle_timeout;
+    let session = Session {
+        h2c,
+        c,
+        acc,
+        stop,
+        idle: ctx.client.idle_timeout,
+        // How long a connection that was sent GOAWAY and has no stream left may take to finish
+        // (the crate waits for the client's PING ack, and for the socket to take the frames).
+        closing: ctx.client.send_timeout,
+        streams: Arc::new(Streams {
+            live: AtomicUsize::new(0),
+            last_active: AtomicU64::new(super::uptime_ms()),
+            ended: tokio::sync::Notify::new(),
+        }),
+        going_away: None,
+        opened: 0,
+    };
     drop(ctx);
-    let live = Arc::new(AtomicUsize::new(0));
-    // When a stream last started or ended (`uptime_ms`), for the idle GOAWAY.
-    let last_active = Arc::new(AtomicU64::new(super::uptime_ms()));
-    let mut stop = shared.shutdown.subscribe();
-    let mut going_away = false;
-    let mut opened = 0u64;
-    loop {
-        let quiet = live.load(Ordering::Relaxed) == 0 && !going_away;
-        let since = super::uptime_ms().saturating_sub(last_active.load(Ordering::Relaxed));
-        let idle_left = idle.saturating_sub(Duration::from_millis(since));
-        tokio::select! {
-            next = h2c.accept() => match next {
-                Some(Ok((req, respond))) => {
-                    opened += 1;
-                    acc.h2_event("streams");
-                    live.fetch_add(1, Ordering::Relaxed);
-                    last_active.store(super::uptime_ms(), Ordering::Relaxed);
-                    let stream_conn = c.clone();
-                    let live = Live(live.clone(), last_active.clone());
-                    tokio::spawn(async move {
-                        let _live = live;
-                        stream::run(req, respond, stream_conn).await;
-                    });
-                    let resets = c.resets.load(Ordering::Relaxed);
-                    if resets > RESET_BUDGET && resets * 2 > opened {
-                        acc.h2_event("enhance-your-calm");
-                        tracing::info!(conn = id, %peer, resets, opened, "h2 client resets most of its streams (rapid reset); GOAWAY ENHANCE_YOUR_CALM");
-                        h2c.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-                        going_away = true;
-                    }
-                }
-                Some(Err(e)) => {
-                    // The crate's own flood guards end a connection with ENHANCE_YOUR_CALM
-                    // (streams reset before they were accepted, resets it had to send).
-                    acc.h2_event(match e.reason() {
-                        Some(h2::Reason::ENHANCE_YOUR_CALM) => "enhance-your-calm",
-                        _ => "connection-errors",
-                    });
-                    tracing::debug!(conn = id, %peer, error = %e, "h2 connection ended");
-                    break;
-                }
-                None => break,
-            },
-            _ = stop.changed(), if !going_away => {
+    session.run().await;
+}
+
+/// The connection's receive window: room for 64 streams' full windows at once.
+const CONNECTION_WINDOW: u32 = 4 << 20;
+
+/// Client resets that end a connection whatever else it did: a browser cancels some streams,
+/// no client needs this many on one connection.
+const RESET_CAP: u64 = 10_000;
+
+/// An accepted h2 connection's loop: it accepts streams and spawns their tasks, says GOAWAY on
+/// drain, on idle and to a client that resets too much, and ends the connection once it has
+/// no stream left after a GOAWAY.
+struct Session {
+    h2c: h2::server::Connection<ClientSock, Bytes>,
+    c: Arc<stream::Connection>,
+    acc: Arc<Accounting>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    idle: Duration,
+    closing: Duration,
+    streams: Arc<Streams>,
+    /// When the GOAWAY was sent.
+    going_away: Option<tokio::time::Instant>,
+    opened: u64,
+}
+
+impl Session {
+    async fn run(mut self) {
+        let (id, peer) = (self.c.id, self.c.peer);
+        loop {
+            if self.going_away.is_none() && *self.stop.borrow() {
                 // Drain: GOAWAY (twice, as the crate does), in-flight streams finish.
-                acc.h2_event("goaway");
-                h2c.graceful_shutdown();
-                going_away = true;
+                self.go_away("goaway");
             }
-            _ = tokio::time::sleep(idle_left.max(Duration::from_millis(10))), if !going_away => {
-                if quiet && idle_left.is_zero() {
-                    acc.h2_event("goaway");
-                    h2c.graceful_shutdown();
-                    going_away = true;
+            let quiet = self.streams.live.load(Ordering::Relaxed) == 0;
+            let wait = match self.going_away {
+                // Past its GOAWAY with nothing left to serve: a bounded wait for the close.
+                Some(at) if quiet => {
+                    (at + self.closing).saturating_duration_since(tokio::time::Instant::now())
+                }
+                Some(_) => Duration::MAX,
+                None if quiet => {
+                    let last = self.streams.last_active.load(Ordering::Relaxed);
+                    let since = Duration::from_millis(super::uptime_ms().saturating_sub(last));
+                    self.idle.saturating_sub(since)
+                }
+                None => Duration::MAX,
+            };
+            tokio::select! {
+                next = self.h2c.accept() => match next {
+                    Some(Ok((req, respond))) => self.spawn(req, respond),
+                    Some(Err(e)) => {
+                        // The crate's own flood guards end a connection with ENHANCE_YOUR_CALM
+                        // (streams reset before they were accepted, resets it had to send).
+                        self.acc.h2_event(match e.reason() {
+                            Some(h2::Reason::ENHANCE_YOUR_CALM) => "enhance-your-calm",
+                            _ => "connection-errors",
+                        });
+                        tracing::debug!(conn = id, %peer, error = %e, "h2 connection ended");
+                        return;
+                    }
+                    None => return,
+                },
+                _ = self.stop.changed(), if self.going_away.is_none() => {}
+                _ = self.streams.ended.notified() => {}
+                _ = tokio::time::sleep(wait), if wait != Duration::MAX => {
+                    if self.going_away.is_some() {
+                        tracing::debug!(conn = id, %peer, "h2 connection closed: no stream left after GOAWAY");
+                        return;
+                    }
+                    self.go_away("goaway");
                 }
             }
+        }
+    }
+
+    /// Sends GOAWAY (graceful) and counts it as `event`.
+    fn go_away(&mut self, event: &'static str) {
+        self.acc.h2_event(event);
+        self.h2c.graceful_shutdown();
+        self.going_away = Some(tokio::time::Instant::now());
+    }
+
+    /// Runs a new stream on its own task, after the rapid-reset check.
+    fn spawn(
+        &mut self,
+        req: http::Request<h2::RecvStream>,
+        respond: h2::server::SendResponse<Bytes>,
+    ) {
+        self.opened += 1;
+        self.acc.h2_event("streams");
+        self.streams.live.fetch_add(1, Ordering::Relaxed);
+        self.streams
+            .last_active
+            .store(super::uptime_ms(), Ordering::Relaxed);
+        let live = Live(self.streams.clone());
+        let c = self.c.clone();
+        tokio::spawn(async move {
+            let _live = live;
+            stream::run(req, respond, c).await;
+        });
+        let resets = self.c.resets.load(Ordering::Relaxed);
+        if (resets > RESET_BUDGET && resets * 2 > self.opened) || resets > RESET_CAP {
+            self.acc.h2_event("enhance-your-calm");
+            tracing::info!(conn = self.c.id, peer = %self.c.peer, resets, opened = self.opened, "h2 client resets most of its streams (rapid reset); GOAWAY ENHANCE_YOUR_CALM");
+            self.h2c.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+            self.going_away = Some(tokio::time::Instant::now());
         }
     }
 }

@@ -50,6 +50,8 @@ enum End {
     Done,
     /// The client reset the stream.
     Reset,
+    /// The connection went (closed, or ended by an error): nothing more to send.
+    Gone,
     /// The client's window stayed shut for `send_timeout`.
     Stalled,
     /// The response on the pipe was cut or could not be carried: the stream is reset.
@@ -65,18 +67,25 @@ pub(crate) async fn run(
     let ctx = c.shared.ctx.load_full();
     let acc = ctx.accounting.clone();
     let (parts, mut body) = req.into_parts();
-    let (head, mode) = match request::to_h1(&parts, body.is_end_stream()) {
+    let send_timeout = ctx.client.send_timeout;
+    let read_timeout = ctx.client.read_timeout;
+    drop(ctx);
+    let Some((ended, first)) = first_data(&parts, &mut body, read_timeout).await else {
+        respond.send_reset(Reason::CANCEL);
+        return;
+    };
+    let (head, mode) = match request::to_h1(&parts, ended) {
         Ok(t) => t,
         Err(refusal) => {
-            acc.h2_event("malformed");
+            acc.h2_event(match refusal {
+                Refusal::Malformed(_) => "malformed",
+                Refusal::Status(..) => "refused",
+            });
             refuse(&mut respond, refusal, &c);
             return;
         }
     };
     let head_request = parts.method == http::Method::HEAD;
-    let send_timeout = ctx.client.send_timeout;
-    let read_timeout = ctx.client.read_timeout;
-    drop(ctx);
     let (ours, theirs) = tokio::io::duplex(PIPE);
     let sock = ClientSock::H2Stream(Box::new(H2StreamSock {
         io: theirs,
@@ -85,7 +94,7 @@ pub(crate) async fn run(
     }));
     let (mut rd, wr) = tokio::io::split(ours);
     let served = conn::serve_stream(sock, c.peer, c.shared.clone(), c.id);
-    let upload = upload(wr, head, mode, &mut body, read_timeout);
+    let upload = upload(wr, head, mode, first, &mut body, read_timeout);
     // The request path's result, or the upload's failure: a body the client reset, or one the
     // `h2` crate refused (more DATA than its content-length), ends the request at once rather
     // than leaving the request path waiting for the rest until read_timeout.
@@ -115,7 +124,18 @@ pub(crate) async fn run(
             }
         }
     };
+    // A stream the client reset can look cut on the pipe first (its upload failed): the reset
+    // is what happened, and it counts towards the rapid-reset guard.
+    let end = match end {
+        End::Broken(why) => match poll_fn(|cx| Poll::Ready(respond.poll_reset(cx))).await {
+            Poll::Ready(Ok(_)) => End::Reset,
+            Poll::Ready(Err(_)) => End::Gone,
+            Poll::Pending => End::Broken(why),
+        },
+        other => other,
+    };
     match end {
+        End::Gone => {}
         End::Done => {
             // The request path records the response after its last byte: let it finish.
             if served.is_none() {
@@ -135,6 +155,42 @@ pub(crate) async fn run(
             // Whether or not a head went out: the stream must not end as if whole.
             respond.send_reset(Reason::INTERNAL_ERROR);
             tracing::debug!(conn = c.id, peer = %c.peer, why, "h2 stream reset");
+        }
+    }
+}
+
+/// What a stream's `poll_reset` said: the client's RST_STREAM, or the connection gone.
+fn reset_or_gone(r: Result<Reason, h2::Error>) -> End {
+    match r {
+        Ok(_) => End::Reset,
+        Err(_) => End::Gone,
+    }
+}
+
+/// Whether the request has a body (`ended` false), and its first DATA if it was waited for. A
+/// HEADERS frame without END_STREAM may still carry no body (a GET whose END_STREAM comes on an
+/// empty DATA frame, as some clients send it): without a `content-length` the first DATA is
+/// waited for (within `read_timeout`), so such a request is the bodiless one it is, planned and
+/// cached as over HTTP/1.1 rather than relayed as one with a body. Not with
+/// `expect: 100-continue`, whose client waits for the 100 before sending. None: the client
+/// reset the stream, or sent nothing in time.
+async fn first_data(
+    parts: &http::request::Parts,
+    body: &mut RecvStream,
+    read_timeout: Duration,
+) -> Option<(bool, Option<Bytes>)> {
+    if body.is_end_stream()
+        || parts.headers.contains_key(http::header::CONTENT_LENGTH)
+        || parts.headers.contains_key(http::header::EXPECT)
+    {
+        return Some((body.is_end_stream(), None));
+    }
+    loop {
+        match tokio::time::timeout(read_timeout, body.data()).await {
+            Ok(None) => return Some((true, None)),
+            Ok(Some(Ok(c))) if c.is_empty() => {}
+            Ok(Some(Ok(c))) => return Some((false, Some(c))),
+            Ok(Some(Err(_))) | Err(_) => return None,
         }
     }
 }
@@ -163,19 +219,25 @@ async fn upload<W: AsyncWrite + Unpin>(
     mut wr: W,
     head: Vec<u8>,
     mode: BodyMode,
+    mut first: Option<Bytes>,
     body: &mut RecvStream,
     read_timeout: Duration,
 ) -> std::io::Result<()> {
     wr.write_all(&head).await?;
     if mode != BodyMode::None {
         loop {
-            let next = tokio::time::timeout(read_timeout, body.data())
-                .await
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?;
-            let chunk = match next {
-                Some(Ok(c)) => c,
-                Some(Err(e)) => return Err(std::io::Error::other(e)),
-                None => break,
+            let chunk = match first.take() {
+                Some(c) => c,
+                None => {
+                    let next = tokio::time::timeout(read_timeout, body.data())
+                        .await
+                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?;
+                    match next {
+                        Some(Ok(c)) => c,
+                        Some(Err(e)) => return Err(std::io::Error::other(e)),
+                        None => break,
+                    }
+                }
             };
             let n = chunk.len();
             if mode == BodyMode::Chunked && n > 0 {
@@ -229,7 +291,7 @@ async fn download<R: tokio::io::AsyncRead + Unpin>(
                 Ok(0) | Err(_) => return End::Broken("no response on the pipe".into()),
                 Ok(_) => {}
             },
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => return End::Reset,
+            r = poll_fn(|cx| respond.poll_reset(cx)) => return reset_or_gone(r),
         }
     };
     let (res, framing) = match response::to_h2(&head, head_request) {
@@ -248,7 +310,7 @@ async fn download<R: tokio::io::AsyncRead + Unpin>(
         return End::Done;
     }
     let end = body(rd, &mut buf, &mut send, framing, send_timeout).await;
-    if !matches!(end, End::Done | End::Reset) {
+    if !matches!(end, End::Done | End::Reset | End::Gone) {
         send.send_reset(match end {
             End::Stalled => Reason::CANCEL,
             _ => Reason::INTERNAL_ERROR,
@@ -303,7 +365,7 @@ async fn body<R: tokio::io::AsyncRead + Unpin>(
                 Ok(0) | Err(_) => return End::Broken("response cut on the pipe".into()),
                 Ok(_) => {}
             },
-            _ = poll_fn(|cx| send.poll_reset(cx)) => return End::Reset,
+            r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
         }
     }
 }
