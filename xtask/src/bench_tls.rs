@@ -82,7 +82,7 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
         .map(|n| n.get())
         .unwrap_or(2);
     let origin = start_origin()?;
-    let nginx = start_nginx(&base, origin.addr, workers, &cert, &key)?;
+    let nginx = start_nginx(&base, origin.addr, workers, &cert, &key, false)?;
     let zc_port = free_port()?;
     let rows: Vec<Row> = SIZES
         .iter()
@@ -92,7 +92,7 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
     warm(nginx.addr, "nginx")?;
     let zc_path;
     {
-        let z = start_zerocache(&base, zc_port, origin.addr, &cert, &key)?;
+        let z = start_zerocache(&base, zc_port, origin.addr, &cert, &key, false)?;
         warm(z.addr, "zerocache")?;
         println!("xtask: bench --tls: suite {} on both", negotiated(z.addr)?);
         zc_path = tls_path(&z)?;
@@ -104,7 +104,14 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
     for rep in 0..reps {
         for k in [rep % 2, (rep + 1) % 2] {
             let zc_guard = if k == 0 {
-                Some(start_zerocache(&base, zc_port, origin.addr, &cert, &key)?)
+                Some(start_zerocache(
+                    &base,
+                    zc_port,
+                    origin.addr,
+                    &cert,
+                    &key,
+                    false,
+                )?)
             } else {
                 None
             };
@@ -149,7 +156,7 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
 }
 
 /// A self-signed ECDSA P-256 certificate for localhost and 127.0.0.1.
-fn make_cert(dir: &Path) -> anyhow::Result<(String, String)> {
+pub(crate) fn make_cert(dir: &Path) -> anyhow::Result<(String, String)> {
     let (cert, key) = (dir.join("bench.crt"), dir.join("bench.key"));
     let status = Command::new("openssl")
         .args([
@@ -181,17 +188,21 @@ fn make_cert(dir: &Path) -> anyhow::Result<(String, String)> {
     Ok((cert.display().to_string(), key.display().to_string()))
 }
 
-fn start_nginx(
+/// nginx proxy_cache over TLS; with `h2`, `http2` on its listener (nginx 1.22's syntax; 1.25's
+/// `http2 on;` means the same).
+pub(crate) fn start_nginx(
     base: &Path,
     origin: SocketAddr,
     workers: usize,
     cert: &str,
     key: &str,
+    h2: bool,
 ) -> anyhow::Result<Running> {
     let dir = base.join("nginx");
     std::fs::create_dir_all(&dir)?;
     let d = dir.display();
     let port = free_port()?;
+    let http2 = if h2 { " http2" } else { "" };
     let conf = format!(
         "user root root; worker_processes {workers}; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
 events {{ worker_connections 4096; }}
@@ -201,7 +212,7 @@ http {{
   proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
   upstream origin {{ server {origin}; keepalive 32; }}
   ssl_session_cache shared:SSL:10m; ssl_session_tickets on;
-  server {{ listen 127.0.0.1:{port} ssl;
+  server {{ listen 127.0.0.1:{port} ssl{http2};
     ssl_certificate {cert}; ssl_certificate_key {key};
     ssl_protocols TLSv1.3; ssl_conf_command Ciphersuites {SUITE}; ssl_conf_command Options KTLS;
     location / {{ proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";
@@ -228,12 +239,14 @@ http {{
     })
 }
 
-fn start_zerocache(
+/// zerocache with a TLS listener on `port`; with `h2`, `tls.http2: true`.
+pub(crate) fn start_zerocache(
     base: &Path,
     port: u16,
     origin: SocketAddr,
     cert: &str,
     key: &str,
+    h2: bool,
 ) -> anyhow::Result<Running> {
     let dir = base.join("zc");
     std::fs::create_dir_all(&dir)?;
@@ -242,7 +255,7 @@ fn start_zerocache(
     std::fs::write(
         &conf,
         format!(
-            "listen: 127.0.0.1:{plain}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: true\nlogging:\n  level: warn\ntls:\n  listen: 127.0.0.1:{port}\n  certificates:\n    - {{ cert: {cert}, key: {key} }}\n",
+            "listen: 127.0.0.1:{plain}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: true\nlogging:\n  level: warn\ntls:\n  listen: 127.0.0.1:{port}\n  http2: {h2}\n  certificates:\n    - {{ cert: {cert}, key: {key} }}\n",
             dir.join("cache").display()
         ),
     )?;
@@ -297,7 +310,7 @@ fn tls_path(z: &Running) -> anyhow::Result<String> {
 }
 
 /// Fetches every size over TLS until it is a hit, checking the bodies byte for byte.
-fn warm(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
+pub(crate) fn warm(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
     for s in SIZES {
         let url = format!("https://127.0.0.1:{}/obj/{s}", addr.port());
         let expected = zerocache_origin::body(s);

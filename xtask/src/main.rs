@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_fleet;
+mod bench_h2;
 mod bench_tls;
 mod bench_watch;
 mod demo;
@@ -102,6 +103,10 @@ enum Task {
         /// and a handshake per request); writes xtask/bench/results/tls.md.
         #[arg(long)]
         tls: bool,
+        /// With --tls: HTTP/2 (h2load) against nginx `listen ... ssl http2`, and zerocache's own
+        /// HTTP/1.1 with the same client; writes xtask/bench/results/h2.md.
+        #[arg(long, requires = "tls")]
+        h2: bool,
         /// Only the watch-mode probe cost per syscall (watched and unwatched); writes
         /// xtask/bench/results/watch-cost.md. The full run appends the same section.
         #[arg(long)]
@@ -227,13 +232,18 @@ fn main() -> ExitCode {
             unpinned,
             cold,
             tls: true,
+            h2,
             ..
         } => setup::setup().and_then(|_| {
             anyhow::ensure!(
                 !(pin || affinity || unpinned || cold) && sizes.is_empty(),
                 "--tls runs its own sizes with default placement: no --pin, --affinity, --unpinned, --cold or --sizes"
             );
-            bench_tls::bench_tls(duration, reps)
+            if h2 {
+                bench_h2::bench_h2(duration, reps)
+            } else {
+                bench_tls::bench_tls(duration, reps)
+            }
         }),
         Task::Bench {
             duration,
