@@ -68,10 +68,15 @@ pub enum ClientSock {
     H2Stream(Box<H2StreamSock>),
 }
 
-/// The request path's end of an HTTP/2 stream's pipe, with what it keeps of the connection.
+/// The request path's end of an HTTP/2 stream, with what it keeps of the connection: the
+/// request arrives as bytes on a pipe, the response leaves as chunks on a channel, so a cache
+/// file's body is read once into the chunk that becomes the DATA frames' payload (no copy into
+/// and out of a pipe).
 pub struct H2StreamSock {
-    /// The pipe to the stream's driver.
+    /// The request, written by the stream's driver.
     pub io: tokio::io::DuplexStream,
+    /// The response, to the stream's driver (bounded: one chunk in flight).
+    pub out: tokio_util::sync::PollSender<bytes::Bytes>,
     /// The connection is TLS (h2 by ALPN) rather than h2c.
     pub tls: bool,
     /// The certificate the connection was served, with `tls.strict_sni`.
@@ -198,7 +203,7 @@ impl ClientSock {
                 t.write_all(buf, timeout).await?;
                 t.flush(timeout).await
             }
-            ClientSock::H2Stream(t) => write_all_within(&mut t.io, buf, timeout).await,
+            ClientSock::H2Stream(t) => t.send(bytes::Bytes::copy_from_slice(buf), timeout).await,
         }
     }
 
@@ -212,7 +217,7 @@ impl ClientSock {
                 let queued = t.stream.get_mut().1.writer().write(head)?;
                 t.write_all(&head[queued..], timeout).await
             }
-            ClientSock::H2Stream(t) => write_all_within(&mut t.io, head, timeout).await,
+            ClientSock::H2Stream(t) => t.send(bytes::Bytes::copy_from_slice(head), timeout).await,
         }
     }
 
@@ -240,8 +245,50 @@ impl ClientSock {
                 sendfile::send(t.stream.tcp(), file, offset, len, max_chunk, timeout).await
             }
             ClientSock::Tls(t) => t.send_file(file, offset, len, timeout).await,
-            ClientSock::H2Stream(t) => copy_file(&mut t.io, file, offset, len, timeout).await,
+            ClientSock::H2Stream(t) => t.send_file(file, offset, len, timeout).await,
         }
+    }
+}
+
+/// Chunks of a cache file sent to an HTTP/2 stream: a DATA frame's worth several times over,
+/// and small enough that 128 streams each holding one stay within 8 MiB per connection.
+const H2_FILE_CHUNK: usize = 64 * 1024;
+
+impl H2StreamSock {
+    /// Sends one chunk, within `timeout` for the channel to take it.
+    async fn send(&mut self, chunk: bytes::Bytes, timeout: Duration) -> io::Result<()> {
+        let gone = || io::Error::from(io::ErrorKind::BrokenPipe);
+        tokio::time::timeout(
+            timeout,
+            std::future::poll_fn(|cx| self.out.poll_reserve(cx)),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|_| gone())?;
+        self.out.send_item(chunk).map_err(|_| gone())
+    }
+
+    /// Sends `len` bytes of `file` from `offset`, each chunk read once into the buffer that
+    /// leaves as DATA.
+    async fn send_file(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<u64, SendfileError> {
+        let mut sent = 0u64;
+        while sent < len {
+            let want = ((len - sent) as usize).min(H2_FILE_CHUNK);
+            let mut buf = bytes::BytesMut::zeroed(want);
+            let n = crate::sendfile::read_piece(file, &mut buf, offset, sent, len)?;
+            buf.truncate(n);
+            self.send(buf.freeze(), timeout)
+                .await
+                .map_err(|error| SendfileError::Io { sent, error })?;
+            sent += n as u64;
+        }
+        Ok(sent)
     }
 }
 
@@ -355,7 +402,14 @@ impl AsyncWrite for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_write(cx, buf),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_write(cx, buf),
-            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_write(cx, buf),
+            ClientSock::H2Stream(t) => {
+                std::task::ready!(t.out.poll_reserve(cx))
+                    .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+                t.out
+                    .send_item(bytes::Bytes::copy_from_slice(buf))
+                    .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+                Poll::Ready(Ok(buf.len()))
+            }
         }
     }
 
@@ -364,7 +418,7 @@ impl AsyncWrite for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_flush(cx),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_flush(cx),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_flush(cx),
-            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_flush(cx),
+            ClientSock::H2Stream(_) => Poll::Ready(Ok(())),
         }
     }
 
@@ -373,7 +427,10 @@ impl AsyncWrite for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_shutdown(cx),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_shutdown(cx),
-            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_shutdown(cx),
+            ClientSock::H2Stream(t) => {
+                t.out.close();
+                Poll::Ready(Ok(()))
+            }
         }
     }
 }

@@ -812,3 +812,39 @@ fn a_connection_past_its_goaway_that_never_answers_is_closed() {
         0,
     );
 }
+
+#[test]
+fn data_frames_fill_whole_tls_records_and_the_body_is_exact() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    // A window large enough for the whole body, on the stream and on the connection.
+    let mut c = RawH2::connect(proxy.addr, &[(0x4, 1 << 20)]);
+    c.send(&h2raw::frame(
+        h2raw::WINDOW_UPDATE,
+        0,
+        0,
+        &(1u32 << 20).to_be_bytes(),
+    ));
+    for stream in [1u32, 3] {
+        c.send(&h2raw::frame(
+            h2raw::HEADERS,
+            h2raw::END_HEADERS | h2raw::END_STREAM,
+            stream,
+            &h2raw::get("/obj/200000", &[]),
+        ));
+        let frames = c.until_end(stream, WAIT);
+        let data: Vec<&h2raw::Frame> = frames
+            .iter()
+            .filter(|f| f.kind == h2raw::DATA && f.stream == stream)
+            .collect();
+        // 16,375 bytes of payload and a 9-byte frame header: one 16 KiB TLS record each.
+        assert!(
+            data.iter().all(|f| f.payload.len() <= 16_375),
+            "{:?}",
+            data.iter().map(|f| f.payload.len()).collect::<Vec<_>>()
+        );
+        let got: Vec<u8> = data.iter().flat_map(|f| f.payload.clone()).collect();
+        assert!(got == body(200_000), "stream {stream}");
+    }
+    assert_eq!(origin.hits("/obj/200000"), 1);
+}

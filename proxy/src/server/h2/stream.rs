@@ -23,12 +23,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc::Receiver;
 use zerocache_ledger::ConnId;
 
-/// The pipe's buffer each way: what one stream may hold between the request path and the
-/// client's window (with 128 streams, 8 MiB per connection at most).
+/// The request pipe's buffer: what one stream's upload may hold between the client's DATA frames
+/// and the request path (with 128 streams, 8 MiB per connection at most).
 const PIPE: usize = 64 * 1024;
+
+/// DATA payload per frame: a frame's 9-byte header and this fill one 16 KiB TLS record exactly.
+/// A full 16,384-byte payload (the peer's default SETTINGS_MAX_FRAME_SIZE) would make every
+/// frame two records, the second of 9 bytes: twice the records, seals and writes.
+const FRAME_PAYLOAD: usize = 16_384 - 9;
 
 /// Largest response head read off the pipe (the request path's heads are far smaller).
 const MAX_HEAD: usize = 256 * 1024;
@@ -87,12 +93,16 @@ pub(crate) async fn run(
     };
     let head_request = parts.method == http::Method::HEAD;
     let (ours, theirs) = tokio::io::duplex(PIPE);
+    // One chunk in flight: the request path waits for the client's window, as it would on a
+    // socket, and a stream holds at most a chunk and what h2 queues (64 KiB) of its response.
+    let (out, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
     let sock = ClientSock::H2Stream(Box::new(H2StreamSock {
         io: theirs,
+        out: tokio_util::sync::PollSender::new(out),
         tls: c.tls,
         served: c.served.clone(),
     }));
-    let (mut rd, wr) = tokio::io::split(ours);
+    let wr = ours;
     let served = conn::serve_stream(sock, c.peer, c.shared.clone(), c.id);
     let upload = upload(wr, head, mode, first, &mut body, read_timeout);
     // The request path's result, or the upload's failure: a body the client reset, or one the
@@ -115,7 +125,7 @@ pub(crate) async fn run(
     let mut work = std::pin::pin!(work);
     let mut served = None;
     let end = {
-        let download = download(&mut rd, &mut respond, head_request, send_timeout);
+        let download = download(&mut rx, &mut respond, head_request, send_timeout);
         let mut download = std::pin::pin!(download);
         loop {
             tokio::select! {
@@ -258,13 +268,13 @@ async fn upload<W: AsyncWrite + Unpin>(
 
 /// Reads the response off the pipe and sends it: interim heads as informational HEADERS, the
 /// final head, then the body as DATA frames until its framing says it ended.
-async fn download<R: tokio::io::AsyncRead + Unpin>(
-    rd: &mut R,
+async fn download(
+    rx: &mut Receiver<Bytes>,
     respond: &mut SendResponse<Bytes>,
     head_request: bool,
     send_timeout: Duration,
 ) -> End {
-    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut buf = BytesMut::new();
     let head = loop {
         match crate::http::response::parse(&buf) {
             Ok(Some((head, n))) => {
@@ -287,9 +297,9 @@ async fn download<R: tokio::io::AsyncRead + Unpin>(
             Err(e) => return End::Broken(e),
         }
         tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
-                Ok(0) | Err(_) => return End::Broken("no response on the pipe".into()),
-                Ok(_) => {}
+            r = rx.recv() => match r {
+                Some(chunk) => buf.extend_from_slice(&chunk),
+                None => return End::Broken("no response from the request path".into()),
             },
             r = poll_fn(|cx| respond.poll_reset(cx)) => return reset_or_gone(r),
         }
@@ -309,7 +319,7 @@ async fn download<R: tokio::io::AsyncRead + Unpin>(
     if empty {
         return End::Done;
     }
-    let end = body(rd, &mut buf, &mut send, framing, send_timeout).await;
+    let end = body(rx, buf, &mut send, framing, send_timeout).await;
     if !matches!(end, End::Done | End::Reset | End::Gone) {
         send.send_reset(match end {
             End::Stalled => Reason::CANCEL,
@@ -319,10 +329,11 @@ async fn download<R: tokio::io::AsyncRead + Unpin>(
     end
 }
 
-/// Sends the body that follows the head on the pipe (`buf` holds what was read past the head).
-async fn body<R: tokio::io::AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut BytesMut,
+/// Sends the body that follows the head (`buf` holds what came with it). A sized body's chunks
+/// go out as they came, each the payload of its DATA frames; a chunked one is decoded.
+async fn body(
+    rx: &mut Receiver<Bytes>,
+    mut buf: BytesMut,
     send: &mut SendStream<Bytes>,
     framing: Framing,
     send_timeout: Duration,
@@ -333,17 +344,30 @@ async fn body<R: tokio::io::AsyncRead + Unpin>(
     };
     let mut decoder = ChunkedDecoder::default();
     let mut decoded = Vec::new();
+    let mut next = Some(buf.split().freeze());
     loop {
-        // What of `buf` is body, and whether it is the last of it.
+        let chunk = match next.take() {
+            Some(c) => c,
+            None => tokio::select! {
+                r = rx.recv() => match r {
+                    Some(c) => c,
+                    None => return End::Broken("response cut short by the request path".into()),
+                },
+                r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
+            },
+        };
+        // What of this chunk is body, and whether it is the last of it.
         let (piece, last) = match framing {
             Framing::Length(_) => {
-                let take = (buf.len() as u64).min(left) as usize;
+                let mut chunk = chunk;
+                let take = (chunk.len() as u64).min(left) as usize;
                 left -= take as u64;
-                (buf.split_to(take).freeze(), left == 0)
+                (chunk.split_to(take), left == 0)
             }
             Framing::Chunked => {
+                buf.extend_from_slice(&chunk);
                 decoded.clear();
-                match decoder.decode(buf, &mut decoded) {
+                match decoder.decode(&mut buf, &mut decoded) {
                     Ok(done) => (Bytes::copy_from_slice(&decoded), done),
                     Err(e) => return End::Broken(e.to_string()),
                 }
@@ -356,16 +380,6 @@ async fn body<R: tokio::io::AsyncRead + Unpin>(
                 End::Done => {}
                 other => return other,
             }
-        }
-        if buf.capacity() - buf.len() < 8 * 1024 {
-            buf.reserve(32 * 1024);
-        }
-        tokio::select! {
-            r = rd.read_buf(buf) => match r {
-                Ok(0) | Err(_) => return End::Broken("response cut on the pipe".into()),
-                Ok(_) => {}
-            },
-            r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
         }
     }
 }
@@ -386,21 +400,25 @@ async fn send_data(
     }
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let wait = poll_fn(|cx| {
-            if send.poll_reset(cx).is_ready() {
-                return Poll::Ready(None);
-            }
-            send.poll_capacity(cx)
-        });
-        let granted = match tokio::time::timeout(send_timeout, wait).await {
-            Err(_) => return End::Stalled,
-            Ok(None) | Ok(Some(Err(_))) => return End::Reset,
-            Ok(Some(Ok(n))) => n,
-        };
+        // Capacity already assigned is used first: poll_capacity wakes only when it grows.
+        let mut granted = send.capacity();
         if granted == 0 {
-            continue;
+            let wait = poll_fn(|cx| {
+                if send.poll_reset(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                send.poll_capacity(cx)
+            });
+            granted = match tokio::time::timeout(send_timeout, wait).await {
+                Err(_) => return End::Stalled,
+                Ok(None) | Ok(Some(Err(_))) => return End::Reset,
+                Ok(Some(Ok(n))) => n,
+            };
+            if granted == 0 {
+                continue;
+            }
         }
-        let piece = data.split_to(granted.min(data.len()));
+        let piece = data.split_to(granted.min(data.len()).min(FRAME_PAYLOAD));
         let end = last && data.is_empty();
         if send.send_data(piece, end).is_err() {
             return End::Reset;
