@@ -471,6 +471,14 @@ fn rfc9111_5_2_1_3_min_fresh_and_5_2_1_2_max_stale() {
         c.get("/mf", &[("Cache-Control", "min-fresh=30")]).x_cache(),
         "REVALIDATED"
     );
+    // The revalidated hit is recorded once its last send returns, which can be after the client
+    // has it all: counted before the baseline is read, or the next hit's count would include it.
+    assert_eventually_eq(
+        "the revalidated hit recorded",
+        std::time::Duration::from_secs(5),
+        || zero_copy_bytes(&proxy),
+        2,
+    );
     proxy.advance_clock(2);
     // Stale, but the client accepts up to 100 s of staleness: served without asking the origin.
     let hits = origin.hits("/mf");

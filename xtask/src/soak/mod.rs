@@ -6,7 +6,8 @@
 //! objects of many sizes whose bytes are known ([`zerocache_origin::body`]): cacheable with an
 //! ETag (`/obj/N`), `no-store` (`/ns/N`), chunked without a validator (`/ch/N`), and a "flaky" set
 //! whose answers the origin faults rewrite: `/fl/N` (fresh for 2 s, revalidated with a 304) and
-//! `/fn/N` (`no-store`). Client threads drive a weighted mix through the proxy: GET, HEAD, single
+//! `/fn/N` (`no-store`). Client threads drive a weighted mix through the proxy, half of them over
+//! HTTP/2 (h2c, `soak/h2.rs`) and half over HTTP/1.1 on the same listener: GET, HEAD, single
 //! ranges, `If-None-Match` with the right and a wrong ETag, cache-busting misses, and purges
 //! through the dashboard API. Every body is compared byte for byte with what the origin serves.
 //!
@@ -33,7 +34,9 @@
 //! the full count, so no send-time check can see it; only an outside writer can cause it (the
 //! proxy never modifies a cache file in place: fills are renamed into place whole). Like a flip,
 //! such a body is counted apart ("injected truncation served as zeros") and does not fail the
-//! run; any other wrong byte does.
+//! run; any other wrong byte does. An HTTP/2 client's hit is read with pread(2) instead, and a
+//! read racing the truncation can copy pages the kernel is zeroing: zeros that start past the
+//! cut rather than at it, counted the same way.
 //!
 //! The run's directory (config, cache, the proxy's log) is removed after a pass unless
 //! `XTASK_SOAK_KEEP` is set, and kept after a failure.
@@ -55,6 +58,7 @@ use zerocache_origin::client::parse_head;
 use zerocache_origin::{Framing, Origin, Reply};
 
 mod faults;
+mod h2;
 mod http;
 mod objects;
 mod origin;
@@ -148,7 +152,7 @@ pub fn soak(opts: Options) -> anyhow::Result<()> {
     std::fs::write(
         &config,
         format!(
-            "# Written by `cargo xtask soak`.\nlisten: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin_addr}\"]\n    connect_timeout: 1s\n    read_timeout: {UPSTREAM_READ_TIMEOUT_S}s\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\nlogging:\n  level: warn\n",
+            "# Written by `cargo xtask soak`.\nlisten: [{{addr: \"127.0.0.1:{port}\", h2c: true}}]\ncache:\n  path: {}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin_addr}\"]\n    connect_timeout: 1s\n    read_timeout: {UPSTREAM_READ_TIMEOUT_S}s\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: {probe}\nlogging:\n  level: warn\n",
             cache_dir.display()
         ),
     )?;
@@ -170,7 +174,7 @@ pub fn soak(opts: Options) -> anyhow::Result<()> {
     let pid = proxy.pid();
     let (rss_start, fds_start) = sample(pid).unwrap_or((0, 0));
     println!(
-        "xtask: soak: {} s, {clients} clients, seed {}, probe {}, {} build; proxy {proxy_addr} (pid {pid}), origin {origin_addr}, dashboard {dashboard}, dir {}",
+        "xtask: soak: {} s, {clients} clients (odd-numbered ones speak h2 with prior knowledge, the others HTTP/1.1, on one listener), seed {}, probe {}, {} build; proxy {proxy_addr} (pid {pid}), origin {origin_addr}, dashboard {dashboard}, dir {}",
         opts.duration,
         opts.seed,
         if probe { "on" } else { "off" },

@@ -225,10 +225,27 @@ pub(crate) fn io_failure(e: IoFail) -> Failure {
 }
 
 /// One request of `op` on `obj`: the target it named and its verdict.
+/// A client thread's connection: HTTP/1.1 or HTTP/2.
+pub(crate) enum ClientConn {
+    H1(HttpConn),
+    H2(super::h2::H2Conn),
+}
+
+impl ClientConn {
+    fn exchange(&mut self, req: &[u8], head_only: bool) -> Result<Response, IoFail> {
+        match self {
+            ClientConn::H1(c) => c.exchange(req, head_only),
+            ClientConn::H2(c) => c.exchange(req, head_only),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn one_request(
     sh: &Shared,
+    h2: bool,
     rng: &mut Rng,
-    conn: &mut Option<HttpConn>,
+    conn: &mut Option<ClientConn>,
     op: Op,
     obj: &Object,
     seq: u64,
@@ -297,7 +314,12 @@ pub(crate) fn one_request(
     let method = if op == Op::Head { "HEAD" } else { "GET" };
     let req = format!("{method} {target} HTTP/1.1\r\nHost: {HOST}\r\n{extra}\r\n");
     if conn.is_none() {
-        match HttpConn::connect(sh.proxy) {
+        let connected = if h2 {
+            super::h2::H2Conn::connect(sh.proxy).map(ClientConn::H2)
+        } else {
+            HttpConn::connect(sh.proxy).map(ClientConn::H1)
+        };
+        match connected {
             Ok(c) => *conn = Some(c),
             Err(e) => {
                 std::thread::sleep(Duration::from_millis(50));
@@ -401,7 +423,8 @@ pub(crate) fn client(sh: Arc<Shared>, tid: usize, seed: u64) -> ClientStats {
         .map(|(i, _)| i)
         .collect();
     let mut stats = ClientStats::default();
-    let mut conn: Option<HttpConn> = None;
+    let mut conn: Option<ClientConn> = None;
+    let h2 = tid % 2 == 1;
     let mut seq = 0u64;
     while !sh.stop.load(Ordering::Relaxed) {
         seq += 1;
@@ -413,7 +436,7 @@ pub(crate) fn client(sh: Arc<Shared>, tid: usize, seed: u64) -> ClientStats {
         };
         let obj = &sh.objects[idx];
         let start = Instant::now();
-        let (target, verdict) = one_request(&sh, &mut rng, &mut conn, op, obj, seq, tid);
+        let (target, verdict) = one_request(&sh, h2, &mut rng, &mut conn, op, obj, seq, tid);
         let end = Instant::now();
         *stats.by_op.entry(op).or_default() += 1;
         sh.requests.fetch_add(1, Ordering::Relaxed);
