@@ -7,8 +7,8 @@
 //! `bench --tls` holds both servers to; CPU is read from /proc as there.
 
 use crate::bench::{cpu_ns, median, pids, size_name, start_origin};
-use crate::bench_tls::{make_cert, start_nginx, start_zerocache, warm};
-use crate::{free_port, root, run};
+use crate::bench_tls::{Prepared, prepare, start_nginx, start_zerocache, warm};
+use crate::{free_port, root};
 use anyhow::Context;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -47,22 +47,12 @@ struct Sample {
 
 /// Runs the HTTP/2 benchmark and writes `xtask/bench/results/h2.md`.
 pub fn bench_h2(duration: u64, reps: usize) -> anyhow::Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(&cargo).args([
-        "build",
-        "--release",
-        "-p",
-        "zerocache",
-        "-p",
-        "zerocache-origin",
-    ]))?;
-    let base = root().join("target/bench-h2");
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base)?;
-    let (cert, key) = make_cert(&base)?;
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
+    let Prepared {
+        base,
+        cert,
+        key,
+        workers,
+    } = prepare("bench-h2")?;
     let origin = start_origin()?;
     let nginx = start_nginx(&base, origin.addr, workers, &cert, &key, true)?;
     let zc_port = free_port()?;

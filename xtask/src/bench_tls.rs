@@ -65,22 +65,12 @@ struct Sample {
 
 /// Runs the TLS benchmark and writes `xtask/bench/results/tls.md`.
 pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(&cargo).args([
-        "build",
-        "--release",
-        "-p",
-        "zerocache",
-        "-p",
-        "zerocache-origin",
-    ]))?;
-    let base = root().join("target/bench-tls");
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base)?;
-    let (cert, key) = make_cert(&base)?;
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
+    let Prepared {
+        base,
+        cert,
+        key,
+        workers,
+    } = prepare("bench-tls")?;
     let origin = start_origin()?;
     let nginx = start_nginx(&base, origin.addr, workers, &cert, &key, false)?;
     let zc_port = free_port()?;
@@ -155,8 +145,42 @@ pub fn bench_tls(duration: u64, reps: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a TLS benchmark starts from: release binaries built, its own directory under `target/`
+/// emptied, a certificate, and the worker count both servers get.
+pub(crate) struct Prepared {
+    pub(crate) base: std::path::PathBuf,
+    pub(crate) cert: String,
+    pub(crate) key: String,
+    pub(crate) workers: usize,
+}
+
+pub(crate) fn prepare(dir: &str) -> anyhow::Result<Prepared> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo).args([
+        "build",
+        "--release",
+        "-p",
+        "zerocache",
+        "-p",
+        "zerocache-origin",
+    ]))?;
+    let base = root().join("target").join(dir);
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base)?;
+    let (cert, key) = make_cert(&base)?;
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    Ok(Prepared {
+        base,
+        cert,
+        key,
+        workers,
+    })
+}
+
 /// A self-signed ECDSA P-256 certificate for localhost and 127.0.0.1.
-pub(crate) fn make_cert(dir: &Path) -> anyhow::Result<(String, String)> {
+fn make_cert(dir: &Path) -> anyhow::Result<(String, String)> {
     let (cert, key) = (dir.join("bench.crt"), dir.join("bench.key"));
     let status = Command::new("openssl")
         .args([

@@ -54,29 +54,39 @@ fn field<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// A proxy with a TLS listener for `name` (`tls.http2` as `http2`, user-space TLS), in front
+/// of `origin`: the proxy, the listener's port, and the certificate file (kept in `dir`).
+fn tls_proxy(
+    origin: std::net::SocketAddr,
+    dir: &std::path::Path,
+    name: &str,
+    http2: bool,
+) -> (Proxy, u16, String) {
+    let files = write(dir, "a", &cert(&[name]));
+    let tport = free_port();
+    let proxy = Proxy::start(
+        origin,
+        Opts {
+            extra_yaml: format!(
+                "{}  ktls: off\n  http2: {http2}\n",
+                listener_yaml(tport, std::slice::from_ref(&files))
+            ),
+            ..Opts::default()
+        },
+    );
+    (proxy, tport, files.0.display().to_string())
+}
+
 #[test]
 fn curl_takes_h2_by_alpn_and_every_cache_answer_is_byte_exact() {
     if !require::command("curl") {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
-    let c = cert(&["test.example"]);
-    let files = write(dir.path(), "a", &c);
     let (origin, _rt) = origin();
-    let tport = free_port();
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            extra_yaml: format!(
-                "{}  ktls: off\n  http2: true\n",
-                listener_yaml(tport, std::slice::from_ref(&files))
-            ),
-            ..Opts::default()
-        },
-    );
+    let (proxy, tport, ca) = tls_proxy(origin.addr(), dir.path(), "test.example", true);
     let url = format!("https://test.example:{tport}/obj/100000");
     let resolve = format!("test.example:{tport}:127.0.0.1");
-    let ca = files.0.display().to_string();
     let h2 = |extra: &[&str]| {
         let mut a = vec!["--http2", "--cacert", &ca, "--resolve", &resolve];
         a.extend_from_slice(extra);
@@ -154,24 +164,12 @@ fn without_tls_http2_alpn_offers_http11_only() {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
-    let c = cert(&["test.example"]);
-    let files = write(dir.path(), "a", &c);
     let (origin, _rt) = origin();
-    let tport = free_port();
-    let _proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            extra_yaml: format!(
-                "{}  ktls: off\n",
-                listener_yaml(tport, std::slice::from_ref(&files))
-            ),
-            ..Opts::default()
-        },
-    );
+    let (_proxy, tport, ca) = tls_proxy(origin.addr(), dir.path(), "test.example", false);
     let (v, head, b) = curl(&[
         "--http2",
         "--cacert",
-        &files.0.display().to_string(),
+        &ca,
         "--resolve",
         &format!("test.example:{tport}:127.0.0.1"),
         &format!("https://test.example:{tport}/obj/1000"),
@@ -186,20 +184,8 @@ fn nghttp_negotiates_h2_and_reads_a_hit() {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
-    let c = cert(&["127.0.0.1"]);
-    let files = write(dir.path(), "a", &c);
     let (origin, _rt) = origin();
-    let tport = free_port();
-    let _proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            extra_yaml: format!(
-                "{}  ktls: off\n  http2: true\n",
-                listener_yaml(tport, &[files])
-            ),
-            ..Opts::default()
-        },
-    );
+    let (_proxy, tport, _) = tls_proxy(origin.addr(), dir.path(), "127.0.0.1", true);
     let url = format!("https://127.0.0.1:{tport}/obj/5000");
     let run = || {
         let out = Command::new("nghttp")
@@ -291,54 +277,25 @@ fn hostile_heads_are_refused_never_forwarded_and_the_friendly_twin_is_served() {
     let s: &[u8] = b":scheme";
     let a: &[u8] = b":authority";
     let p: &[u8] = b":path";
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        (
-            "transfer-encoding",
-            one_request(&h2raw::get(
-                "/obj/10",
-                &[(b"transfer-encoding", b"chunked")],
-            )),
-        ),
-        (
-            "connection",
-            one_request(&h2raw::get("/obj/10", &[(b"connection", b"keep-alive")])),
-        ),
-        (
-            "keep-alive",
-            one_request(&h2raw::get("/obj/10", &[(b"keep-alive", b"timeout=5")])),
-        ),
-        (
-            "proxy-connection",
-            one_request(&h2raw::get("/obj/10", &[(b"proxy-connection", b"x")])),
-        ),
-        (
-            "upgrade",
-            one_request(&h2raw::get("/obj/10", &[(b"upgrade", b"websocket")])),
-        ),
-        (
-            "te gzip",
-            one_request(&h2raw::get("/obj/10", &[(b"te", b"gzip")])),
-        ),
-        (
-            "upper-case name",
-            one_request(&h2raw::get("/obj/10", &[(b"X-Foo", b"1")])),
-        ),
-        (
-            "CRLF in a value",
-            one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1\r\nx-b: 2")])),
-        ),
-        (
-            "NUL in a value",
-            one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1\x002")])),
-        ),
-        (
-            "leading space",
-            one_request(&h2raw::get("/obj/10", &[(b"x-a", b" 1")])),
-        ),
-        (
-            "trailing tab",
-            one_request(&h2raw::get("/obj/10", &[(b"x-a", b"1\t")])),
-        ),
+    // One field added to a good GET.
+    let with_field: [(&str, &[u8], &[u8]); 11] = [
+        ("transfer-encoding", b"transfer-encoding", b"chunked"),
+        ("connection", b"connection", b"keep-alive"),
+        ("keep-alive", b"keep-alive", b"timeout=5"),
+        ("proxy-connection", b"proxy-connection", b"x"),
+        ("upgrade", b"upgrade", b"websocket"),
+        ("te gzip", b"te", b"gzip"),
+        ("upper-case name", b"X-Foo", b"1"),
+        ("CRLF in a value", b"x-a", b"1\r\nx-b: 2"),
+        ("NUL in a value", b"x-a", b"1\x002"),
+        ("leading space", b"x-a", b" 1"),
+        ("trailing tab", b"x-a", b"1\t"),
+    ];
+    let mut cases: Vec<(&str, Vec<u8>)> = with_field
+        .iter()
+        .map(|(name, n, v)| (*name, one_request(&h2raw::get("/obj/10", &[(*n, *v)]))))
+        .collect();
+    cases.extend([
         ("empty :path", one_request(&h2raw::get("", &[]))),
         ("relative :path", one_request(&h2raw::get("obj/10", &[]))),
         ("* for GET", one_request(&h2raw::get("*", &[]))),
@@ -419,7 +376,7 @@ fn hostile_heads_are_refused_never_forwarded_and_the_friendly_twin_is_served() {
             ));
             v
         }),
-    ];
+    ]);
     for (name, bytes) in &cases {
         let mut c = RawH2::connect(proxy.addr, &[]);
         c.send(bytes);
