@@ -59,6 +59,9 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             "must be at least 1 (511 is nginx's default)".into(),
         ));
     }
+    for (at, why) in config.purge.problems() {
+        errs.push(invalid(at, why));
+    }
     if config
         .dashboard
         .token

@@ -232,6 +232,50 @@ fn listen_entries_take_options() {
     }
 }
 
+/// `purge.method` names who may purge, by address or by a token long enough not to be guessed.
+#[test]
+fn the_purge_method_needs_clients_or_a_token() {
+    let with = |p: &str| format!("{GOOD}purge:\n{p}");
+    let c = parse(
+        &with("  method: true\n  allowed_clients: [10.0.0.0/8, \"::1\"]\n"),
+        "zc.yaml",
+    )
+    .expect("valid");
+    assert!(c.purge.method);
+    assert!(
+        parse(
+            &with("  method: true\n  token: 0123456789abcdef\n"),
+            "zc.yaml"
+        )
+        .is_ok()
+    );
+    for (p, want) in [
+        (
+            "  method: true\n",
+            "purge.method: needs `purge.allowed_clients` or `purge.token`",
+        ),
+        (
+            "  method: true\n  allowed_clients: [10.0.0.0/33]\n",
+            "purge.allowed_clients[0]: `10.0.0.0/33`: prefix length must be 0 to 32",
+        ),
+        (
+            "  method: true\n  token: short\n",
+            "purge.token: is shorter than 16 characters",
+        ),
+        ("  methods: true\n", "unknown field `methods`"),
+    ] {
+        let e = err(&with(p));
+        assert!(e.contains(want), "{p}: {e}");
+    }
+    // The token never reaches `check`'s output.
+    let c = parse(
+        &with("  method: true\n  token: 0123456789abcdef\n"),
+        "zc.yaml",
+    )
+    .expect("ok");
+    assert_eq!(c.redacted().purge.token.as_deref(), Some("<redacted>"));
+}
+
 #[test]
 fn unreadable_files_say_so() {
     let e =

@@ -117,6 +117,16 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
             body_min_rate: config.limits.body_min_rate.as_u64(),
             max_body: config.limits.max_body_bytes.as_u64(),
         },
+        purge_method: config.purge.method.then(|| crate::server::PurgeMethod {
+            // Validated at load: an entry that does not parse never gets this far.
+            allowed: config
+                .purge
+                .allowed_clients
+                .iter()
+                .filter_map(|c| zerocache_config::cidr::Cidr::parse(c).ok())
+                .collect(),
+            token: config.purge.token.clone(),
+        }),
         forwarding: Forwarding {
             strip_fields: config
                 .proxy

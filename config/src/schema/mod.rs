@@ -8,6 +8,7 @@ mod cache;
 mod dashboard;
 mod limits;
 mod listen;
+mod purge;
 mod route;
 mod status_ttl;
 mod upstream;
@@ -16,6 +17,7 @@ pub use cache::*;
 pub use dashboard::*;
 pub use limits::*;
 pub use listen::*;
+pub use purge::*;
 pub use route::*;
 pub use status_ttl::*;
 pub use upstream::*;
@@ -70,6 +72,9 @@ pub struct Config {
     /// Switches for demonstrations and tests; never on in production.
     #[serde(default)]
     pub debug: DebugConfig,
+    /// The `PURGE` method on the data port (off by default).
+    #[serde(default)]
+    pub purge: PurgeConfig,
     /// A listener for HTTPS clients (see [`crate::tls`]); unset: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<crate::tls::TlsListener>,
@@ -79,7 +84,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// The config with its secrets (`dashboard.token`, `fleet.secret`) replaced by `<redacted>`:
+    /// The config with its secrets (`dashboard.token`, `fleet.secret`, `purge.token`) replaced by `<redacted>`:
     /// what `check` prints, since its output goes to terminals, CI logs and the journal.
     pub fn redacted(mut self) -> Config {
         const REDACTED: &str = "<redacted>";
@@ -88,6 +93,9 @@ impl Config {
         }
         if let Some(f) = &mut self.fleet {
             f.secret = REDACTED.into();
+        }
+        if let Some(t) = &mut self.purge.token {
+            *t = REDACTED.into();
         }
         self
     }

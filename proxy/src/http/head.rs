@@ -255,8 +255,21 @@ pub(crate) fn text_response(
     close: bool,
     body: &[u8],
 ) {
+    typed_response(buf, status, "text/plain", extra, cache, close, body)
+}
+
+/// [`text_response`] with a body of `content_type` (the `PURGE` method's JSON answer).
+pub(crate) fn typed_response(
+    buf: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    cache: Option<&CacheFields<'_>>,
+    close: bool,
+    body: &[u8],
+) {
     let mut h = Head::standard(buf, status);
-    h.field("Content-Type", b"text/plain");
+    h.field("Content-Type", content_type.as_bytes());
     for (k, v) in extra {
         h.field(k, v.as_bytes());
     }

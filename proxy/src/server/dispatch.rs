@@ -38,6 +38,11 @@ impl Conn {
             Intake::Peer => true,
             Intake::Client => false,
         };
+        if req.method == "PURGE"
+            && let Some(rules) = &ctx.purge_method
+        {
+            return self.purge_by_method(&req, rules, started).await;
+        }
         // `OPTIONS *` names the server, not a path: it is routed by its host alone.
         let route_path = if req.target == "*" { "/" } else { &req.target };
         // No route: 404. TRACE echoes the request back, cookies and credentials included, to

@@ -15,6 +15,7 @@ pub mod fetch;
 mod fleet_intake;
 pub(crate) mod h2;
 pub mod hit;
+mod purge_method;
 mod refusal;
 mod relay;
 pub mod request_body;
@@ -58,6 +59,8 @@ pub struct Ctx {
     /// Bits of the key hash used (128 except in collision tests).
     pub hash_bits: u32,
     pub client: ClientRules,
+    /// `purge.method`: who may send `PURGE` to the data port (None: it is forwarded).
+    pub purge_method: Option<PurgeMethod>,
     pub forwarding: Forwarding,
     pub storing: Storing,
     pub sending: Sending,
@@ -79,6 +82,14 @@ pub struct ClientRules {
     pub body_min_rate: u64,
     /// Largest request body accepted (413 beyond).
     pub max_body: u64,
+}
+
+/// Who may purge with the `PURGE` method (`purge`).
+pub struct PurgeMethod {
+    /// Clients allowed without a token.
+    pub allowed: Vec<zerocache_config::cidr::Cidr>,
+    /// The bearer token that allows any client.
+    pub token: Option<String>,
 }
 
 /// What goes to an origin besides the client's request (`proxy`, `logging`).

@@ -31,6 +31,7 @@ mod package;
 mod placement;
 mod poisoning;
 mod proxy_protocol;
+mod purge_method;
 mod rfc9111;
 mod rfc9111_optional;
 mod rfc9213;
