@@ -84,6 +84,9 @@ struct PurgeBody {
     /// Purge on every fleet peer as well (`crate::fleet`).
     #[serde(default)]
     fleet: bool,
+    /// Mark stale instead of removing (see `zerocache_ops::Purge::soft`).
+    #[serde(default)]
+    soft: bool,
 }
 
 /// The disk cache as the dashboard shows it.
@@ -331,7 +334,8 @@ async fn connections(
     ))
 }
 
-/// `POST /api/purge` with `{"url": "http://host/path"}` or `{"prefix": "http://host/dir/"}`:
+/// `POST /api/purge` with `{"url": "http://host/path"}` or `{"prefix": "http://host/dir/"}`,
+/// and `"soft": true` to mark stale instead of removing:
 /// the entries are gone from the index before the answer, so no request that arrives after it is
 /// served them; transfers already running finish from their open files. Like every
 /// state-changing request it needs `Content-Type: application/json` and no foreign `Origin`
@@ -340,17 +344,18 @@ async fn connections(
 async fn purge(State(state): State<Arc<DashboardState>>, body: axum::body::Bytes) -> Response {
     let parsed: Result<PurgeBody, _> = serde_json::from_slice(&body);
     let fleet = parsed.as_ref().is_ok_and(|b| b.fleet);
+    let soft = parsed.as_ref().is_ok_and(|b| b.soft);
     let target = match parsed {
         Ok(PurgeBody {
             url: Some(u),
             prefix: None,
             ..
-        }) => Purge::Url(u),
+        }) => Purge::url(u).soft(soft),
         Ok(PurgeBody {
             url: None,
             prefix: Some(p),
             ..
-        }) => Purge::Prefix(p),
+        }) => Purge::prefix(p).soft(soft),
         Ok(_) => {
             return (
                 StatusCode::BAD_REQUEST,

@@ -1,34 +1,88 @@
-//! Purging by absolute URL or URL prefix: what the dashboard's `POST /api/purge` and a fleet
-//! peer's purge both do on this node.
+//! Purging by absolute URL or URL prefix, hard or soft: what the dashboard's `POST /api/purge`,
+//! a fleet peer's purge and the `PURGE` method all do on this node.
+//!
+//! A hard purge removes the entries. A soft one keeps them and ends their freshness: the stored
+//! header is rewritten with a lifetime of zero (so it holds across a restart), under the URL's
+//! fill lock as every header rewrite is (a fill renaming a new file into place meanwhile would
+//! otherwise get the old header). An entry whose URL is being filled right now is left to that
+//! fill, which replaces it with what the origin says now.
 
+use crate::cache::entry::Entry;
+use crate::cache::key::CacheKey;
+use crate::cache::lock::{FillLocks, Role};
 use crate::cache::store::Store;
+use std::sync::Arc;
 
-/// A purge from the dashboard API, by absolute URL or URL prefix. Routes that drop the query from
-/// their keys index the URL without it, so both spellings are purged.
-pub(crate) fn purge(store: &Store, p: &zerocache_ops::Purge) -> Result<usize, String> {
-    use crate::cache::invalidation::{split_absolute, url_text};
-    let (raw, prefix) = match p {
-        zerocache_ops::Purge::Url(u) => (u, false),
-        zerocache_ops::Purge::Prefix(u) => (u, true),
-    };
-    let (host, target) = split_absolute(raw)
-        .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
-    let mut texts = vec![url_text(&host, &target, true)];
-    let without_query = url_text(&host, &target, false);
-    if !prefix && without_query != texts[0] {
-        texts.push(without_query);
+/// What a purge needs of the node: its store, and for a soft purge the fill locks and the key
+/// hash width.
+pub(crate) struct Purger<'a> {
+    pub store: &'a Store,
+    pub locks: &'a Arc<FillLocks>,
+    pub hash_bits: u32,
+}
+
+impl Purger<'_> {
+    /// Carries out `p`; returns how many entries it removed (hard) or made stale (soft). Routes
+    /// that drop the query from their keys index the URL without it, so both spellings count.
+    pub(crate) fn purge(&self, p: &zerocache_ops::Purge) -> Result<usize, String> {
+        use crate::cache::invalidation::{split_absolute, url_text};
+        let (raw, prefix) = match &p.target {
+            zerocache_ops::Target::Url(u) => (u, false),
+            zerocache_ops::Target::Prefix(u) => (u, true),
+        };
+        let (host, target) = split_absolute(raw)
+            .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
+        let mut texts = vec![url_text(&host, &target, true)];
+        let without_query = url_text(&host, &target, false);
+        if !prefix && without_query != texts[0] {
+            texts.push(without_query);
+        }
+        let texts: Vec<String> = texts
+            .into_iter()
+            .flat_map(crate::cache::key::with_https_twin)
+            .collect();
+        let urls: Vec<String> = if prefix {
+            texts
+                .iter()
+                .flat_map(|t| self.store.urls_with_prefix(t))
+                .collect()
+        } else {
+            texts
+        };
+        Ok(urls
+            .iter()
+            .map(|u| {
+                if p.soft {
+                    self.soften(u)
+                } else {
+                    self.store.purge_url(u)
+                }
+            })
+            .sum())
     }
-    Ok(texts
-        .into_iter()
-        .flat_map(crate::cache::key::with_https_twin)
-        .collect::<Vec<_>>()
-        .iter()
-        .map(|t| {
-            if prefix {
-                store.purge_prefix(t)
-            } else {
-                store.purge_url(t)
+
+    /// Makes every entry of URL key text `url` stale; returns how many.
+    fn soften(&self, url: &str) -> usize {
+        let entries = self.store.entries_of_url(url);
+        for e in &entries {
+            self.stale(e);
+        }
+        entries.len()
+    }
+
+    fn stale(&self, e: &Arc<Entry>) {
+        let primary = crate::cache::variance::primary_text(&e.meta.key).to_string();
+        let key = CacheKey::from_text(primary, self.hash_bits);
+        match self.locks.acquire(key.hash) {
+            Role::Leader(_guard) => {
+                let meta = crate::cache::entry::Meta {
+                    lifetime: std::time::Duration::ZERO,
+                    ..e.meta.clone()
+                };
+                self.store.replace_meta(e, meta);
             }
-        })
-        .sum())
+            // A fill of this URL is running: it replaces the entry with the origin's answer.
+            Role::Follower(_) => {}
+        }
+    }
 }

@@ -527,7 +527,23 @@ fn dashboard_state(
         token: zerocache_dashboard::guard::check_token(config.dashboard.token.clone())?,
         allowed_hosts: config.dashboard.allowed_hosts.clone(),
         metrics_require_token: config.dashboard.metrics_require_token,
-        purge: Box::new(move |p| crate::purge::purge(&purge_store, p)),
+        purge: {
+            let shared = shared.clone();
+            Box::new(move |p| {
+                // The fill locks and key width of the context current now (the store is the
+                // same across reloads).
+                let ctx = shared.get().map(|s| s.ctx.load_full());
+                let locks = ctx
+                    .as_ref()
+                    .map_or_else(|| Arc::new(FillLocks::default()), |c| c.locks.clone());
+                crate::purge::Purger {
+                    store: &purge_store,
+                    locks: &locks,
+                    hash_bits: ctx.as_ref().map_or(128, |c| c.hash_bits),
+                }
+                .purge(p)
+            })
+        },
         advance_clock: config
             .debug
             .adjustable_clock

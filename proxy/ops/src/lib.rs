@@ -5,11 +5,45 @@
 
 #![forbid(unsafe_code)]
 
-/// What a purge removes.
+/// A purge: what it removes, and whether it only marks it stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Purge {
+pub struct Purge {
+    /// What it names.
+    pub target: Target,
+    /// Soft: the entries stay, stale (as if their freshness lifetime had ended), so a request
+    /// revalidates them and stale-if-error can still serve them, as Fastly's soft purge. Hard:
+    /// they are removed.
+    pub soft: bool,
+}
+
+/// What a purge names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
     /// One URL (`http://host/path?query`), every variant of it.
     Url(String),
     /// Every URL starting with this (`http://host/prefix`).
     Prefix(String),
+}
+
+impl Purge {
+    /// A hard purge of one URL.
+    pub fn url(u: impl Into<String>) -> Purge {
+        Purge {
+            target: Target::Url(u.into()),
+            soft: false,
+        }
+    }
+
+    /// A hard purge of every URL under a prefix.
+    pub fn prefix(p: impl Into<String>) -> Purge {
+        Purge {
+            target: Target::Prefix(p.into()),
+            soft: false,
+        }
+    }
+
+    /// The same purge, soft or hard.
+    pub fn soft(self, soft: bool) -> Purge {
+        Purge { soft, ..self }
+    }
 }

@@ -26,12 +26,19 @@ struct PurgeRequest {
     url: Option<String>,
     #[serde(default)]
     prefix: Option<String>,
+    #[serde(default)]
+    soft: bool,
     epoch: u64,
 }
 
 /// The answer (status, JSON) to internal operation `op` with request body `body` (`None`: too
 /// large to have been held in memory).
-pub(crate) fn answer(fleet: &Fleet, op: &str, body: Option<&[u8]>) -> (u16, serde_json::Value) {
+pub(crate) fn answer(
+    fleet: &Fleet,
+    purger: &crate::purge::Purger<'_>,
+    op: &str,
+    body: Option<&[u8]>,
+) -> (u16, serde_json::Value) {
     match op {
         "health" => (
             200,
@@ -42,7 +49,7 @@ pub(crate) fn answer(fleet: &Fleet, op: &str, body: Option<&[u8]>) -> (u16, serd
             }),
         ),
         "purge" => match body {
-            Some(b) => purge(fleet, b),
+            Some(b) => purge(fleet, purger, b),
             None => (413, serde_json::json!({"error": "purge body too large"})),
         },
         _ => (
@@ -65,7 +72,11 @@ pub(crate) fn response(status: u16, json: &serde_json::Value, close: bool) -> Ve
     out
 }
 
-fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
+fn purge(
+    fleet: &Fleet,
+    purger: &crate::purge::Purger<'_>,
+    body: &[u8],
+) -> (u16, serde_json::Value) {
     let p: PurgeRequest = match serde_json::from_slice(body) {
         Ok(p) => p,
         Err(e) => {
@@ -82,8 +93,8 @@ fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
         );
     }
     let target = match (p.url, p.prefix) {
-        (Some(u), None) => zerocache_ops::Purge::Url(u),
-        (None, Some(p)) => zerocache_ops::Purge::Prefix(p),
+        (Some(u), None) => zerocache_ops::Purge::url(u).soft(p.soft),
+        (None, Some(x)) => zerocache_ops::Purge::prefix(x).soft(p.soft),
         _ => {
             return (
                 400,
@@ -91,7 +102,7 @@ fn purge(fleet: &Fleet, body: &[u8]) -> (u16, serde_json::Value) {
             );
         }
     };
-    match crate::purge::purge(&fleet.store, &target) {
+    match purger.purge(&target) {
         Ok(n) => {
             fleet.epoch.applied(p.epoch);
             tracing::info!(?target, purged = n, epoch = p.epoch, "fleet purge");

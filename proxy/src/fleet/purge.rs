@@ -5,14 +5,14 @@
 
 use super::Fleet;
 use std::sync::Arc;
-use zerocache_ops::Purge;
+use zerocache_ops::{Purge, Target};
 
 /// Sends `p` to every peer; answers `{peer: {"purged": n} | {"error": why}}`.
 pub(crate) async fn fan_out(fleet: Arc<Fleet>, p: Purge) -> serde_json::Value {
     let epoch = fleet.epoch.next();
-    let body = match &p {
-        Purge::Url(u) => serde_json::json!({"url": u, "epoch": epoch}),
-        Purge::Prefix(x) => serde_json::json!({"prefix": x, "epoch": epoch}),
+    let body = match &p.target {
+        Target::Url(u) => serde_json::json!({"url": u, "soft": p.soft, "epoch": epoch}),
+        Target::Prefix(x) => serde_json::json!({"prefix": x, "soft": p.soft, "epoch": epoch}),
     }
     .to_string();
     let view = fleet.view.load_full();

@@ -36,7 +36,12 @@ impl Conn {
                 RequestBody::Whole(b) => Some(b.as_slice()),
                 RequestBody::Streaming { .. } => None,
             };
-            let (status, json) = crate::fleet::internal::answer(&fleet, op, whole);
+            let purger = crate::purge::Purger {
+                store: &self.ctx.store,
+                locks: &self.ctx.locks,
+                hash_bits: self.ctx.hash_bits,
+            };
+            let (status, json) = crate::fleet::internal::answer(&fleet, &purger, op, whole);
             self.head = crate::fleet::internal::response(status, &json, req.close);
             self.send_head().await?;
             return Ok(Intake::Answered(!req.close));

@@ -39,7 +39,12 @@ impl Conn {
         }
         let scheme = if req.tls { "https" } else { "http" };
         let url = format!("{scheme}://{}{}", req.host, req.target);
-        let purged = crate::purge::purge(&self.ctx.store, &zerocache_ops::Purge::Url(url.clone()));
+        let purger = crate::purge::Purger {
+            store: &self.ctx.store,
+            locks: &self.ctx.locks,
+            hash_bits: self.ctx.hash_bits,
+        };
+        let purged = purger.purge(&zerocache_ops::Purge::url(url.clone()));
         let (status, body) = match purged {
             Ok(n) => {
                 tracing::info!(peer = %self.peer, %url, purged = n, "PURGE");

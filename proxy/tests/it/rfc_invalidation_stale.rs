@@ -323,3 +323,69 @@ fn bypass_rules_skip_the_cache() {
         "a different cookie name does not bypass"
     );
 }
+
+/// A soft purge (`"soft": true`) keeps the entry and ends its freshness: the next request
+/// revalidates it (a 304 refreshes it, nothing fetched again), a failing origin is answered
+/// from it within the stale grace, and it stays stale across a restart (the header on disk
+/// says so). A hard purge of the same URL removes it.
+#[test]
+fn a_soft_purge_makes_entries_stale_not_gone_and_survives_a_restart() {
+    let (origin, _rt) = origin();
+    let fresh = [("Cache-Control", "max-age=3600"), ("ETag", "\"s1\"")];
+    origin.script("/soft/a", reply("version one", &fresh));
+    origin.script("/soft/b", reply("bee", &fresh));
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("cache");
+    let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
+    let mut c = proxy.client();
+    assert_eq!(c.get("/soft/a", &[]).x_cache(), "MISS");
+    assert_eq!(c.get("/soft/b", &[]).x_cache(), "MISS");
+    assert_eq!(c.get("/soft/a", &[]).x_cache(), "HIT");
+    assert_eq!(
+        proxy.purge(r#"{"url": "http://test.example/soft/a", "soft": true}"#),
+        (200, serde_json::json!({"purged": 1}))
+    );
+    // Revalidated: the origin is asked with the stored validator and answers 304.
+    origin.script(
+        "/soft/a",
+        Reply::ok(Vec::new())
+            .status(304)
+            .headers(&[("ETag", "\"s1\""), ("Cache-Control", "max-age=3600")]),
+    );
+    let r = c.get("/soft/a", &[]);
+    assert_eq!(
+        (r.x_cache(), r.body.as_slice()),
+        ("REVALIDATED", &b"version one"[..])
+    );
+    assert_eq!(
+        origin
+            .received()
+            .last()
+            .and_then(|r| r.header("if-none-match").map(str::to_string)),
+        Some("\"s1\"".to_string())
+    );
+    assert_eq!(c.get("/soft/a", &[]).x_cache(), "HIT");
+    // Soft-purged by prefix, then the origin fails: the stale entry answers (stale_grace).
+    assert_eq!(
+        proxy.purge(r#"{"prefix": "http://test.example/soft/", "soft": true}"#),
+        (200, serde_json::json!({"purged": 2}))
+    );
+    origin.script("/soft/b", Reply::ok(b"down".to_vec()).status(503));
+    let r = c.get("/soft/b", &[]);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"bee"[..]));
+    // Across a restart the entry is still stale: asked again, not served as a HIT.
+    assert_eq!(proxy.stop().code(), Some(0));
+    let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
+    let mut c = proxy.client();
+    let hits = origin.hits("/soft/b");
+    let r = c.get("/soft/b", &[]);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"bee"[..]));
+    assert_eq!(origin.hits("/soft/b"), hits + 1);
+    // A hard purge removes it.
+    assert_eq!(
+        proxy.purge(r#"{"url": "http://test.example/soft/b"}"#),
+        (200, serde_json::json!({"purged": 1}))
+    );
+    origin.script("/soft/b", reply("bee two", &fresh));
+    assert_eq!(c.get("/soft/b", &[]).x_cache(), "MISS");
+}

@@ -151,6 +151,16 @@ impl<E: Eviction> Index<E> {
         gone
     }
 
+    /// Every entry of the URL key text `url`.
+    pub(crate) fn entries_of_url(&self, url: &str) -> Vec<Arc<Entry>> {
+        self.by_url
+            .get(url)
+            .into_iter()
+            .flatten()
+            .filter_map(|h| self.entries.get(h).cloned())
+            .collect()
+    }
+
     /// The URL key texts that start with `prefix`.
     pub(crate) fn urls_with_prefix(&self, prefix: &str) -> Vec<String> {
         self.by_url

@@ -336,10 +336,14 @@ impl Store {
         gone.len()
     }
 
-    /// Removes every entry whose URL key text starts with `prefix`; returns how many went.
-    pub fn purge_prefix(&self, prefix: &str) -> usize {
-        let urls = self.index.lock().urls_with_prefix(prefix);
-        urls.iter().map(|u| self.purge_url(u)).sum()
+    /// The URL key texts that start with `prefix`.
+    pub fn urls_with_prefix(&self, prefix: &str) -> Vec<String> {
+        self.index.lock().urls_with_prefix(prefix)
+    }
+
+    /// Every entry (variant) of the URL key text `url`, left in place.
+    pub fn entries_of_url(&self, url: &str) -> Vec<Arc<Entry>> {
+        self.index.lock().entries_of_url(url)
     }
 
     /// (bytes on disk, entries).
