@@ -223,6 +223,60 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
             "{installed} is {source}"
         );
     }
+    // Every document the installed README links to is beside it, and the fleet's files.
+    let mut docs: Vec<(String, String)> = std::fs::read_dir(root.join("docs"))
+        .expect("docs")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md") || n.ends_with(".png"))
+        .map(|n| {
+            (
+                format!("/usr/share/doc/zerocache/docs/{n}"),
+                format!("docs/{n}"),
+            )
+        })
+        .collect();
+    docs.sort();
+    assert!(docs.len() >= 10, "{docs:?}");
+    for (installed, source) in [
+        (
+            "grafana/zerocache-fleet.json",
+            "dashboard/grafana/zerocache-fleet.json",
+        ),
+        (
+            "grafana/fleet-rules.yml",
+            "dashboard/grafana/fleet-rules.yml",
+        ),
+        (
+            "grafana/fleet-prometheus.yml",
+            "dashboard/grafana/fleet-prometheus.yml",
+        ),
+        ("fleet/fleet.conf", "config/fleet/fleet.conf"),
+        (
+            "fleet/zerocache-fleet.example.yaml",
+            "config/fleet/zerocache-fleet.example.yaml",
+        ),
+    ] {
+        docs.push((
+            format!("/usr/share/doc/zerocache/{installed}"),
+            source.to_string(),
+        ));
+    }
+    for (installed, source) in &docs {
+        let want = std::fs::read(root.join(source)).expect("source");
+        assert!(
+            std::fs::read(installed).ok().as_deref() == Some(want.as_slice()),
+            "{installed} is not {source}"
+        );
+    }
+    let readme = read("/usr/share/doc/zerocache/README.md");
+    for link in readme.split("](docs/").skip(1) {
+        let name = link.split([')', '#']).next().unwrap_or_default();
+        assert!(
+            Path::new(&format!("/usr/share/doc/zerocache/docs/{name}")).is_file(),
+            "the installed README links to docs/{name}, which is not installed"
+        );
+    }
     assert!(Path::new("/usr/share/doc/zerocache/copyright").is_file());
     // Enabled for boot by the generated postinst (deb-systemd-helper), not started.
     let wants = Path::new("/etc/systemd/system/multi-user.target.wants/zerocache.service");
