@@ -375,7 +375,23 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
         assert!(Path::new(kept).is_file(), "{kept} after dpkg -r");
     }
 
-    // Purge: the conffiles and the boot-time symlink go too.
+    // What the service makes while it runs (DynamicUser: the data under private/, a symlink
+    // beside it), made here as systemd would, since the test does not start it.
+    // (An earlier step may have made the plain directory, as a service without DynamicUser
+    // would: it is filled instead, and must go as well.)
+    for base in ["/var/cache", "/var/log"] {
+        let link = format!("{base}/zerocache");
+        if Path::new(&link).is_dir() && !Path::new(&link).is_symlink() {
+            std::fs::write(format!("{link}/data"), b"x").expect("data");
+            continue;
+        }
+        let private = format!("{base}/private/zerocache");
+        std::fs::create_dir_all(&private).expect("private dir");
+        std::fs::write(format!("{private}/data"), b"x").expect("data");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("private/zerocache", &link).expect("symlink");
+    }
+    // Purge: the conffiles, the boot-time symlink, the cache and the logs go too.
     ok("dpkg", &["-P", "zerocache"]);
     let after = status("zerocache");
     assert!(
@@ -388,8 +404,16 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
         "/etc/zerocache/zerocache.yaml",
         "/etc/zerocache",
         "/etc/logrotate.d/zerocache",
+        "/var/cache/private/zerocache",
+        "/var/log/private/zerocache",
     ] {
         assert!(!Path::new(gone).exists(), "{gone} after dpkg -P");
+    }
+    for link in ["/var/cache/zerocache", "/var/log/zerocache"] {
+        assert!(
+            Path::new(link).symlink_metadata().is_err(),
+            "{link} after dpkg -P"
+        );
     }
     assert!(
         wants.symlink_metadata().is_err(),
