@@ -805,3 +805,63 @@ fn data_frames_fill_whole_tls_records_and_the_body_is_exact() {
     }
     assert_eq!(origin.hits("/obj/200000"), 1);
 }
+
+/// The probe's count of an h2 connection's socket is joined with that connection's record: all
+/// its bytes went by writes, all of them copies by design, none a violation.
+#[test]
+fn an_h2_connection_is_joined_with_its_own_kernel_record() {
+    if !require::root("loads the eBPF probe") {
+        return;
+    }
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            probe: true,
+            listen_options: "h2c: true".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = RawH2::connect(proxy.addr, &[(0x4, 1 << 20)]);
+    c.send(&h2raw::frame(
+        h2raw::WINDOW_UPDATE,
+        0,
+        0,
+        &(1u32 << 20).to_be_bytes(),
+    ));
+    for stream in [1u32, 3] {
+        c.send(&one_request_on(stream, "/obj/200000"));
+        let got: Vec<u8> = c
+            .until_end(stream, WAIT)
+            .iter()
+            .filter(|f| f.kind == h2raw::DATA)
+            .flat_map(|f| f.payload.clone())
+            .collect();
+        assert!(got == body(200_000), "stream {stream}");
+    }
+    let local = c.sock.local_addr().expect("addr").to_string();
+    drop(c);
+    let conn = closed_conn(&proxy, |x| x["peer"] == local.as_str());
+    assert_eq!(conn["h2"], true, "{conn}");
+    assert_eq!(u(&conn["requests"]), 2, "{conn}");
+    assert_eq!(u(&conn["copy_body_bytes"]), 400_000, "{conn}");
+    let k = &conn["kernel"];
+    assert_eq!(u(&k["zerocopy_bytes"]), 0, "{conn}");
+    // Every body byte, framed, went out by writes on this very socket.
+    assert!(u(&k["copy_bytes"]) > 400_000, "{conn}");
+    assert_eq!(
+        conn["verdict"], "copy (HTTP/2: frames written from user space)",
+        "{conn}"
+    );
+    assert_eq!(u(&conn["violations"]), 0, "{conn}");
+}
+
+/// HEADERS for `stream` asking for `path`, ending the stream.
+fn one_request_on(stream: u32, path: &str) -> Vec<u8> {
+    h2raw::frame(
+        h2raw::HEADERS,
+        h2raw::END_HEADERS | h2raw::END_STREAM,
+        stream,
+        &h2raw::get(path, &[]),
+    )
+}

@@ -116,14 +116,8 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
     }
     acc.conn_h2(id);
     acc.h2_event("connections");
-    /// Closes the connection's record however the task ends.
-    struct Closed(Arc<Accounting>, ConnId);
-    impl Drop for Closed {
-        fn drop(&mut self) {
-            self.0.conn_closed(self.1);
-        }
-    }
-    let _closed = Closed(acc.clone(), id);
+    // Closes the record just before the socket closes, on every path (see `RecordedSock`).
+    let closed = Closed(acc.clone(), id);
     let c = Arc::new(stream::Connection {
         shared: shared.clone(),
         peer,
@@ -140,7 +134,10 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
         // connection's, not all of it.
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_send_buffer_size(64 * 1024);
-    let handshake = builder.handshake::<_, Bytes>(sock);
+    let handshake = builder.handshake::<_, Bytes>(RecordedSock {
+        _closed: closed,
+        sock,
+    });
     let h2c = match tokio::time::timeout(ctx.client.header_timeout, handshake).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
@@ -175,6 +172,59 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
     session.run().await;
 }
 
+/// The h2 connection's socket with its accounting record, which closes just before the socket
+/// does, however the connection ends (a failed handshake inside the `h2` crate, a timeout, a
+/// panic): the record must be waiting before the kernel sees the close, or the probe's close
+/// event would find none and be joined to the next socket given the same fd number. Fields drop
+/// in order: `_closed`, then `sock`.
+struct RecordedSock {
+    _closed: Closed,
+    sock: ClientSock,
+}
+
+impl tokio::io::AsyncRead for RecordedSock {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().sock).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for RecordedSock {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().sock).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().sock).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().sock).poll_shutdown(cx)
+    }
+}
+
+/// Closes the connection's record when dropped.
+struct Closed(Arc<Accounting>, ConnId);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.conn_closed(self.1);
+    }
+}
+
 /// The connection's receive window: room for 64 streams' full windows at once.
 const CONNECTION_WINDOW: u32 = 4 << 20;
 
@@ -186,7 +236,7 @@ const RESET_CAP: u64 = 10_000;
 /// drain, on idle and to a client that resets too much, and ends the connection once it has
 /// no stream left after a GOAWAY.
 struct Session {
-    h2c: h2::server::Connection<ClientSock, Bytes>,
+    h2c: h2::server::Connection<RecordedSock, Bytes>,
     c: Arc<stream::Connection>,
     acc: Arc<Accounting>,
     stop: tokio::sync::watch::Receiver<bool>,
