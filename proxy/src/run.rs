@@ -531,17 +531,17 @@ fn dashboard_state(
             let shared = shared.clone();
             Box::new(move |p| {
                 // The fill locks and key width of the context current now (the store is the
-                // same across reloads).
-                let ctx = shared.get().map(|s| s.ctx.load_full());
-                let locks = ctx
-                    .as_ref()
-                    .map_or_else(|| Arc::new(FillLocks::default()), |c| c.locks.clone());
-                crate::purge::Purger {
-                    store: &purge_store,
-                    locks: &locks,
-                    hash_bits: ctx.as_ref().map_or(128, |c| c.hash_bits),
+                // same across reloads, and the context's).
+                match shared.get() {
+                    Some(s) => s.ctx.load().purger().purge(p),
+                    // Before the data plane exists: nothing is indexed but by the store.
+                    None => crate::purge::Purger {
+                        store: &purge_store,
+                        locks: &Arc::new(FillLocks::default()),
+                        hash_bits: 128,
+                    }
+                    .purge(p),
                 }
-                .purge(p)
             })
         },
         advance_clock: config

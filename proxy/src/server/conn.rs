@@ -262,6 +262,20 @@ impl Conn {
         started: Instant,
     ) -> Result<bool, ConnError> {
         let body_len = self.simple_response(status, req.close, extra, cache);
+        self.send_generated(req, status, cache_status, body_len, started)
+            .await
+    }
+
+    /// Sends the proxy's own answer built in `self.head` (its body the last `body_len` bytes,
+    /// left out for HEAD) and records it.
+    pub(super) async fn send_generated(
+        &mut self,
+        req: &RequestHead,
+        status: u16,
+        cache_status: CacheStatus,
+        body_len: u64,
+        started: Instant,
+    ) -> Result<bool, ConnError> {
         if req.method == "HEAD" {
             let len = self.head.len() - body_len as usize;
             self.head.truncate(len);

@@ -36,12 +36,8 @@ impl Conn {
                 RequestBody::Whole(b) => Some(b.as_slice()),
                 RequestBody::Streaming { .. } => None,
             };
-            let purger = crate::purge::Purger {
-                store: &self.ctx.store,
-                locks: &self.ctx.locks,
-                hash_bits: self.ctx.hash_bits,
-            };
-            let (status, json) = crate::fleet::internal::answer(&fleet, &purger, op, whole);
+            let (status, json) =
+                crate::fleet::internal::answer(&fleet, &self.ctx.purger(), op, whole);
             self.head = crate::fleet::internal::response(status, &json, req.close);
             self.send_head().await?;
             return Ok(Intake::Answered(!req.close));

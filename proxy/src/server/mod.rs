@@ -66,6 +66,17 @@ pub struct Ctx {
     pub sending: Sending,
 }
 
+impl Ctx {
+    /// What carries out a purge on this node (the API's, a peer's, the `PURGE` method's).
+    pub fn purger(&self) -> crate::purge::Purger<'_> {
+        crate::purge::Purger {
+            store: &self.store,
+            locks: &self.locks,
+            hash_bits: self.hash_bits,
+        }
+    }
+}
+
 /// What a client may send, and how long it may take (`limits`).
 pub struct ClientRules {
     /// Parsing limits.

@@ -9,7 +9,7 @@ use super::PurgeMethod;
 use super::conn::{Conn, ConnError};
 use crate::http::request::RequestHead;
 use std::time::Instant;
-use zerocache_ledger::{CacheStatus, CopyReason, DataPath, ResponseRecord};
+use zerocache_ledger::CacheStatus;
 
 /// Whether the request proves it may purge: its client is allowed, or it carries the token.
 pub(crate) fn allowed(rules: &PurgeMethod, client: std::net::IpAddr, req: &RequestHead) -> bool {
@@ -39,12 +39,10 @@ impl Conn {
         }
         let scheme = if req.tls { "https" } else { "http" };
         let url = format!("{scheme}://{}{}", req.host, req.target);
-        let purger = crate::purge::Purger {
-            store: &self.ctx.store,
-            locks: &self.ctx.locks,
-            hash_bits: self.ctx.hash_bits,
-        };
-        let purged = purger.purge(&zerocache_ops::Purge::url(url.clone()));
+        let purged = self
+            .ctx
+            .purger()
+            .purge(&zerocache_ops::Purge::url(url.clone()));
         let (status, body) = match purged {
             Ok(n) => {
                 tracing::info!(peer = %self.peer, %url, purged = n, "PURGE");
@@ -61,23 +59,7 @@ impl Conn {
             req.close,
             body.as_bytes(),
         );
-        let sent = self.send_head().await;
-        let body_len = body.len() as u64;
-        self.record_as(
-            &ResponseRecord {
-                method: &req.method,
-                target: &req.target,
-                status,
-                cache_status: CacheStatus::Error,
-                head_bytes: self.head.len() as u64 - body_len,
-                body_bytes: if sent.is_ok() { body_len } else { 0 },
-                path: DataPath::Copy,
-                duration: started.elapsed(),
-                complete: sent.is_ok(),
-            },
-            CopyReason::Generated,
-        );
-        sent?;
-        Ok(!req.close)
+        self.send_generated(req, status, CacheStatus::Error, body.len() as u64, started)
+            .await
     }
 }
