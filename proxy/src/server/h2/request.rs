@@ -106,6 +106,16 @@ pub(crate) fn to_h1(parts: &Parts, ended: bool) -> Result<(Vec<u8>, BodyMode), R
     if length_fields > 1 {
         return Err(Refusal::Malformed("content-length twice"));
     }
+    // §8.1.1: a content-length that the DATA frames (here: none) do not add up to. The crate
+    // refuses it too; the translation must not depend on that.
+    if ended
+        && parts
+            .headers
+            .get("content-length")
+            .is_some_and(|v| v.as_bytes() != b"0")
+    {
+        return Err(Refusal::Malformed("content-length without DATA"));
+    }
     let mode = if ended {
         BodyMode::None
     } else if length_fields == 1 {
@@ -273,6 +283,16 @@ mod tests {
         assert_eq!(
             to_h1(&p, false),
             Err(Refusal::Malformed("content-length twice"))
+        );
+        // The fuzz target's find: a length announced on a stream its HEADERS ended.
+        let p = parts(
+            "PUT",
+            "/u",
+            &[("host", b"b.example"), ("content-length", b"12")],
+        );
+        assert_eq!(
+            to_h1(&p, true),
+            Err(Refusal::Malformed("content-length without DATA"))
         );
     }
 
