@@ -192,7 +192,13 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         watch: watch_targets(&config),
         closed_capacity: CLOSED_KEPT,
     });
-    let accounting = Arc::new(Accounting::new(CLOSED_KEPT, probe.status().is_attached()));
+    let mut accounting = Accounting::new(CLOSED_KEPT, probe.status().is_attached());
+    if probe.status().is_attached() {
+        // The join pairs each connection with the kernel's record of its own socket.
+        let (probe, me) = (probe.clone(), std::process::id());
+        accounting.set_generations(move |fd| probe.generation(me, fd));
+    }
+    let accounting = Arc::new(accounting);
     accounting
         .tls
         .set_detected(tls.server.is_some(), tls.ktls.available());

@@ -244,6 +244,19 @@ impl Probe {
         self.inner.state.lock().watching.keys().copied().collect()
     }
 
+    /// The generation the kernel gave the socket now on `fd` of `pid` when it was created
+    /// (accept or socket); none for an fd the probe did not see created, or without the probe.
+    /// One map lookup: cheap enough for every accepted connection.
+    pub fn generation(&self, pid: u32, fd: u32) -> Option<u64> {
+        let maps = self.inner.maps.as_ref()?;
+        let info = maps
+            .lock()
+            .fd_info
+            .get(&zerocache_probe_common::FdKey { tgid: pid, fd }, 0)
+            .ok()?;
+        Some(info.generation)
+    }
+
     /// Live (not yet closed) fd records of `pid`: (fd, generation, is_socket, counts).
     pub fn live_fds(&self, pid: u32) -> Vec<(u32, u64, bool, FdCounts)> {
         let Some(maps) = &self.inner.maps else {

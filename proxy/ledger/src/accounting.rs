@@ -65,11 +65,16 @@ pub struct Accounting {
     pub(crate) state: Mutex<ConnState>,
     pub(crate) closed_capacity: usize,
     pub(crate) probe_attached: bool,
+    /// Reads the kernel's generation of one of this process's fds (see [`Accounting::set_generations`]).
+    pub(crate) generations: Option<Generations>,
     /// Copied body bytes by reason.
     pub copied: crate::copy_reason::CopiedBytes,
     /// TLS handshakes and kTLS availability.
     pub tls: crate::tls_stats::TlsStats,
 }
+
+/// See [`Accounting::set_generations`].
+pub(crate) type Generations = Box<dyn Fn(u32) -> Option<u64> + Send + Sync>;
 
 impl Accounting {
     /// New, empty accounting. `probe_attached`: whether kernel records will arrive to join.
@@ -127,9 +132,16 @@ impl Accounting {
             state: Mutex::new(ConnState::default()),
             closed_capacity,
             probe_attached,
+            generations: None,
             copied: Default::default(),
             tls: Default::default(),
         }
+    }
+
+    /// Gives the join the kernel's generation numbers: `read(fd)` is called at each accept and
+    /// answers the generation the probe gave the socket now on `fd` of this process.
+    pub fn set_generations(&mut self, read: impl Fn(u32) -> Option<u64> + Send + Sync + 'static) {
+        self.generations = Some(Box::new(read));
     }
 
     /// A response was sent completely (or as far as it went) on connection `id`.

@@ -1,9 +1,14 @@
 //! The join: the proxy's account of each connection (what it meant to send, response by
 //! response) matched with the kernel's record of the same socket (what sendfile, splice and the
 //! copying syscalls really carried). The probe reports a socket when it is closed; the proxy and
-//! the kernel agree on the fd and on close order, so records wait per fd, in order, until the
-//! kernel's arrives (or [`JOIN_GRACE`] passes: the probe lost the event). Body bytes meant for
-//! sendfile that the kernel saw copied are **violations**, named by the responses they belong to.
+//! kernel agree on the fd, and the kernel numbers each socket it creates (its *generation*),
+//! which the proxy reads back at accept ([`Accounting::set_generations`]): a closed connection
+//! waits for the kernel record of its own (fd, generation), never another socket's that got the
+//! same fd number (a dashboard connection, a socket closed without a record). A record whose
+//! generation could not be read joins by fd in close order, as the kernel's events come. A
+//! kernel record that arrives first waits for its connection as long; after [`JOIN_GRACE`]
+//! either side is given up on (the probe lost the event). Body bytes meant for sendfile that the
+//! kernel saw copied are **violations**, named by the responses they belong to.
 
 use crate::accounting::Accounting;
 use crate::records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
@@ -19,12 +24,18 @@ use zerocache_probe::{ClosedFd, FdCounts};
 const JOIN_GRACE: Duration = Duration::from_secs(5);
 /// Zero-copy responses remembered per connection for naming violations.
 const ZC_RESPONSES_KEPT: usize = 64;
+/// Kernel records held for a connection not yet closed by the proxy (bounded: most are of
+/// sockets that have none, such as the dashboard's).
+const EARLY_KEPT: usize = 1024;
 
 #[derive(Default)]
 pub(crate) struct ConnState {
     active: HashMap<ConnId, ConnRecord>,
     /// Closed by the proxy, waiting for the kernel's record, by fd in close order.
     awaiting: HashMap<u32, VecDeque<ConnRecord>>,
+    /// Kernel records with a generation no waiting connection has, oldest first, with when they
+    /// came: a connection closed by the proxy after the kernel saw its close finds its own here.
+    early: VecDeque<(Instant, ClosedFd)>,
     closed: VecDeque<ConnRecord>,
     closed_evicted: u64,
     body: BodyTotals,
@@ -41,10 +52,12 @@ impl Accounting {
     /// A connection was accepted.
     pub fn conn_opened(&self, fd: u32, peer: SocketAddr) -> ConnId {
         let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let generation = self.generations.as_ref().and_then(|g| g(fd));
         let rec = ConnRecord {
             id,
             peer: peer.to_string(),
             fd,
+            generation,
             opened_ms: unix_ms(SystemTime::now()),
             duration_ms: 0,
             requests: 0,
@@ -139,7 +152,15 @@ impl Accounting {
         }
         c.started = Some(Instant::now()); // now: when it started waiting for the kernel
         if self.probe_attached {
-            st.awaiting.entry(c.fd).or_default().push_back(c);
+            let early = c.generation.and_then(|g| {
+                st.early
+                    .iter()
+                    .position(|(_, k)| k.fd == c.fd && k.generation == g)
+            });
+            match early.and_then(|i| st.early.remove(i)) {
+                Some((_, k)) => self.join(&mut st, c, &k),
+                None => st.awaiting.entry(c.fd).or_default().push_back(c),
+            }
         } else {
             c.verdict = proxy_verdict(&c);
             self.push_closed(&mut st, c);
@@ -149,15 +170,31 @@ impl Accounting {
     /// The kernel's final record for one of this process's accepted sockets.
     pub fn kernel_closed(&self, k: &ClosedFd) {
         let mut st = self.state.lock();
-        let Some(queue) = st.awaiting.get_mut(&k.fd) else {
-            return;
-        };
-        let Some(mut c) = queue.pop_front() else {
-            return;
-        };
-        if queue.is_empty() {
+        let found = st.awaiting.get_mut(&k.fd).and_then(|queue| {
+            // Its own record, or the oldest whose generation is unknown; a record of another
+            // generation is another socket's.
+            let i = queue
+                .iter()
+                .position(|c| c.generation == Some(k.generation))
+                .or_else(|| queue.iter().position(|c| c.generation.is_none()))?;
+            queue.remove(i)
+        });
+        if st.awaiting.get(&k.fd).is_some_and(|q| q.is_empty()) {
             st.awaiting.remove(&k.fd);
         }
+        match found {
+            Some(c) => self.join(&mut st, c, k),
+            None => {
+                if st.early.len() == EARLY_KEPT {
+                    st.early.pop_front();
+                }
+                st.early.push_back((Instant::now(), k.clone()));
+            }
+        }
+    }
+
+    /// Joins closed connection `c` with `k`, the kernel's record of its socket.
+    fn join(&self, st: &mut ConnState, mut c: ConnRecord, k: &ClosedFd) {
         let zc = k.counts.zero_copy_bytes();
         let copied = k.counts.copy_bytes();
         c.kernel = Some(KernelView {
@@ -211,12 +248,19 @@ impl Accounting {
             st.recent_violations.push_back(v);
         }
         c.verdict = conn_verdict(&c, zc, copied.saturating_sub(non_body(&c)));
-        self.push_closed(&mut st, c);
+        self.push_closed(st, c);
     }
 
     /// Gives up waiting for kernel records older than the grace period (probe lost an event).
     pub fn expire_awaiting(&self) {
         let mut st = self.state.lock();
+        while st
+            .early
+            .front()
+            .is_some_and(|(at, _)| at.elapsed() > JOIN_GRACE)
+        {
+            st.early.pop_front();
+        }
         let mut expired = Vec::new();
         st.awaiting.retain(|_, q| {
             while q
@@ -259,7 +303,11 @@ impl Accounting {
                 if let Some(s) = c.started {
                     c.duration_ms = s.elapsed().as_millis() as u64;
                 }
-                if let Some((generation, counts)) = live.get(&c.fd) {
+                // The live record of this socket, not of one that had its fd number before.
+                let own = live
+                    .get(&c.fd)
+                    .filter(|(g, _)| c.generation.is_none_or(|mine| mine == *g));
+                if let Some((generation, counts)) = own {
                     let zc = counts.zero_copy_bytes();
                     let copied = counts.copy_bytes();
                     c.verdict = conn_verdict(&c, zc, copied.saturating_sub(non_body(&c)));
@@ -466,6 +514,80 @@ mod tests {
         assert_eq!(a.violation_bytes(), 3000);
         assert_eq!(a.body_totals().ratio(), Some(0.0));
         assert_eq!(a.recent_violations()[0].request, "GET /obj/1000");
+    }
+
+    /// Accounting whose sockets get generations 1, 2, 3, ... at accept, as the probe gives them.
+    fn with_generations() -> Accounting {
+        let mut a = Accounting::new(10, true);
+        let next = std::sync::atomic::AtomicU64::new(1);
+        a.set_generations(move |_| Some(next.fetch_add(1, Ordering::Relaxed)));
+        a
+    }
+
+    fn closed_fd(fd: u32, generation: u64, counts: FdCounts) -> ClosedFd {
+        ClosedFd {
+            pid: 1,
+            fd,
+            generation,
+            socket: true,
+            accepted: true,
+            counts,
+        }
+    }
+
+    #[test]
+    fn another_sockets_close_on_the_same_fd_is_not_joined() {
+        // Connection 1 (generation 1) on fd 7 closes and its kernel record never comes; the fd
+        // number goes to a dashboard socket (generation 5) that writes 4,077 bytes and closes.
+        let a = with_generations();
+        let id = a.conn_opened(7, "127.0.0.1:1".parse().expect("addr"));
+        a.response(id, &rec(DataPath::Zerocopy, 1000));
+        a.conn_closed(id);
+        a.kernel_closed(&closed_fd(7, 5, counts(0, 4077)));
+        assert_eq!(a.body_totals().connections, 0);
+        assert_eq!(a.body_totals().copy_bytes, 0);
+        assert_eq!(a.violations(), 0);
+        // Its own record still joins it.
+        a.kernel_closed(&closed_fd(7, 1, counts(1000, 100)));
+        let t = a.body_totals();
+        assert_eq!(
+            (t.connections, t.zerocopy_bytes, t.copy_bytes),
+            (1, 1000, 0)
+        );
+        assert_eq!(t.ratio(), Some(1.0));
+    }
+
+    #[test]
+    fn a_kernel_record_that_comes_first_waits_for_its_connection() {
+        let a = with_generations();
+        let id = a.conn_opened(9, "127.0.0.1:1".parse().expect("addr"));
+        a.response(id, &rec(DataPath::Zerocopy, 2000));
+        a.kernel_closed(&closed_fd(9, 1, counts(2000, 100)));
+        assert_eq!(a.body_totals().connections, 0);
+        a.conn_closed(id);
+        let t = a.body_totals();
+        assert_eq!((t.connections, t.zerocopy_bytes), (1, 2000));
+        let (closed, _, _) = a.closed_page(0, 10, SortKey::Id, false);
+        assert_eq!(closed[0].verdict, "zero-copy");
+        assert_eq!(closed[0].kernel.as_ref().map(|k| k.generation), Some(1));
+    }
+
+    #[test]
+    fn records_of_one_fd_join_their_own_generation_whatever_the_order() {
+        let a = with_generations();
+        let first = a.conn_opened(4, "127.0.0.1:1".parse().expect("addr"));
+        a.response(first, &rec(DataPath::Zerocopy, 100));
+        a.conn_closed(first);
+        let second = a.conn_opened(4, "127.0.0.1:2".parse().expect("addr"));
+        a.response(second, &rec(DataPath::Zerocopy, 300));
+        a.conn_closed(second);
+        a.kernel_closed(&closed_fd(4, 2, counts(300, 100)));
+        a.kernel_closed(&closed_fd(4, 1, counts(0, 200)));
+        // The second is clean; the first's 100 body bytes were copied: one violation, its own.
+        assert_eq!((a.violations(), a.violation_bytes()), (1, 100));
+        let (closed, _, _) = a.closed_page(0, 10, SortKey::Id, false);
+        let verdicts: Vec<(u64, &str)> = closed.iter().map(|c| (c.id, c.verdict)).collect();
+        assert_eq!(verdicts, vec![(second, "zero-copy"), (first, "copied")]);
     }
 
     #[test]

@@ -77,6 +77,10 @@ pub struct ConnRecord {
     /// Bytes the transport wrote that are neither heads nor bodies: the TLS handshake before the
     /// keys went to the kernel, and the closing alert. Counted beside heads in the join.
     pub tls_control_bytes: u64,
+    /// The kernel's number for the socket, read at accept (none without the probe, or when the
+    /// read failed): the join pairs the connection with the kernel's record of this socket only.
+    #[serde(skip)]
+    pub(crate) generation: Option<u64>,
     #[serde(skip)]
     pub(crate) started: Option<Instant>,
     /// (request line, body length) of recent zero-copy responses, for naming violations.
