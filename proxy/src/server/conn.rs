@@ -136,6 +136,9 @@ impl Conn {
     }
 }
 
+/// How long a connection accepted just before a drain may take to send its first request.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
 enum Head {
     Request(Box<RequestHead>),
     Closed,
@@ -145,12 +148,16 @@ enum Head {
 impl Conn {
     async fn run(&mut self) -> Result<(), ConnError> {
         let mut stop = self.shared.shutdown.subscribe();
+        let mut first = true;
         loop {
             // Each request runs under the context current when it starts (reloads apply to new
             // requests; responses in flight finish under the old one).
             self.ctx = self.shared.ctx.load_full();
-            let mut req = match self.read_head(&mut stop).await? {
-                Head::Request(r) => r,
+            let mut req = match self.read_head(&mut stop, first).await? {
+                Head::Request(r) => {
+                    first = false;
+                    r
+                }
                 Head::Closed => return Ok(()),
                 Head::Reject(status) => {
                     // No request to describe: the line must not carry the previous one's.
@@ -173,12 +180,26 @@ impl Conn {
     async fn read_head(
         &mut self,
         stop: &mut tokio::sync::watch::Receiver<bool>,
+        first: bool,
     ) -> Result<Head, ConnError> {
         let mut deadline: Option<Instant> = None;
         loop {
             if *stop.borrow() && self.buf.is_empty() {
-                // Shutting down: an idle keep-alive connection is closed between requests.
-                return Ok(Head::Closed);
+                // Shutting down: an idle keep-alive connection is closed between requests. But a
+                // request already in the socket was sent before the client could know, and is
+                // served; and a connection accepted just before the stop gets a moment for its
+                // first request (a client writes it just after connecting), or a restart or an
+                // upgrade would close connections that never saw an answer.
+                let wait = if first {
+                    FIRST_REQUEST_GRACE.min(self.ctx.client.header_timeout)
+                } else {
+                    Duration::ZERO
+                };
+                match tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)).await {
+                    Ok(Ok(0)) | Err(_) => return Ok(Head::Closed),
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => return Err(e.into()),
+                }
             }
             if !self.buf.is_empty() {
                 match request::parse(&self.buf, self.ctx.client.limits) {
