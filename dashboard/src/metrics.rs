@@ -120,6 +120,16 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     reloads.with_label_values(&["accepted"]).inc_by(accepted);
     reloads.with_label_values(&["rejected"]).inc_by(refused);
 
+    let upgrades = counter_vec(
+        &r,
+        "zerocache_binary_upgrades_total",
+        "SIGUSR2 binary upgrades, by result (failed: the successor did not serve, and this process kept serving).",
+        &["result"],
+    )?;
+    let (served, failed) = acc.binary_upgrades();
+    upgrades.with_label_values(&["served"]).inc_by(served);
+    upgrades.with_label_values(&["failed"]).inc_by(failed);
+
     let dropped = counter_vec(
         &r,
         "zerocache_access_log_dropped_total",

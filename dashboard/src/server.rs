@@ -112,12 +112,18 @@ static INDEX: &str = include_str!("../assets/index.html");
 static UPLOT_JS: &str = include_str!("../assets/vendor/uplot/uPlot.iife.min.js");
 static UPLOT_CSS: &str = include_str!("../assets/vendor/uplot/uPlot.min.css");
 
-/// Starts the background tasks and serves the app on `listener` until the task is dropped.
+/// Starts the background tasks and serves the app on `listener` until the task is dropped, or
+/// until `stop` completes (a SIGUSR2 upgrade's successor took the socket over: this process
+/// stops accepting, and requests in flight finish).
 ///
 /// Every request first passes the [`guard`] checks (Host; and for anything but GET and HEAD,
 /// `Origin` and `Content-Type`), then the token. Fails at once, serving nothing, if `state.token`
 /// is set but blank.
-pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<DashboardState>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     guard::check_token(state.token.clone())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let (policy, invalid) = HostPolicy::new(listener.local_addr()?, &state.allowed_hosts);
@@ -162,7 +168,9 @@ pub async fn serve(listener: TcpListener, state: Arc<DashboardState>) -> std::io
         .merge(Router::new().route(HEALTHZ, get(healthz)))
         .layer(middleware::from_fn_with_state(Arc::new(policy), edge))
         .with_state(state);
-    axum::serve(listener, app).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
 }
 
 /// The health check's path. It needs no token and answers any `Host`: load balancers and

@@ -24,6 +24,8 @@ pub mod run;
 pub(crate) mod sendfile;
 pub(crate) mod server;
 pub(crate) mod tls;
+pub(crate) mod upgrade;
+pub mod upgrade_command;
 pub(crate) mod upstream;
 pub mod watch;
 pub(crate) mod worker_id;

@@ -1,4 +1,4 @@
-//! The `zerocache` command: `run`, `check`, `check-cache`, `probe-check` and `watch`.
+//! The `zerocache` command: `run`, `check`, `check-cache`, `probe-check`, `upgrade` and `watch`.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -56,6 +56,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Upgrade the running proxy to the binary now installed, refusing no connection (nginx's
+    /// SIGUSR2): checks the config, signals the process `pid_file` names, waits until its
+    /// successor serves and it has drained; exit 0 once the successor serves, 1 if it did not (the
+    /// running process keeps serving and logs why).
+    Upgrade {
+        /// The YAML config file (its `pid_file` names the running process).
+        #[arg(short, long)]
+        config: PathBuf,
+    },
     /// Watch other processes with the probe, without the proxy: bytes by syscall per process and
     /// connection, and copy loops (file bytes read and written to a socket where sendfile would
     /// do). A dashboard on 127.0.0.1:9181. Needs CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH.
@@ -96,6 +105,14 @@ fn main() -> ExitCode {
             zerocache::probe_check::main(json)
         }
         Command::Run { config: path } => run(path),
+        Command::Upgrade { config } => {
+            init_logging("warn");
+            zerocache::upgrade_command::main(
+                &config,
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
+            )
+        }
         Command::Watch(args) => zerocache::watch::main(args, init_logging),
     }
 }

@@ -167,6 +167,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
     // action (tokio keeps it until `recv`).
     let mut signals = Signals::install()?;
+    // Sockets handed down (socket activation, or the process this one replaces) and the pipe on
+    // which to tell that process we serve: read first, before anything else opens an fd.
+    let mut inherited =
+        crate::net::inherit::Inherited::from_env(std::process::id()).map_err(anyhow::Error::msg)?;
+    let ready_pipe = crate::upgrade::ready_pipe();
     let raised = raise_nofile();
     // Read the limit back rather than trust the raise, which may have been refused.
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -178,7 +183,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
 
     // Bind before the probe loads, so a taken port fails fast.
     let tls = crate::tls::listener::start(&config)?;
-    let (listeners, dashboard_listener) = bind(&config, &tls.listen).await?;
+    let (listeners, dashboard_listener) = bind(&config, &tls.listen, &mut inherited).await?;
+    inherited.close_rest();
+    let upgrade = upgrade_of(&listeners, dashboard_listener.as_ref());
     let access_log = match &config.logging.access_log {
         Some(target) => Some(Arc::new(
             AccessLog::open(target, config.logging.access_log_format)
@@ -226,8 +233,14 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // The dashboard starts before the request context exists; what it reads of the context
     // (the upstream groups, replaced on reload) it finds here once set.
     let shared_slot: Arc<std::sync::OnceLock<Arc<Shared>>> = Arc::default();
+    // Sent once a successor serves: the dashboard stops accepting, as the data plane does.
+    let (handed_over, _) = tokio::sync::watch::channel(false);
     if let Some(l) = dashboard_listener {
         let addr = l.local_addr()?;
+        let mut handed = handed_over.subscribe();
+        let stop = async move {
+            let _ = handed.wait_for(|h| *h).await;
+        };
         let state = dashboard_state(
             &config,
             &kept,
@@ -237,7 +250,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             &shared_slot,
         )?;
         tokio::spawn(async move {
-            if let Err(e) = zerocache_dashboard::serve(l, state).await {
+            if let Err(e) = zerocache_dashboard::serve(l, state, stop).await {
                 tracing::error!(error = %e, "dashboard stopped");
             }
         });
@@ -245,16 +258,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     }
     let shared = Shared::new(build_ctx(&config, &kept, tls.server));
     let _ = shared_slot.set(shared.clone());
-    if config.debug.adjustable_clock {
-        tracing::warn!(
-            "debug.adjustable_clock is on: POST /api/debug/clock ages every cached response (test hook)"
-        );
-    }
-    if config.debug.copy_hits {
-        tracing::warn!(
-            "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
-        );
-    }
+    warn_of_debug_hooks(&config);
     let addrs: Vec<String> = listeners
         .iter()
         .filter_map(|(l, _)| l.local_addr().ok())
@@ -276,9 +280,20 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     };
     // The index is rebuilt and both listeners are bound and accepting: systemd (Type=notify) may
     // start what comes after this unit.
-    crate::notify::ready();
+    match ready_pipe {
+        // A successor tells the process it replaces, which tells systemd our pid
+        // (NotifyAccess=main would drop our READY=1 until then, and log it).
+        Some(pipe) => {
+            tracing::info!("serving: telling the process this one replaces to drain");
+            crate::upgrade::tell_ready(pipe);
+        }
+        None => crate::notify::ready(),
+    }
 
-    let current = signals.serve(config, &path, &kept, &shared, &probe).await;
+    let (current, ending) = signals
+        .serve(config, &path, &kept, &shared, &probe, upgrade.as_ref())
+        .await;
+    ending.announce(upgrade, &handed_over);
     stop(
         &shared,
         &mut workers,
@@ -287,6 +302,77 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     )
     .await;
     Ok(())
+}
+
+impl Ending {
+    /// Says why the drain that follows starts: to systemd, the dashboard and the log. Closes the
+    /// socket copies kept for a successor (`upgrade`): a stopping process refuses new clients,
+    /// and a replaced one has handed them over.
+    fn announce(
+        &self,
+        upgrade: Option<crate::upgrade::Upgrade>,
+        handed_over: &tokio::sync::watch::Sender<bool>,
+    ) {
+        drop(upgrade);
+        match self {
+            Ending::Stop => crate::notify::stopping(),
+            Ending::Upgraded(pid) => {
+                // systemd follows the successor as the unit's main process (NotifyAccess=main
+                // lets only the current main process say so) instead of stopping the unit
+                // when we exit.
+                crate::notify::send(&format!("MAINPID={pid}"));
+                let _ = handed_over.send(true);
+                tracing::info!(successor = pid, "upgrade: the new process serves; draining");
+            }
+        }
+    }
+}
+
+/// The `debug:` hooks that change what the proxy does, said at start-up.
+fn warn_of_debug_hooks(config: &Config) {
+    if config.debug.adjustable_clock {
+        tracing::warn!(
+            "debug.adjustable_clock is on: POST /api/debug/clock ages every cached response (test hook)"
+        );
+    }
+    if config.debug.copy_hits {
+        tracing::warn!(
+            "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
+        );
+    }
+}
+
+/// Why [`Signals::serve`] returned.
+enum Ending {
+    /// SIGTERM, SIGINT or SIGQUIT.
+    Stop,
+    /// A SIGUSR2 upgrade's successor (this pid) serves on our sockets.
+    Upgraded(u32),
+}
+
+/// What a SIGUSR2 upgrade needs, with a copy of every listening socket; none (and SIGUSR2 says
+/// why) if the program's path cannot be read.
+fn upgrade_of(
+    listeners: &[(std::net::TcpListener, Accepting)],
+    dashboard: Option<&TcpListener>,
+) -> Option<crate::upgrade::Upgrade> {
+    use crate::net::inherit::Role;
+    let kept = crate::upgrade::Upgrade::new().and_then(|mut u| {
+        for (l, accepting) in listeners {
+            u.keep(l, if accepting.tls { Role::Tls } else { Role::Data })?;
+        }
+        if let Some(d) = dashboard {
+            u.keep(d, Role::Dashboard)?;
+        }
+        Ok(u)
+    });
+    match kept {
+        Ok(u) => Some(u),
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGUSR2 upgrades are off: cannot keep what they need");
+            None
+        }
+    }
 }
 
 /// The signals the process answers, installed before anything slow starts.
@@ -326,8 +412,12 @@ impl Signals {
         kept: &Kept,
         shared: &Arc<Shared>,
         probe: &Probe,
-    ) -> Config {
+        upgrade: Option<&crate::upgrade::Upgrade>,
+    ) -> (Config, Ending) {
         let mut current = config;
+        // The upgrade under way, if any: polled beside the signals, so a reload or a log
+        // reopen still works while the successor rebuilds its index.
+        let mut successor: Option<crate::upgrade::Starting<'_>> = None;
         let Signals {
             term,
             hup,
@@ -336,12 +426,31 @@ impl Signals {
             usr2,
             alrm,
         } = self;
-        loop {
+        let ending = loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break }
-                _ = term.recv() => { tracing::info!("SIGTERM: draining"); break }
-                _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break }
-                _ = usr2.recv() => tracing::info!("SIGUSR2 ignored (zerocache has no binary upgrade)"),
+                _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break Ending::Stop }
+                _ = term.recv() => { tracing::info!("SIGTERM: draining"); break Ending::Stop }
+                _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break Ending::Stop }
+                _ = usr2.recv() => match upgrade {
+                    _ if successor.is_some() => tracing::warn!("SIGUSR2 ignored: an upgrade is under way"),
+                    None => tracing::warn!("SIGUSR2 ignored: upgrades are off (see the start-up log)"),
+                    Some(u) => {
+                        // From now on the successor indexes the directory: store nothing here.
+                        kept.store.hand_over(true);
+                        successor = Some(Box::pin(u.start_successor()));
+                    }
+                },
+                r = async { match successor.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => {
+                    successor = None;
+                    kept.accounting.binary_upgrade(r.is_ok());
+                    match r {
+                        Ok(pid) => break Ending::Upgraded(pid),
+                        Err(why) => {
+                            kept.store.hand_over(false);
+                            tracing::error!(%why, "upgrade failed; this process keeps serving");
+                        }
+                    }
+                }
                 _ = alrm.recv() => tracing::info!("SIGALRM ignored"),
                 _ = hup.recv() => {
                     // `systemctl reload` waits from RELOADING=1 to READY=1, which follows a rejected
@@ -359,8 +468,8 @@ impl Signals {
                     }
                 }
             }
-        }
-        current
+        };
+        (current, ending)
     }
 }
 
@@ -371,7 +480,6 @@ async fn stop(
     draining: &std::sync::atomic::AtomicBool,
     timeout: std::time::Duration,
 ) {
-    crate::notify::stopping();
     // Stop accepting (the listener closes with the accept loop) and close idle connections;
     // responses in flight run to their end or to the drain timeout.
     draining.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -426,42 +534,50 @@ fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> 
 
 use crate::net::listen::Accepting;
 
-/// Binds the data listeners (`listen`, then `tls_listen` marked as TLS) and the dashboard's.
+/// Binds the data listeners (`listen`, then `tls_listen` marked as TLS) and the dashboard's, each
+/// on the socket handed down for its address if there is one (socket activation, an upgrade).
 async fn bind(
     config: &Config,
     tls_listen: &[(std::net::SocketAddr, zerocache_config::ListenEntry)],
+    inherited: &mut crate::net::inherit::Inherited,
 ) -> anyhow::Result<(Vec<(std::net::TcpListener, Accepting)>, Option<TcpListener>)> {
+    use crate::net::inherit::Role;
     let mut listeners = Vec::new();
-    for (addr, entry) in config
+    let data = config
         .listen
         .bound()
         .map_err(anyhow::Error::msg)
-        .context("listen")?
+        .context("listen")?;
+    let tls = tls_listen.iter().map(|(a, e)| (*a, e));
+    for ((addr, entry), (role, key)) in data
+        .into_iter()
+        .map(|d| (d, (Role::Data, "listen")))
+        .chain(tls.map(|t| (t, (Role::Tls, "tls.listen"))))
     {
-        listeners.push((
-            crate::net::listen::bind_listener(addr, config.backlog)
-                .with_context(|| format!("cannot listen on {addr} (listen)"))?,
-            Accepting::of(entry, false),
-        ));
-    }
-    for (addr, entry) in tls_listen {
-        listeners.push((
-            crate::net::listen::bind_listener(*addr, config.backlog)
-                .with_context(|| format!("cannot listen on {addr} (tls.listen)"))?,
-            Accepting::of(entry, true),
-        ));
+        let l = match inherited.take(addr, role).map_err(anyhow::Error::msg)? {
+            Some(fd) => crate::net::listen::relisten(fd, config.backlog),
+            None => crate::net::listen::bind_listener(addr, config.backlog),
+        }
+        .with_context(|| format!("cannot listen on {addr} ({key})"))?;
+        listeners.push((l, Accepting::of(entry, role == Role::Tls)));
     }
     let dashboard_listener = if config.dashboard.enabled {
-        Some(
-            TcpListener::bind(&config.dashboard.listen)
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot listen on {} (dashboard.listen)",
-                        config.dashboard.listen
-                    )
-                })?,
-        )
+        let listen = &config.dashboard.listen;
+        let handed = match listen.parse::<std::net::SocketAddr>() {
+            Ok(addr) => inherited
+                .take(addr, Role::Dashboard)
+                .map_err(anyhow::Error::msg)?,
+            Err(_) => None,
+        };
+        let l = match handed {
+            Some(fd) => {
+                let l = std::net::TcpListener::from(fd);
+                l.set_nonblocking(true)
+                    .and_then(|()| TcpListener::from_std(l))
+            }
+            None => TcpListener::bind(listen).await,
+        };
+        Some(l.with_context(|| format!("cannot listen on {listen} (dashboard.listen)"))?)
     } else {
         None
     };

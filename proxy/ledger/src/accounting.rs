@@ -58,6 +58,8 @@ pub struct Accounting {
     rejected: [AtomicU64; 2],
     /// Config reloads: accepted, rejected.
     reloads: [AtomicU64; 2],
+    /// SIGUSR2 binary upgrades: the successor served, it did not.
+    binary_upgrades: [AtomicU64; 2],
     /// `zerocache_request_duration_seconds`, by cache status; `duration_children` are its
     /// children in [`CacheStatus::ALL`] order, so recording needs no label lookup.
     durations: prometheus::HistogramVec,
@@ -124,6 +126,7 @@ impl Accounting {
             upstream_seconds,
             rejected: Default::default(),
             reloads: Default::default(),
+            binary_upgrades: Default::default(),
             by_code: (0..500 * CacheStatus::ALL.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -331,6 +334,20 @@ impl Accounting {
         (
             self.reloads[0].load(Ordering::Relaxed),
             self.reloads[1].load(Ordering::Relaxed),
+        )
+    }
+
+    /// A SIGUSR2 upgrade ended: its successor serves (`true`), or it did not and this process
+    /// keeps serving (`false`).
+    pub fn binary_upgrade(&self, served: bool) {
+        self.binary_upgrades[usize::from(!served)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// SIGUSR2 upgrades so far: (the successor served, it did not).
+    pub fn binary_upgrades(&self) -> (u64, u64) {
+        (
+            self.binary_upgrades[0].load(Ordering::Relaxed),
+            self.binary_upgrades[1].load(Ordering::Relaxed),
         )
     }
 

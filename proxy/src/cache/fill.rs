@@ -133,6 +133,10 @@ impl Fill {
 
     /// Writes the header (with the body checksum), renames into place and indexes the entry.
     pub fn commit(mut self) -> io::Result<Arc<Entry>> {
+        if self.store.is_handing_over() {
+            // Dropped: the temp file goes, and the successor's index stays true.
+            return Err(io::Error::other(HANDING_OVER));
+        }
         let body_checksum = self.hasher.digest();
         let header = entry::encode_header(&self.meta, self.written, body_checksum);
         self.file.write_all_at(&header, 0)?;
@@ -158,6 +162,9 @@ impl Fill {
         Ok(e)
     }
 }
+
+/// Why a commit was refused during a SIGUSR2 upgrade.
+pub(crate) const HANDING_OVER: &str = "the cache directory is being handed to a new process";
 
 impl Drop for Fill {
     fn drop(&mut self) {

@@ -64,14 +64,25 @@ pub fn bind_listener(addr: SocketAddr, backlog: u32) -> std::io::Result<std::net
         std::os::fd::AsRawFd::as_raw_fd(&fd),
         &SockaddrStorage::from(addr),
     )?;
-    // nix refuses values above the libc constant SOMAXCONN (4096); the kernel's own cap is the
-    // sysctl net.core.somaxconn, which a tuned host raises. Above the constant, -1 asks the
-    // kernel for its cap.
-    let backlog = i32::try_from(backlog)
+    listen(&fd, backlog_of(backlog))?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+/// `backlog` as listen(2) takes it. nix refuses values above the libc constant SOMAXCONN (4096);
+/// the kernel's own cap is the sysctl net.core.somaxconn, which a tuned host raises. Above the
+/// constant, -1 asks the kernel for its cap.
+fn backlog_of(backlog: u32) -> Backlog {
+    i32::try_from(backlog)
         .ok()
         .and_then(|n| Backlog::new(n).ok())
-        .unwrap_or(Backlog::MAXALLOWABLE);
-    listen(&fd, backlog)?;
+        .unwrap_or(Backlog::MAXALLOWABLE)
+}
+
+/// A listening socket handed down (socket activation, an upgrade), given this config's
+/// `backlog`: listen(2) again on a listening socket only changes its backlog, and the
+/// connections already in it stay.
+pub fn relisten(fd: std::os::fd::OwnedFd, backlog: u32) -> std::io::Result<std::net::TcpListener> {
+    listen(&fd, backlog_of(backlog))?;
     Ok(std::net::TcpListener::from(fd))
 }
 

@@ -4,5 +4,6 @@
 //! routes or the cache, so the server, the TLS listener and (later) other protocols stand on it.
 
 pub(crate) mod client_sock;
+pub(crate) mod inherit;
 pub(crate) mod listen;
 pub(crate) mod proxy_protocol;

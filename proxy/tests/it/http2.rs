@@ -577,18 +577,51 @@ fn a_window_held_shut_is_reset_after_send_timeout_and_pins_nothing() {
 #[test]
 fn drain_sends_goaway_and_the_stream_in_flight_finishes() {
     let (origin, _rt) = origin();
+    goaway_on(&origin, libc::SIGTERM, "");
+}
+
+/// A SIGUSR2 upgrade drains the old process as SIGTERM does: its h2 connections get a GOAWAY,
+/// their streams in flight their answers, and the successor serves new connections.
+#[test]
+fn an_upgrade_sends_goaway_and_the_stream_in_flight_finishes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let pid_file = dir.path().join("zerocache.pid");
+    let (origin, _rt) = origin();
+    let extra = format!("pid_file: {}\n", pid_file.display());
+    let addr = goaway_on(&origin, libc::SIGUSR2, &extra);
+    let successor: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    let mut c = RawH2::connect(addr, &[]);
+    c.send(&one_request(&h2raw::get("/obj/300", &[])));
+    let frames = c.until_end(1, WAIT);
+    let data: Vec<u8> = frames
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    // SAFETY: the successor this test started; nobody's child now.
+    unsafe { libc::kill(successor, libc::SIGKILL) };
+    assert!(data == body(300), "the successor answers: {frames:?}");
+}
+
+/// An h2 stream in flight when `sig` starts the drain: the GOAWAY (no error) comes, the stream
+/// gets its whole answer, and the process exits 0. Returns the proxy's address.
+fn goaway_on(origin: &Origin, sig: i32, extra: &str) -> std::net::SocketAddr {
     origin.script(
         "/slow",
         Reply::ok(b"slow answer".to_vec())
             .headers(&[("Cache-Control", "no-store")])
             .delay(Duration::from_millis(1500)),
     );
-    let mut proxy = h2c_proxy(origin.addr(), "");
+    let mut proxy = h2c_proxy(origin.addr(), extra);
     let mut c = RawH2::connect(proxy.addr, &[]);
     c.send(&one_request(&h2raw::get("/slow", &[])));
-    assert_eq!(assert_eventually_origin_hit(&origin), 1);
+    assert_eq!(assert_eventually_origin_hit(origin), 1);
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(proxy.child.id() as i32, sig) };
     let frames = c.until_end(1, WAIT);
     let goaway = frames.iter().position(|f| f.kind == h2raw::GOAWAY);
     let data: Vec<u8> = frames
@@ -616,7 +649,7 @@ fn drain_sends_goaway_and_the_stream_in_flight_finishes() {
     );
     assert_eq!(data, b"slow answer");
     assert!(proxy.child.wait().expect("wait").success());
-    let _ = &mut proxy;
+    proxy.addr
 }
 
 /// Waits until the origin has the `/slow` request; returns how many it has.

@@ -10,6 +10,7 @@
 mod support;
 mod tls_support;
 
+mod binary_upgrade;
 mod cache_config;
 mod cli;
 mod cold_hits;

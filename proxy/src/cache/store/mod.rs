@@ -43,6 +43,9 @@ pub struct Store {
     files: OpenFiles,
     /// False after a write failure: the cache degrades to pass-through until a write works again.
     writable: AtomicBool,
+    /// A SIGUSR2 upgrade is under way: the successor indexes this directory, so this process
+    /// stores and evicts nothing (see [`Store::hand_over`]).
+    handing_over: AtomicBool,
     /// Writes that failed (disk full, permissions).
     pub write_errors: AtomicU64,
     /// Entries evicted to make room (size or entry limit), since start.
@@ -98,6 +101,7 @@ impl Store {
             index: Mutex::new(Index::new(Lru::new())),
             files: OpenFiles::new(limits.open_files),
             writable: AtomicBool::new(true),
+            handing_over: AtomicBool::new(false),
             write_errors: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             corrupt_entries: AtomicU64::new(0),
@@ -277,6 +281,9 @@ impl Store {
 
     /// Evicts entries until `needed` bytes were freed or none is left; true if any went.
     fn make_room(&self, needed: u64) -> bool {
+        if self.is_handing_over() {
+            return false;
+        }
         let (bytes, _) = self.usage();
         let victims = self
             .index
@@ -299,6 +306,9 @@ impl Store {
 
     /// Evicts entries (the policy's choice) until `extra` more bytes fit under `max_size`.
     pub fn evict_to_fit(&self, extra: u64) {
+        if self.is_handing_over() {
+            return;
+        }
         let victims = self
             .index
             .lock()
@@ -354,6 +364,18 @@ impl Store {
     /// The configured bound on bytes (`cache.max_size`).
     pub fn max_size(&self) -> u64 {
         self.max_size
+    }
+
+    /// `on`: a successor process is taking the directory over (a SIGUSR2 upgrade). From now on
+    /// no fill starts or commits and nothing is evicted here, so the files the successor indexes
+    /// stay as it found them; `false` again if the upgrade failed.
+    pub fn hand_over(&self, on: bool) {
+        self.handing_over.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the directory is being handed to a successor ([`Store::hand_over`]).
+    pub fn is_handing_over(&self) -> bool {
+        self.handing_over.load(Ordering::Relaxed)
     }
 
     /// Whether fills are attempted.

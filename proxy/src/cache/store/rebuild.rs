@@ -20,6 +20,11 @@ impl Store {
         let mut out = Rebuilt::default();
         for t in fs::read_dir(self.layout.tmp_dir())? {
             let t = t?;
+            // A SIGUSR2 upgrade shares the directory: the old process's fills in flight are its
+            // own to finish or drop.
+            if fill_of_another_live_process(&t.file_name().to_string_lossy()) {
+                continue;
+            }
             let _ = fs::remove_file(t.path());
             out.discarded += 1;
         }
@@ -116,4 +121,24 @@ impl Store {
         self.insert_entry(Arc::new(e));
         Ok(())
     }
+}
+
+/// Whether temp file `name` (`<pid>-<n>.tmp`, see `Layout::temp_path`) belongs to a running
+/// process other than this one. A pid reused by an unrelated process keeps a dead fill's file
+/// until the next start: a few bytes, against deleting a live process's fill under it.
+fn fill_of_another_live_process(name: &str) -> bool {
+    let Some(pid) = name
+        .split_once('-')
+        .and_then(|(pid, _)| pid.parse::<i32>().ok())
+        .filter(|pid| *pid > 0)
+    else {
+        return false;
+    };
+    if pid as u32 == std::process::id() {
+        return false;
+    }
+    // Signal 0 checks only that the process exists; EPERM says it does, under another user.
+    // SAFETY: kill(2) with signal 0 sends nothing.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }

@@ -228,3 +228,68 @@ fn remove_corrupt_spares_a_newer_fill() {
     assert!(!indexed(&s, &revalidated) && !new.path.exists());
     assert_eq!(s.corrupt_entries.load(Ordering::Relaxed), 1);
 }
+
+/// A SIGUSR2 upgrade shares the directory: the rebuild keeps the temp files of another live
+/// process's fills (pid 1 here), and deletes its own pid's and a dead process's.
+#[test]
+fn rebuild_keeps_the_fills_of_another_live_process() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let mut dead = std::process::Command::new("true").spawn().expect("true");
+    let dead_pid = dead.id();
+    dead.wait().expect("wait");
+    let names = [
+        "1-0.tmp".to_string(),
+        format!("{}-3.tmp", std::process::id()),
+        format!("{dead_pid}-0.tmp"),
+        "garbage.tmp".to_string(),
+    ];
+    for n in &names {
+        std::fs::write(tmp.path().join("tmp").join(n), b"partial").expect("temp");
+    }
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!(r.discarded, 3);
+    let mut left: Vec<String> = std::fs::read_dir(tmp.path().join("tmp"))
+        .expect("tmp dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, vec!["1-0.tmp".to_string()]);
+}
+
+/// While a successor takes the directory over, a fill is not committed (its temp file goes)
+/// and nothing is evicted; after a failed upgrade both work again.
+#[test]
+fn a_store_handed_over_commits_and_evicts_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let kept = put(&s, "/a", b"kept");
+    s.hand_over(true);
+    let other = CacheKey::new("GET", "http", "h", "/b", 128);
+    let meta = crate::cache::entry::Meta {
+        key: other.text.clone(),
+        stored_at: std::time::SystemTime::now(),
+        initial_age: Duration::ZERO,
+        lifetime: Duration::from_secs(600),
+        status: 200,
+        reason: "OK".into(),
+        fields: Vec::new(),
+        vary: Vec::new(),
+        url: other.text.clone(),
+    };
+    let mut f = crate::cache::fill::Fill::create(s.clone(), other.hash, meta).expect("create");
+    f.write(b"body").expect("write");
+    let err = f.commit().expect_err("refused");
+    assert_eq!(err.to_string(), crate::cache::fill::HANDING_OVER);
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("tmp"))
+            .expect("tmp")
+            .count(),
+        0
+    );
+    s.evict_to_fit(u64::MAX / 2);
+    assert!(indexed(&s, &kept), "not evicted while handing over");
+    s.hand_over(false);
+    s.evict_to_fit(u64::MAX / 2);
+    assert!(!indexed(&s, &kept), "evicted again after a failed upgrade");
+}

@@ -312,7 +312,7 @@ impl Fetch<'_> {
     }
 
     /// The fill of a storable answer, created with room reserved for a known length; else why
-    /// not (`cache-unwritable`). An unwritable cache is retried on every storable miss (one
+    /// not (`cache-unwritable`; `upgrade` while a successor takes the directory over). An unwritable cache is retried on every storable miss (one
     /// failed open(2)), so a freed disk or fixed permission brings the cache back without a
     /// restart.
     fn create_fill(
@@ -333,6 +333,9 @@ impl Fetch<'_> {
             &self.url,
             ctx.hash_bits,
         );
+        if ctx.store.is_handing_over() {
+            return Err("upgrade");
+        }
         let len = framing.length().unwrap_or(0);
         let (min, max) = (self.object_sizes.min, self.max_body(ctx));
         Fill::create(ctx.store.clone(), key.hash, meta)

@@ -208,7 +208,11 @@ pub(super) async fn pump(
     // asks again gets a HIT. A commit that fails leaves every byte in the open file, so the
     // readers still finish.
     if let Err(e) = fill.commit() {
-        ctx.store.write_failed(&e);
+        if ctx.store.is_handing_over() {
+            ctx.accounting.not_stored("upgrade");
+        } else {
+            ctx.store.write_failed(&e);
+        }
     }
     w.finish(n);
     if reusable && reader.reusable() {

@@ -57,6 +57,8 @@ pub struct Opts {
     pub nofile: Option<u64>,
     /// Options of the `listen` entry (`proxy_protocol: true, ...`), written as a map with them.
     pub listen_options: String,
+    /// Extra environment (`NOTIFY_SOCKET`, ...).
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Proxy {
@@ -148,6 +150,7 @@ impl Proxy {
             .args(["run", "--config"])
             .arg(&config)
             .env("ZEROCACHE_TEST_CLOCK", "1")
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",
                 std::env::var("ZEROCACHE_TEST_LOG").unwrap_or_else(|_| "error".into()),

@@ -1,0 +1,169 @@
+//! The binary upgrade on SIGUSR2, as nginx's: the running process starts the binary at the path
+//! it was started from (after a package upgrade, the new one: `/proc/self/exe` would name the
+//! deleted file), with its own arguments and environment, and hands it its listening sockets
+//! ([`crate::net::inherit`]). The successor checks its config, rebuilds the index and listens on
+//! the same sockets, then says so on a pipe ([`READY_FD`]); only then does the old process stop
+//! accepting and drain. A successor that exits or is not ready within [`READY_TIMEOUT`] changes
+//! nothing: the old process logs why and keeps serving.
+//!
+//! The cache directory is shared during the hand-over, and each process has its own index of it,
+//! so from the signal on the old process stores nothing and evicts nothing
+//! ([`crate::cache::store::Store::hand_over`]): the successor indexes files that stay as it
+//! found them.
+
+use crate::net::inherit::{Role, SYSTEMD_VARS, UPGRADE_FDS};
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// The variable naming the pipe on which the successor says it serves.
+pub(crate) const READY_FD: &str = "ZEROCACHE_UPGRADE_READY_FD";
+/// How long a successor may take to be ready: its index rebuild reads every entry's header.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// What the successor writes on the pipe once it serves.
+const READY: &[u8] = b"ready\n";
+
+/// A successor being started: its pid once it serves, or why it did not.
+pub(crate) type Starting<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>>;
+
+/// What an upgrade needs, captured at start-up: the program, its arguments, and a copy of each
+/// listening socket. Dropped when the drain starts: a process that stops (rather than upgrades)
+/// must not keep its listening sockets open, or new clients would wait in a backlog nobody
+/// accepts from.
+pub(crate) struct Upgrade {
+    exe: PathBuf,
+    args: Vec<OsString>,
+    sockets: Vec<(OwnedFd, Role)>,
+}
+
+impl Upgrade {
+    /// The running program, read now: after a package upgrade replaces the file, its path names
+    /// the new binary, while `/proc/self/exe` names the deleted one.
+    pub(crate) fn new() -> std::io::Result<Upgrade> {
+        Ok(Upgrade {
+            exe: std::env::current_exe()?,
+            args: std::env::args_os().skip(1).collect(),
+            sockets: Vec::new(),
+        })
+    }
+
+    /// Keeps a copy of a listening socket for the successor.
+    pub(crate) fn keep(&mut self, fd: &impl AsRawFd, role: Role) -> std::io::Result<()> {
+        // SAFETY: a borrowed fd, valid for the call.
+        let copy =
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd.as_raw_fd()) }.try_clone_to_owned()?;
+        self.sockets.push((copy, role));
+        Ok(())
+    }
+
+    /// Starts the successor and waits until it serves (its pid), or says why it did not.
+    pub(crate) async fn start_successor(&self) -> Result<u32, String> {
+        let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| format!("cannot make the readiness pipe: {e}"))?;
+        let fds: Vec<String> = self
+            .sockets
+            .iter()
+            .map(|(fd, role)| format!("{}={}", fd.as_raw_fd(), role.name()))
+            .collect();
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.args(&self.args)
+            .env(UPGRADE_FDS, fds.join(","))
+            .env(READY_FD, ready_w.as_raw_fd().to_string())
+            .kill_on_drop(false);
+        for v in SYSTEMD_VARS {
+            cmd.env_remove(v);
+        }
+        let pass: Vec<i32> = self
+            .sockets
+            .iter()
+            .map(|(fd, _)| fd.as_raw_fd())
+            .chain([ready_w.as_raw_fd()])
+            .collect();
+        // SAFETY: runs in the forked child before exec; fcntl is async-signal-safe, and only
+        // the child's copies of these fds lose close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &pass {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.exe.display()))?;
+        drop(ready_w);
+        let pid = child.id().unwrap_or(0);
+        tracing::info!(pid, exe = %self.exe.display(), "SIGUSR2: started the new binary; serving until it is ready");
+        let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(ready_r)
+            .map_err(|e| format!("cannot poll the readiness pipe: {e}"))?;
+        let mut said = Vec::new();
+        let mut bounded = (&mut pipe).take(64);
+        let outcome = tokio::time::timeout(READY_TIMEOUT, async {
+            tokio::select! {
+                // EOF: the successor wrote its word and closed, or exited without it.
+                r = bounded.read_to_end(&mut said) => match r {
+                    Ok(_) if said == READY => Ok(()),
+                    Ok(_) => Err(match child.wait().await {
+                        Ok(status) => format!("the new process exited ({status}) before it was ready"),
+                        Err(e) => format!("the new process closed its readiness pipe: {e}"),
+                    }),
+                    Err(e) => Err(format!("cannot read the readiness pipe: {e}")),
+                },
+                status = child.wait() => Err(match status {
+                    Ok(status) => format!("the new process exited ({status}) before it was ready"),
+                    Err(e) => format!("cannot wait for the new process: {e}"),
+                }),
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(())) => {
+                // It runs on after this process exits; nothing here waits for it.
+                drop(child);
+                Ok(pid)
+            }
+            Ok(Err(why)) => Err(why),
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                Err(format!(
+                    "the new process was not ready within {}s; stopped it",
+                    READY_TIMEOUT.as_secs()
+                ))
+            }
+        }
+    }
+}
+
+/// In a successor: the pipe on which to tell the process that started it that this one serves;
+/// none in a process not started by an upgrade. Taken once, at start-up.
+pub(crate) fn ready_pipe() -> Option<OwnedFd> {
+    let fd = std::env::var(READY_FD).ok()?.parse::<i32>().ok()?;
+    // SAFETY: F_GETFD on any number only reads its flags (or fails for a closed one).
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        tracing::warn!(
+            fd,
+            "{READY_FD} names no open fd; the old process will not hear we are ready"
+        );
+        return None;
+    }
+    // SAFETY: the fd was handed to this process for this one write, and is owned from here on
+    // (the variable is read once, at start-up); close-on-exec so no later child inherits it.
+    let pipe = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: sets a flag on an fd this process owns.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Some(pipe)
+}
+
+/// Tells the process that started this one that it serves, and closes the pipe.
+pub(crate) fn tell_ready(pipe: OwnedFd) {
+    if let Err(e) = nix::unistd::write(&pipe, READY) {
+        tracing::warn!(error = %e, "cannot tell the old process we are ready");
+    }
+}
