@@ -128,6 +128,78 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// `apt upgrade` of a running proxy: the package installed again over itself while the packaged
+/// config runs (started by hand, as without systemd), and its postinst hands the process to
+/// the new binary with `zerocache upgrade`. The pid file then names a new process, which
+/// answers, and the old one is gone.
+fn upgrade_in_place_while_running(deb: &str) {
+    let free = [8080, 9180]
+        .iter()
+        .all(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok());
+    if !require::that(free, "127.0.0.1:8080 and :9180 free (the packaged ports)") {
+        return;
+    }
+    let pid_file = Path::new("/run/zerocache/zerocache.pid");
+    // What the unit's RuntimeDirectory= and LogsDirectory= would make.
+    std::fs::create_dir_all("/run/zerocache").expect("RuntimeDirectory");
+    std::fs::create_dir_all("/var/log/zerocache").expect("LogsDirectory");
+    let mut old = Command::new("/usr/bin/zerocache")
+        .args(["run", "--config", "/etc/zerocache/zerocache.yaml"])
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("start the packaged proxy");
+    let old_pid = old.id();
+    struct Stop(Option<u32>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                // SAFETY: the successor this test caused.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            let _ = std::fs::remove_dir_all("/run/zerocache");
+        }
+    }
+    let mut stop = Stop(None);
+    let pid_of = || {
+        std::fs::read_to_string(pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while pid_of() != Some(old_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the packaged proxy did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (code, out, err) = run("dpkg", &["-i", deb]);
+    let new_pid = pid_of();
+    stop.0 = new_pid.filter(|p| *p != old_pid);
+    let _ = old.kill();
+    let old_status = old.wait().expect("old process");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("upgraded: pid {old_pid} -> ")),
+        "the postinst ran zerocache upgrade: {out}{err}"
+    );
+    assert!(
+        stop.0.is_some(),
+        "the pid file names a new process: {new_pid:?}"
+    );
+    assert_eq!(
+        old_status.code(),
+        Some(0),
+        "the old process drained and exited"
+    );
+    let health = Command::new("curl")
+        .args(["-s", "http://127.0.0.1:9180/healthz"])
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&health.stdout), "ok\n");
+}
+
 #[test]
 fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
     if !can_run() {
@@ -203,6 +275,18 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
             "config/packaging/zerocache.yaml",
         ),
         ("/etc/logrotate.d/zerocache", "config/packaging/logrotate"),
+        (
+            "/lib/systemd/system/zerocache.socket",
+            "config/packaging/zerocache.socket",
+        ),
+        (
+            "/lib/systemd/system/zerocache-dashboard.socket",
+            "config/packaging/zerocache-dashboard.socket",
+        ),
+        (
+            "/usr/share/doc/zerocache/systemd/socket-activation.conf",
+            "config/packaging/socket-activation.conf",
+        ),
         ("/usr/share/doc/zerocache/README.md", "README.md"),
         (
             "/usr/share/doc/zerocache/zerocache.example.yaml",
@@ -284,6 +368,11 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
         std::fs::read_link(wants).ok(),
         Some(PathBuf::from("/lib/systemd/system/zerocache.service"))
     );
+    // The socket units are there to choose, not enabled.
+    for unit in ["zerocache.socket", "zerocache-dashboard.socket"] {
+        let link = format!("/etc/systemd/system/sockets.target.wants/{unit}");
+        assert!(Path::new(&link).symlink_metadata().is_err(), "{link}");
+    }
 
     // The installed config is valid as shipped, and says what the package promises.
     assert_eq!(
@@ -338,14 +427,22 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
         "{debug_file} holds the debug info"
     );
 
-    // The unit and the logrotate snippet parse as what they claim to be.
+    // The units and the logrotate snippet parse as what they claim to be.
     if require::command("systemd-analyze") {
-        let (code, out, err) = run(
-            "systemd-analyze",
-            &["verify", "/lib/systemd/system/zerocache.service"],
-        );
-        assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""));
+        for unit in [
+            "zerocache.service",
+            "zerocache.socket",
+            "zerocache-dashboard.socket",
+        ] {
+            let (code, out, err) = run(
+                "systemd-analyze",
+                &["verify", &format!("/lib/systemd/system/{unit}")],
+            );
+            assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""), "{unit}");
+        }
     }
+
+    upgrade_in_place_while_running(deb_s);
     if require::command("logrotate") {
         let (code, _, err) = run("logrotate", &["-d", "/etc/logrotate.d/zerocache"]);
         assert_eq!(code, 0, "{err}");
