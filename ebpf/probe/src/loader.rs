@@ -14,7 +14,7 @@ use crate::{btf, kernel, tracefs};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{ProgramError, TracePoint};
 use aya::{Ebpf, EbpfLoader};
-use zerocache_probe_common::{MAX_WATCHED, exit_mode, layout};
+use zerocache_probe_common::{FdInfo, FdKey, MAX_WATCHED, exit_mode, layout};
 
 static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/zerocache-probe-bpf"));
@@ -127,6 +127,8 @@ pub(crate) enum StartError {
 pub(crate) struct Loaded {
     pub(crate) ebpf: Ebpf,
     pub(crate) maps: Maps,
+    /// FD_INFO again, read alone (see `Probe::generation`).
+    pub(crate) fd_info_reader: HashMap<MapData, FdKey, FdInfo>,
     pub(crate) ring: RingBuf<MapData>,
     pub(crate) attachments: usize,
     /// Every program of [`PROGRAMS`], attached or missing and why.
@@ -236,6 +238,21 @@ pub(crate) fn load_and_attach() -> Result<Loaded, StartError> {
     }
     let take =
         |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(StartError::Missing(name));
+    // A second handle on FD_INFO, for the generation lookup at each accept
+    // (`Probe::generation`): under a lock of its own, not the maps' lock that long walks hold.
+    let fd_info_reader = {
+        let aya::maps::Map::HashMap(data) =
+            ebpf.map("FD_INFO").ok_or(StartError::Missing("FD_INFO"))?
+        else {
+            return Err(StartError::Missing("FD_INFO"));
+        };
+        let fd = std::os::fd::AsFd::as_fd(data.fd())
+            .try_clone_to_owned()
+            .map_err(|e| StartError::Map("FD_INFO", aya::maps::MapError::from(e)))?;
+        let data = MapData::from_fd(fd).map_err(|e| StartError::Map("FD_INFO", e))?;
+        HashMap::try_from(aya::maps::Map::HashMap(data))
+            .map_err(|e| StartError::Map("FD_INFO", e))?
+    };
     let maps = Maps {
         watched: HashMap::try_from(take(&mut ebpf, "WATCHED")?)
             .map_err(|e| StartError::Map("WATCHED", e))?,
@@ -263,6 +280,7 @@ pub(crate) fn load_and_attach() -> Result<Loaded, StartError> {
     Ok(Loaded {
         ebpf,
         maps,
+        fd_info_reader,
         ring,
         attachments,
         programs,

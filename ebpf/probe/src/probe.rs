@@ -61,6 +61,16 @@ pub(crate) struct State {
 pub(crate) struct Inner {
     pub(crate) status: ProbeStatus,
     pub(crate) maps: Option<Mutex<Maps>>,
+    /// FD_INFO alone, for [`Probe::generation`] on the accept path.
+    pub(crate) fd_info: Option<
+        Mutex<
+            aya::maps::HashMap<
+                aya::maps::MapData,
+                zerocache_probe_common::FdKey,
+                zerocache_probe_common::FdInfo,
+            >,
+        >,
+    >,
     pub(crate) state: Mutex<State>,
     pub(crate) closed_tx: broadcast::Sender<ClosedFd>,
     /// The programs and their links; the read side's are attached and detached at run time.
@@ -87,6 +97,7 @@ impl Probe {
                 inner: Arc::new(Inner {
                     status: ProbeStatus::Disabled,
                     maps: None,
+                    fd_info: None,
                     state,
                     closed_tx,
                     ebpf: None,
@@ -100,6 +111,7 @@ impl Probe {
             Ok(crate::loader::Loaded {
                 ebpf,
                 maps,
+                fd_info_reader,
                 ring,
                 attachments,
                 programs,
@@ -140,6 +152,7 @@ impl Probe {
                     inner: Arc::new(Inner {
                         status,
                         maps: Some(Mutex::new(maps)),
+                        fd_info: Some(Mutex::new(fd_info_reader)),
                         state,
                         closed_tx,
                         ebpf: Some(Mutex::new(ebpf)),
@@ -160,6 +173,7 @@ impl Probe {
                     inner: Arc::new(Inner {
                         status: ProbeStatus::Unavailable { reason },
                         maps: None,
+                        fd_info: None,
                         state,
                         closed_tx,
                         ebpf: None,
@@ -246,12 +260,14 @@ impl Probe {
 
     /// The generation the kernel gave the socket now on `fd` of `pid` when it was created
     /// (accept or socket); none for an fd the probe did not see created, or without the probe.
-    /// One map lookup: cheap enough for every accepted connection.
+    /// One map lookup, under a lock of its own (not the one a walk of every fd record holds):
+    /// cheap enough for every accepted connection.
     pub fn generation(&self, pid: u32, fd: u32) -> Option<u64> {
-        let maps = self.inner.maps.as_ref()?;
-        let info = maps
-            .lock()
+        let info = self
+            .inner
             .fd_info
+            .as_ref()?
+            .lock()
             .get(&zerocache_probe_common::FdKey { tgid: pid, fd }, 0)
             .ok()?;
         Some(info.generation)
