@@ -71,6 +71,66 @@ pub fn send_to(path: &str, state: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// Waits, at most `timeout`, until systemd has read every message sent before
+/// (`sd_notify_barrier(3)`): a `BARRIER=1` datagram carries the write end of a pipe, which
+/// systemd closes once it has processed what came before, so the read end sees end-of-file.
+/// Outside systemd it returns at once; a failure is logged at debug level.
+pub fn barrier(timeout: std::time::Duration) {
+    let Some(path) = std::env::var_os(NOTIFY_SOCKET) else {
+        return;
+    };
+    let Some(path) = path.to_str() else {
+        return;
+    };
+    if let Err(e) = barrier_at(path, timeout) {
+        tracing::debug!(socket = path, error = %e, "systemd notify barrier failed");
+    }
+}
+
+fn barrier_at(path: &str, timeout: std::time::Duration) -> io::Result<()> {
+    use nix::sys::socket::{
+        AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr, sendmsg, socket,
+    };
+    use std::os::fd::AsRawFd;
+    let addr = match path.strip_prefix('@') {
+        Some(name) => UnixAddr::new_abstract(name.as_bytes())?,
+        None => UnixAddr::new(path)?,
+    };
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let fds = [write.as_raw_fd()];
+    let msg = b"BARRIER=1";
+    sendmsg(
+        sock.as_raw_fd(),
+        &[std::io::IoSlice::new(msg)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        Some(&addr),
+    )?;
+    drop(write);
+    let mut pfd = libc::pollfd {
+        fd: read.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one pollfd, valid for the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    match n {
+        1 => Ok(()),
+        0 => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "systemd did not close the barrier",
+        )),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Microseconds of `CLOCK_MONOTONIC`, the clock systemd compares `MONOTONIC_USEC` with.
 pub fn monotonic_usec() -> u64 {
     use nix::time::{ClockId, clock_gettime};

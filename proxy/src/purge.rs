@@ -52,7 +52,9 @@ impl Purger<'_> {
         Ok(urls
             .iter()
             .map(|u| {
-                if p.soft {
+                // Handing the directory over, a soft purge's header rewrite could land on the
+                // successor's file: the entry goes instead, which the successor notices.
+                if p.soft && !self.store.is_handing_over() {
                     self.soften(u)
                 } else {
                     self.store.purge_url(u)

@@ -199,8 +199,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         watch: watch_targets(&config),
         closed_capacity: CLOSED_KEPT,
     });
-    let mut accounting = Accounting::new(CLOSED_KEPT, probe.status().is_attached());
-    if probe.status().is_attached() {
+    // Kernel records reach the join through the dashboard's tasks: without a dashboard nobody
+    // would take them, and closed connections would wait for them forever.
+    let joined = probe.status().is_attached() && config.dashboard.enabled;
+    let mut accounting = Accounting::new(CLOSED_KEPT, joined);
+    if joined {
         // The join pairs each connection with the kernel's record of its own socket.
         let (probe, me) = (probe.clone(), std::process::id());
         accounting.set_generations(move |fd| probe.generation(me, fd));
@@ -321,6 +324,9 @@ impl Ending {
                 // lets only the current main process say so) instead of stopping the unit
                 // when we exit.
                 crate::notify::send(&format!("MAINPID={pid}"));
+                // Exit (after the drain) only once systemd has read it, or it would take our
+                // exit for the main process's and stop the unit, successor and all.
+                crate::notify::barrier(std::time::Duration::from_secs(5));
                 let _ = handed_over.send(true);
                 tracing::info!(successor = pid, "upgrade: the new process serves; draining");
             }
@@ -339,6 +345,24 @@ fn warn_of_debug_hooks(config: &Config) {
         tracing::warn!(
             "debug.copy_hits is on: cache hits are sent with read+write on purpose (planted zero-copy bug)"
         );
+    }
+}
+
+/// An upgrade failed: said in the log and, for `zerocache upgrade`, beside the pid file; and the
+/// pid file names this process again (a successor may have written its own before it failed).
+fn upgrade_failed(current: &Config, why: &str) {
+    tracing::error!(%why, "upgrade failed; this process keeps serving");
+    if let Some(p) = &current.pid_file {
+        if let Err(e) = std::fs::write(crate::upgrade::failed_file(p), format!("{why}\n")) {
+            tracing::warn!(error = %e, "cannot say beside the pid file that the upgrade failed");
+        }
+        match crate::pid_file::PidFile::write(p) {
+            // The guard made at start-up removes it at exit; this one must not.
+            Ok(again) => std::mem::forget(again),
+            Err(e) => {
+                tracing::warn!(error = %e, path = %p.display(), "cannot rewrite the pid file")
+            }
+        }
     }
 }
 
@@ -428,18 +452,9 @@ impl Signals {
         } = self;
         let ending = loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break Ending::Stop }
-                _ = term.recv() => { tracing::info!("SIGTERM: draining"); break Ending::Stop }
-                _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break Ending::Stop }
-                _ = usr2.recv() => match upgrade {
-                    _ if successor.is_some() => tracing::warn!("SIGUSR2 ignored: an upgrade is under way"),
-                    None => tracing::warn!("SIGUSR2 ignored: upgrades are off (see the start-up log)"),
-                    Some(u) => {
-                        // From now on the successor indexes the directory: store nothing here.
-                        kept.store.hand_over(true);
-                        successor = Some(Box::pin(u.start_successor()));
-                    }
-                },
+                // A successor that is ready wins over a stop signal that came at the same time:
+                // it serves on our sockets, and this process drains either way.
+                biased;
                 r = async { match successor.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => {
                     successor = None;
                     kept.accounting.binary_upgrade(r.is_ok());
@@ -447,10 +462,28 @@ impl Signals {
                         Ok(pid) => break Ending::Upgraded(pid),
                         Err(why) => {
                             kept.store.hand_over(false);
-                            tracing::error!(%why, "upgrade failed; this process keeps serving");
+                            upgrade_failed(&current, &why);
                         }
                     }
                 }
+                _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break Ending::Stop }
+                _ = term.recv() => { tracing::info!("SIGTERM: draining"); break Ending::Stop }
+                _ = quit.recv() => { tracing::info!("SIGQUIT: draining"); break Ending::Stop }
+                _ = usr2.recv() => match upgrade {
+                    _ if successor.is_some() => tracing::warn!("SIGUSR2 ignored: an upgrade is under way"),
+                    None => tracing::warn!("SIGUSR2 ignored: upgrades are off (see the start-up log)"),
+                    Some(u) => match crate::upgrade::refusal() {
+                        Some(why) => tracing::error!(%why, "SIGUSR2 refused"),
+                        None => {
+                            // From now on the successor indexes the directory: store nothing here.
+                            kept.store.hand_over(true);
+                            if let Some(p) = &current.pid_file {
+                                let _ = std::fs::remove_file(crate::upgrade::failed_file(p));
+                            }
+                            successor = Some(Box::pin(u.start_successor()));
+                        }
+                    },
+                },
                 _ = alrm.recv() => tracing::info!("SIGALRM ignored"),
                 _ = hup.recv() => {
                     // `systemctl reload` waits from RELOADING=1 to READY=1, which follows a rejected

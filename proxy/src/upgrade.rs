@@ -20,6 +20,9 @@ use tokio::io::AsyncReadExt;
 
 /// The variable naming the pipe on which the successor says it serves.
 pub(crate) const READY_FD: &str = "ZEROCACHE_UPGRADE_READY_FD";
+/// The variable naming the process that started the successor: the upgrade's variables are for
+/// its child only (as systemd's `LISTEN_PID`), never for a process they leaked to.
+pub(crate) const FROM: &str = "ZEROCACHE_UPGRADE_FROM";
 /// How long a successor may take to be ready: its index rebuild reads every entry's header.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// What the successor writes on the pipe once it serves.
@@ -40,11 +43,18 @@ pub(crate) struct Upgrade {
 }
 
 impl Upgrade {
-    /// The running program, read now: after a package upgrade replaces the file, its path names
-    /// the new binary, while `/proc/self/exe` names the deleted one.
+    /// The running program's path, read now: after a package upgrade replaces the file, the path
+    /// names the new binary, while `/proc/self/exe` names the deleted one.
     pub(crate) fn new() -> std::io::Result<Upgrade> {
+        // The path it was started by when absolute (a `current` symlink to a release directory
+        // then names the new release), else the resolved one.
+        let argv0 = std::env::args_os().next().map(PathBuf::from);
+        let exe = match argv0 {
+            Some(p) if p.is_absolute() => p,
+            _ => std::env::current_exe()?,
+        };
         Ok(Upgrade {
-            exe: std::env::current_exe()?,
+            exe,
             args: std::env::args_os().skip(1).collect(),
             sockets: Vec::new(),
         })
@@ -63,6 +73,9 @@ impl Upgrade {
     pub(crate) async fn start_successor(&self) -> Result<u32, String> {
         let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| format!("cannot make the readiness pipe: {e}"))?;
+        // Above the standard streams, which a process started with them closed would reuse
+        // (the successor refuses a pipe below 3).
+        let ready_w = above_stdio(ready_w).map_err(|e| format!("readiness pipe: {e}"))?;
         let fds: Vec<String> = self
             .sockets
             .iter()
@@ -72,7 +85,10 @@ impl Upgrade {
         cmd.args(&self.args)
             .env(UPGRADE_FDS, fds.join(","))
             .env(READY_FD, ready_w.as_raw_fd().to_string())
-            .kill_on_drop(false);
+            .env(FROM, std::process::id().to_string())
+            // Until it serves: a stop while it starts (SIGTERM, the future dropped) must not
+            // leave it to serve on our sockets with nobody supervising it.
+            .kill_on_drop(true);
         for v in SYSTEMD_VARS {
             cmd.env_remove(v);
         }
@@ -124,8 +140,9 @@ impl Upgrade {
         .await;
         match outcome {
             Ok(Ok(())) => {
-                // It runs on after this process exits; nothing here waits for it.
-                drop(child);
+                // It runs on after this process exits: not killed when the handle goes, and
+                // never waited for (it is the service now; its parent exits soon).
+                std::mem::forget(child);
                 Ok(pid)
             }
             Ok(Err(why)) => Err(why),
@@ -141,15 +158,70 @@ impl Upgrade {
     }
 }
 
+/// `fd`, moved to a number of 3 or more if it is below.
+fn above_stdio(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    if fd.as_raw_fd() >= 3 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC makes a new fd nothing else owns; `fd` closes when dropped.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if moved == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(moved) })
+}
+
+/// Why this process must not start a successor, if it must not: its exit (after the drain)
+/// would take the successor down with it, as PID 1 of a container, or as the main process of a
+/// systemd unit that cannot be told the successor's pid (no `Type=notify`).
+pub(crate) fn refusal() -> Option<&'static str> {
+    if std::process::id() == 1 {
+        return Some(
+            "this process is PID 1 (a container's init): its exit would end the successor too; replace the container instead",
+        );
+    }
+    let systemd = std::env::var_os("INVOCATION_ID").is_some();
+    if systemd && std::env::var_os(crate::notify::NOTIFY_SOCKET).is_none() {
+        return Some(
+            "systemd runs this process without Type=notify, so it cannot be told the successor's pid and would stop the unit when this process exits; use the packaged unit (Type=notify, NotifyAccess=main)",
+        );
+    }
+    None
+}
+
+/// The file beside `pid_file` in which a failed upgrade says why, for `zerocache upgrade`.
+pub(crate) fn failed_file(pid_file: &std::path::Path) -> PathBuf {
+    let mut name = pid_file.as_os_str().to_owned();
+    name.push(".upgrade-failed");
+    PathBuf::from(name)
+}
+
+/// Whether this process was started by an upgrade: [`FROM`] names its parent. The variables
+/// leak to whatever such a process starts, which must not take them for its own.
+pub(crate) fn started_by_upgrade() -> bool {
+    let from = std::env::var(FROM).ok().and_then(|v| v.parse::<u32>().ok());
+    from.is_some() && from == Some(std::os::unix::process::parent_id())
+}
+
 /// In a successor: the pipe on which to tell the process that started it that this one serves;
-/// none in a process not started by an upgrade. Taken once, at start-up.
+/// none in a process not started by an upgrade. Taken once, at start-up, after the inherited
+/// sockets (it must be none of them).
 pub(crate) fn ready_pipe() -> Option<OwnedFd> {
+    if !started_by_upgrade() {
+        return None;
+    }
     let fd = std::env::var(READY_FD).ok()?.parse::<i32>().ok()?;
-    // SAFETY: F_GETFD on any number only reads its flags (or fails for a closed one).
-    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+    // SAFETY: fstat on any number only reads (or fails for a closed one); the buffer is ours.
+    let is_fifo = fd >= 3
+        && unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+        };
+    if !is_fifo {
         tracing::warn!(
             fd,
-            "{READY_FD} names no open fd; the old process will not hear we are ready"
+            "{READY_FD} names no pipe; the old process will not hear we are ready"
         );
         return None;
     }

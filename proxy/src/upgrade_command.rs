@@ -2,7 +2,8 @@
 //! config the new binary will read (a bad one is refused here, before any signal), sends SIGUSR2
 //! to the process `pid_file` names, waits until `pid_file` names its successor (which rewrites
 //! it once it serves), then until the old process has drained and exited, and says what
-//! happened. The old process logs why an upgrade failed; this command says that it did.
+//! happened. An upgrade that failed is reported with the reason the old process wrote beside
+//! the pid file (`<pid_file>.upgrade-failed`), as soon as it is known.
 
 use std::io::Write;
 use std::path::Path;
@@ -47,6 +48,18 @@ fn upgrade(config: &Path, out: &mut impl Write) -> Result<(), String> {
                 pid_file.display()
             )
         })?;
+    // A pid file left by a killed process may name a pid reused since by another program, to
+    // which SIGUSR2 (default action: terminate) must not go.
+    let comm = std::fs::read_to_string(format!("/proc/{old}/comm")).unwrap_or_default();
+    if comm.trim_end() != "zerocache" {
+        return Err(format!(
+            "{} names pid {old}, which is {:?}, not zerocache: a stale pid file; nothing was signalled",
+            pid_file.display(),
+            comm.trim_end()
+        ));
+    }
+    let failed = crate::upgrade::failed_file(pid_file);
+    let _ = std::fs::remove_file(&failed);
     // SAFETY: kill(2) with a pid read from the pid file, checked to be running just above.
     if unsafe { libc::kill(old as i32, libc::SIGUSR2) } != 0 {
         return Err(format!(
@@ -60,6 +73,12 @@ fn upgrade(config: &Path, out: &mut impl Write) -> Result<(), String> {
     );
     let deadline = Instant::now() + crate::upgrade::READY_TIMEOUT + MARGIN;
     let new = loop {
+        if let Ok(why) = std::fs::read_to_string(&failed) {
+            return Err(format!(
+                "the new process did not take over: {}; pid {old} keeps serving",
+                why.trim_end()
+            ));
+        }
         match read_pid(pid_file)? {
             Some(pid) if pid != old && alive(pid) => break pid,
             _ if !alive(old) => {

@@ -71,7 +71,8 @@ impl Inherited {
     /// ones handed down; they are set close-on-exec at once.
     pub(crate) fn from_env(me: u32) -> Result<Inherited, String> {
         let var = |k: &str| std::env::var(k).ok();
-        let (named, source) = match var(UPGRADE_FDS) {
+        let upgrade = var(UPGRADE_FDS).filter(|_| crate::upgrade::started_by_upgrade());
+        let (named, source) = match upgrade {
             Some(v) => (parse_upgrade(&v)?, "the previous process (SIGUSR2 upgrade)"),
             None => (
                 parse_systemd(
@@ -85,8 +86,14 @@ impl Inherited {
         };
         let mut sockets = Vec::with_capacity(named.len());
         for n in named {
-            // SAFETY: the fd was handed to this process to own (by the two protocols above), and
-            // is taken once: the parsers refuse a number named twice.
+            // Owned only once known to be open: closing a number that is not ours would close
+            // whatever this process opened under it.
+            // SAFETY: F_GETFD only reads the flags of a number (or fails for a closed one).
+            if unsafe { libc::fcntl(n.fd, libc::F_GETFD) } == -1 {
+                return Err(format!("{source} names fd {}, which is not open", n.fd));
+            }
+            // SAFETY: the fd was handed to this process to own (by the two protocols above), is
+            // open, and is taken once: the parsers refuse a number named twice.
             let fd = unsafe { OwnedFd::from_raw_fd(n.fd) };
             let addr = listening_addr(&fd).map_err(|e| {
                 format!(

@@ -179,16 +179,12 @@ fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
     let (origin, _rt) = origin();
     let dir = tempfile::tempdir().expect("tmp");
     let pid_file = dir.path().join("zerocache.pid");
-    let notify_path = dir.path().join("notify");
-    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
+    let notify = Notify::bind(dir.path());
     let mut proxy = Proxy::start(
         origin.addr(),
         Opts {
             extra_yaml: format!("pid_file: {}\n", pid_file.display()),
-            env: vec![("NOTIFY_SOCKET", notify_path.display().to_string())],
+            env: vec![("NOTIFY_SOCKET", notify.path.display().to_string())],
             ..Opts::default()
         },
     );
@@ -197,9 +193,6 @@ fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
         pid_file: pid_file.clone(),
         old,
     };
-    let mut said = [0u8; 256];
-    let n = notify.recv(&mut said).expect("READY=1");
-    assert_eq!(&said[..n], b"READY=1");
     assert_eq!(proxy.get("/obj/1048576").body.len(), 1 << 20);
     assert_eq!(proxy.get("/obj/100").status, 200);
 
@@ -241,8 +234,16 @@ fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
         failures.len()
     );
     assert_whole_mib(&download.join().expect("download"));
-    let n = notify.recv(&mut said).expect("MAINPID");
-    assert_eq!(&said[..n], format!("MAINPID={new}").as_bytes());
+    // READY=1 from the old process only (the successor tells it instead), then the new main
+    // pid, and the barrier the old one waited on before it drained and exited.
+    assert_eq!(
+        notify.finish(),
+        vec![
+            "READY=1".to_string(),
+            format!("MAINPID={new}"),
+            "BARRIER=1".to_string()
+        ]
+    );
 
     // The successor indexed the cache as it was left, and took the dashboard's socket too.
     assert_eq!(proxy.get("/obj/1048576").x_cache(), "HIT");
@@ -255,9 +256,10 @@ fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
     );
 }
 
-/// A successor that cannot start (its config no longer validates) changes nothing: the old
-/// process counts the failure, keeps its pid file and serves and stores as before. `zerocache
-/// upgrade` refuses the bad config before it signals anything.
+/// A successor that cannot start (its config no longer validates, or names a port that is
+/// taken) changes nothing: the old process counts the failure, keeps its pid file and serves
+/// and stores as before. `zerocache upgrade` refuses a bad config before it signals anything,
+/// and reports a failed upgrade with its reason as soon as it is known.
 #[test]
 fn a_failed_upgrade_leaves_the_old_process_serving_and_storing() {
     let (origin, _rt) = origin();
@@ -303,7 +305,43 @@ fn a_failed_upgrade_leaves_the_old_process_serving_and_storing() {
         },
         (1, 0),
     );
-    requests.wait_for(20, "after the failed upgrade");
+    // A config that validates but cannot be served (a new listener on a port that is taken):
+    // `zerocache upgrade` signals, the successor fails, and the command says why at once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a taken port");
+    let taken_addr = taken.local_addr().expect("addr");
+    std::fs::write(
+        &proxy.config,
+        good.replace(
+            &format!("listen: {}", proxy.addr),
+            &format!("listen: [\"{}\", \"{taken_addr}\"]", proxy.addr),
+        ),
+    )
+    .expect("a second listener");
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .args(["upgrade", "--config"])
+        .arg(&proxy.config)
+        .output()
+        .expect("zerocache upgrade");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the new process did not take over"), "{err}");
+    assert!(err.contains("exited"), "{err}");
+    // Known when it happened, not after the successor's 300 s deadline.
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        metric(
+            &proxy.metrics(),
+            "zerocache_binary_upgrades_total{result=\"failed\"}"
+        ),
+        2
+    );
+    drop(taken);
+    requests.wait_for(20, "after the failed upgrades");
     let (answered, failures) = requests.finish();
     assert!(
         failures.is_empty(),
@@ -454,4 +492,117 @@ fn a_socket_activated_restart_loses_nothing_in_the_backlog() {
     let (status, b) = gap.expect("the request made while no process ran");
     assert_eq!((status, b), (200, body(100)));
     assert_eq!((health.status, health.body.as_slice()), (200, &b"ok\n"[..]));
+}
+
+/// A notify socket as systemd's, recording every message in order.
+struct Notify {
+    path: PathBuf,
+    said: Arc<std::sync::Mutex<Vec<String>>>,
+    done: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Notify {
+    fn bind(dir: &Path) -> Notify {
+        let path = dir.join("notify");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let said = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let done = Arc::new(AtomicBool::new(false));
+        let (heard, finished) = (said.clone(), done.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !finished.load(Ordering::Relaxed) {
+                if let Ok(n) = sock.recv(&mut buf) {
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    heard.lock().expect("lock").push(text);
+                }
+            }
+        });
+        Notify {
+            path,
+            said,
+            done,
+            thread,
+        }
+    }
+
+    /// Everything said so far, in order; stops listening.
+    fn finish(self) -> Vec<String> {
+        self.done.store(true, Ordering::Relaxed);
+        self.thread.join().expect("notify listener");
+        self.said.lock().expect("lock").clone()
+    }
+}
+
+/// Live processes an upgrade of `old` started (their environment names it).
+fn successors_of(old: u32) -> Vec<u32> {
+    let marker = format!("ZEROCACHE_UPGRADE_FROM={old}");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+/// SIGTERM while a successor starts: the old process drains and exits, and leaves no process
+/// behind that nobody supervises. Either it stopped (STOPPING=1) and its successor is gone, or
+/// the successor served first (a start faster than the signal): then the old process handed
+/// over (MAINPID=) and the successor is the one the pid file names, serving.
+#[test]
+fn a_stop_during_an_upgrade_leaves_no_unsupervised_successor() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let pid_file = dir.path().join("zerocache.pid");
+    let notify = Notify::bind(dir.path());
+    // With the probe (as root), the successor takes its load time to start: the stop comes
+    // first.
+    let mut proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!("pid_file: {}\n", pid_file.display()),
+            probe: require::is_root(),
+            env: vec![("NOTIFY_SOCKET", notify.path.display().to_string())],
+            ..Opts::default()
+        },
+    );
+    let old = proxy.child.id();
+    let _successor = Successor {
+        pid_file: pid_file.clone(),
+        old,
+    };
+    // SAFETY: signalling the test's own child.
+    unsafe { libc::kill(old as i32, libc::SIGUSR2) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while successors_of(old).is_empty() {
+        assert!(Instant::now() < deadline, "no successor started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(old as i32, libc::SIGTERM) };
+    assert_eq!(
+        wait_exit(&mut proxy, Duration::from_secs(60)).code(),
+        Some(0)
+    );
+    // Long enough for a successor left running to finish its start.
+    std::thread::sleep(Duration::from_secs(3));
+    let left = successors_of(old);
+    let said = notify.finish();
+    if said.iter().any(|s| s == "STOPPING=1") {
+        assert_eq!(
+            left,
+            Vec::<u32>::new(),
+            "a successor outlived the stop: {said:?}"
+        );
+    } else {
+        let new = read_pid(&pid_file).expect("the successor's pid");
+        assert!(said.contains(&format!("MAINPID={new}")), "{said:?}");
+        assert_eq!(left, vec![new], "only the successor that took over");
+        assert_eq!(proxy.get("/obj/100").status, 200);
+    }
 }
