@@ -362,6 +362,32 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
         );
     }
     assert!(Path::new("/usr/share/doc/zerocache/copyright").is_file());
+    // The manual pages, as generated into docs/man/ (gzipped by the packager, as Debian wants).
+    for entry in std::fs::read_dir(root.join("docs/man")).expect("docs/man") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        let section = name.rsplit('.').next().unwrap_or_default();
+        let installed = [
+            format!("/usr/share/man/man{section}/{name}"),
+            format!("/usr/share/man/man{section}/{name}.gz"),
+        ];
+        let found = installed.iter().find(|p| Path::new(p).is_file());
+        let Some(found) = found else {
+            panic!("docs/man/{name} is not installed: {installed:?}");
+        };
+        let text = if found.ends_with(".gz") {
+            ok("zcat", &[found])
+        } else {
+            read(found)
+        };
+        assert_eq!(
+            text,
+            read(root.join("docs/man").join(&name).to_str().expect("utf8"))
+        );
+    }
     // Enabled for boot by the generated postinst (deb-systemd-helper), not started.
     let wants = Path::new("/etc/systemd/system/multi-user.target.wants/zerocache.service");
     assert_eq!(
@@ -488,8 +514,19 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink("private/zerocache", &link).expect("symlink");
     }
+    // An admin who enabled socket activation: its link goes with the purge, as the unit did.
+    let socket_link = Path::new("/etc/systemd/system/sockets.target.wants/zerocache.socket");
+    std::fs::create_dir_all(socket_link.parent().expect("parent")).expect("wants dir");
+    let _ = std::fs::remove_file(socket_link);
+    std::os::unix::fs::symlink("/lib/systemd/system/zerocache.socket", socket_link)
+        .expect("enable the socket unit");
     // Purge: the conffiles, the boot-time symlink, the cache and the logs go too.
     ok("dpkg", &["-P", "zerocache"]);
+    assert!(
+        socket_link.symlink_metadata().is_err(),
+        "{} after dpkg -P",
+        socket_link.display()
+    );
     let after = status("zerocache");
     assert!(
         after
