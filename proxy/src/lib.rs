@@ -12,6 +12,7 @@ pub(crate) mod fleet;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub(crate) mod http;
+pub mod man_pages;
 pub(crate) mod net;
 pub(crate) mod notify;
 pub(crate) mod pid_file;

@@ -65,6 +65,14 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Write the manual pages (zerocache(8), one per subcommand, zerocache.yaml(5)) into a
+    /// directory: how docs/man/ is made.
+    #[command(hide = true)]
+    Man {
+        /// Where the pages go (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Watch other processes with the probe, without the proxy: bytes by syscall per process and
     /// connection, and copy loops (file bytes read and written to a socket where sendfile would
     /// do). A dashboard on 127.0.0.1:9181. Needs CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH.
@@ -114,6 +122,21 @@ fn main() -> ExitCode {
             )
         }
         Command::Watch(args) => zerocache::watch::main(args, init_logging),
+        Command::Man { out } => {
+            use clap::CommandFactory;
+            match zerocache::man_pages::write(Cli::command(), &out) {
+                Ok(pages) => {
+                    for p in pages {
+                        println!("{}", p.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: writing the manual pages to {}: {e}", out.display());
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 

@@ -9,6 +9,7 @@ mod bench_watch;
 mod demo;
 mod demo_seeds;
 mod fuzz;
+mod image;
 mod package;
 mod setup;
 mod soak;
@@ -123,6 +124,10 @@ enum Task {
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
     /// in zerocache-dbgsym_<version>_amd64.ddeb. Install with `dpkg -i`.
     Package,
+    /// Build the OCI image with buildah, without a daemon: target/image/zerocache_<version>.oci.tar
+    /// (the stripped binary and the libraries it links on an empty base, running as uid 65534,
+    /// the cache a volume). `podman load -i` it, or `skopeo copy oci-archive:... docker://...`.
+    Image,
     /// A verified soak of the real binary: client threads check every byte while faults are
     /// injected on a schedule (origin killed, truncating, stalling; cache files truncated and
     /// flipped; SIGHUP storms); prints one table, fails on a corrupt body, an unexpected error or
@@ -271,6 +276,7 @@ fn main() -> ExitCode {
             })
         }),
         Task::Package => setup::setup().and_then(|_| package::package().map(|_| ())),
+        Task::Image => setup::setup().and_then(|_| image::image().map(|_| ())),
         Task::Soak {
             duration,
             clients,

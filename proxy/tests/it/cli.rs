@@ -334,3 +334,74 @@ fn probe_check_lists_every_program_and_fails_where_accounting_would_be_incomplet
     );
     assert!(!text.contains("ok "), "{text}");
 }
+
+/// The manual pages under `docs/man/` (what the package installs) are what the binary generates
+/// now: an option added or changed without `zerocache man --out docs/man` fails here. One page
+/// per visible subcommand, and the configuration's page holds the annotated example whole.
+#[test]
+fn the_manual_pages_are_up_to_date() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = Command::new(env!("CARGO_BIN_EXE_zerocache"))
+        .args(["man", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("zerocache man");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let committed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/man");
+    let names = |d: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(dir.path()),
+        [
+            "zerocache-check-cache.8",
+            "zerocache-check.8",
+            "zerocache-probe-check.8",
+            "zerocache-run.8",
+            "zerocache-upgrade.8",
+            "zerocache-watch.8",
+            "zerocache.8",
+            "zerocache.yaml.5",
+        ]
+    );
+    assert_eq!(names(&committed), names(dir.path()));
+    for name in names(dir.path()) {
+        let fresh = std::fs::read(dir.path().join(&name)).expect("fresh");
+        let kept = std::fs::read(committed.join(&name)).expect("committed");
+        assert!(
+            fresh == kept,
+            "docs/man/{name} is stale: run `cargo run -p zerocache -- man --out docs/man`"
+        );
+    }
+    let yaml5 = std::fs::read_to_string(dir.path().join("zerocache.yaml.5")).expect("page");
+    for line in include_str!("../../../config/zerocache.example.yaml").lines() {
+        let escaped = line.replace('\\', "\\e");
+        assert!(
+            yaml5.contains(&escaped),
+            "missing from zerocache.yaml(5): {line}"
+        );
+    }
+    // man(1) itself renders them without a warning, where it is installed (a check beside the
+    // test's subject, so its absence is no skip).
+    if require::on_path("man") {
+        for name in ["zerocache.8", "zerocache-upgrade.8", "zerocache.yaml.5"] {
+            let out = Command::new("man")
+                .args(["--warnings", "-l"])
+                .arg(dir.path().join(name))
+                .env("MANWIDTH", "100")
+                .output()
+                .expect("man");
+            assert!(out.status.success(), "{name}");
+            assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{name}");
+        }
+    }
+}

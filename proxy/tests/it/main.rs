@@ -24,6 +24,7 @@ mod fleet_nodes;
 mod fleet_page;
 mod fleet_view;
 mod http2;
+mod image;
 mod integrity;
 mod latency;
 mod layering;
