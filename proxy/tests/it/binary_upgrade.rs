@@ -170,6 +170,24 @@ fn wait_exit(proxy: &mut Proxy, within: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// A proxy in front of `origin` with `pid_file` in `dir` (its path returned), and the guard that
+/// kills its successor at the end of the test.
+fn upgradable(origin: SocketAddr, dir: &Path, opts: Opts) -> (Proxy, PathBuf, Successor) {
+    let pid_file = dir.join("zerocache.pid");
+    let proxy = Proxy::start(
+        origin,
+        Opts {
+            extra_yaml: format!("pid_file: {}\n{}", pid_file.display(), opts.extra_yaml),
+            ..opts
+        },
+    );
+    let successor = Successor {
+        pid_file: pid_file.clone(),
+        old: proxy.child.id(),
+    };
+    (proxy, pid_file, successor)
+}
+
 /// The test: requests on new connections and a slow 1 MiB download in flight across
 /// `zerocache upgrade`; none fails, the download is byte-exact, the old pid is gone and the pid
 /// file names the new one, which serves the cache it found (a HIT) and the dashboard. systemd is
@@ -178,21 +196,13 @@ fn wait_exit(proxy: &mut Proxy, within: Duration) -> std::process::ExitStatus {
 fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
     let (origin, _rt) = origin();
     let dir = tempfile::tempdir().expect("tmp");
-    let pid_file = dir.path().join("zerocache.pid");
     let notify = Notify::bind(dir.path());
-    let mut proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            extra_yaml: format!("pid_file: {}\n", pid_file.display()),
-            env: vec![("NOTIFY_SOCKET", notify.path.display().to_string())],
-            ..Opts::default()
-        },
-    );
-    let old = proxy.child.id();
-    let _successor = Successor {
-        pid_file: pid_file.clone(),
-        old,
+    let opts = Opts {
+        env: vec![("NOTIFY_SOCKET", notify.path.display().to_string())],
+        ..Opts::default()
     };
+    let (mut proxy, pid_file, _successor) = upgradable(origin.addr(), dir.path(), opts);
+    let old = proxy.child.id();
     assert_eq!(proxy.get("/obj/1048576").body.len(), 1 << 20);
     assert_eq!(proxy.get("/obj/100").status, 200);
 
@@ -264,19 +274,8 @@ fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
 fn a_failed_upgrade_leaves_the_old_process_serving_and_storing() {
     let (origin, _rt) = origin();
     let dir = tempfile::tempdir().expect("tmp");
-    let pid_file = dir.path().join("zerocache.pid");
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            extra_yaml: format!("pid_file: {}\n", pid_file.display()),
-            ..Opts::default()
-        },
-    );
+    let (proxy, pid_file, _successor) = upgradable(origin.addr(), dir.path(), Opts::default());
     let old = proxy.child.id();
-    let _successor = Successor {
-        pid_file: pid_file.clone(),
-        old,
-    };
     let good = std::fs::read_to_string(&proxy.config).expect("config");
     std::fs::write(&proxy.config, format!("{good}no_such_key: 1\n")).expect("break it");
 
@@ -558,24 +557,16 @@ fn successors_of(old: u32) -> Vec<u32> {
 fn a_stop_during_an_upgrade_leaves_no_unsupervised_successor() {
     let (origin, _rt) = origin();
     let dir = tempfile::tempdir().expect("tmp");
-    let pid_file = dir.path().join("zerocache.pid");
     let notify = Notify::bind(dir.path());
     // With the probe (as root), the successor takes its load time to start: the stop comes
     // first.
-    let mut proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            extra_yaml: format!("pid_file: {}\n", pid_file.display()),
-            probe: require::is_root(),
-            env: vec![("NOTIFY_SOCKET", notify.path.display().to_string())],
-            ..Opts::default()
-        },
-    );
-    let old = proxy.child.id();
-    let _successor = Successor {
-        pid_file: pid_file.clone(),
-        old,
+    let opts = Opts {
+        probe: require::is_root(),
+        env: vec![("NOTIFY_SOCKET", notify.path.display().to_string())],
+        ..Opts::default()
     };
+    let (mut proxy, pid_file, _successor) = upgradable(origin.addr(), dir.path(), opts);
+    let old = proxy.child.id();
     // SAFETY: signalling the test's own child.
     unsafe { libc::kill(old as i32, libc::SIGUSR2) };
     let deadline = Instant::now() + Duration::from_secs(10);
