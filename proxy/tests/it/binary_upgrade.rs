@@ -597,3 +597,78 @@ fn a_stop_during_an_upgrade_leaves_no_unsupervised_successor() {
         assert_eq!(proxy.get("/obj/100").status, 200);
     }
 }
+
+/// systemd's own `systemd-socket-activate` (what PID 1 does for a `.socket` unit, where PID 1 is
+/// not systemd), with the names of the shipped units: the proxy serves on the sockets it was
+/// given (binding them itself would fail, they are taken), and refuses to start, naming both,
+/// when a socket's name says another role than the config's listener on its address.
+#[test]
+fn systemd_socket_activate_hands_the_sockets_by_name() {
+    if !require::command("systemd-socket-activate") {
+        return;
+    }
+    let units = shipped_socket_units();
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let (port, dport) = (free_port(), free_port());
+    let config = dir.path().join("zerocache.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: false\n",
+            dir.path().join("cache").display(),
+            origin.addr()
+        ),
+    )
+    .expect("config");
+    let activate = |data_name: &str, dash_name: &str| {
+        Command::new("systemd-socket-activate")
+            .args(["-l", &format!("127.0.0.1:{port}")])
+            .arg(format!("--fdname={data_name}"))
+            .args(["-l", &format!("127.0.0.1:{dport}")])
+            .arg(format!("--fdname={dash_name}"))
+            .args([BIN, "run", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("systemd-socket-activate")
+    };
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    // Until the tool has bound both sockets.
+    let bound = |dport: u16| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", dport)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "systemd-socket-activate did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let mut child = activate(&units[0].1, &units[1].1);
+    bound(dport);
+    let served = one_get(addr, "/obj/100");
+    let health = one_get(
+        format!("127.0.0.1:{dport}").parse().expect("addr"),
+        "/healthz",
+    );
+    // SAFETY: signalling the test's own child (systemd-socket-activate exec'd the proxy).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("exit");
+    assert_eq!(served.expect("served").0, 200);
+    assert_eq!(health.expect("dashboard").1, b"ok\n");
+    assert_eq!(status.code(), Some(0));
+
+    // The names swapped: the unit and the config disagree, and the proxy says so.
+    let child = activate(&units[1].1, &units[0].1);
+    bound(dport);
+    let out = child.wait_with_output().expect("exit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("a socket on 127.0.0.1:{port} named \"dashboard\", but the config listens there as \"data\"")),
+        "{err}"
+    );
+}
