@@ -6,7 +6,7 @@ use crate::server::DashboardState;
 use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use zerocache_ledger::{CacheStatus, DataPath};
+use zerocache_ledger::{CacheStatus, DataPath, Protocol};
 
 /// A counter family registered in `r`.
 pub(crate) fn counter_vec(
@@ -60,8 +60,8 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let requests = counter_vec(
         &r,
         "zerocache_requests_total",
-        "Responses sent, by X-Cache status and source (client, or a fleet peer that forwarded the request).",
-        &["cache_status", "source"],
+        "Responses sent, by X-Cache status, source (client, or a fleet peer that forwarded the request) and protocol (http/1.1, h2).",
+        &["cache_status", "source", "protocol"],
     )?;
     let body = counter_vec(
         &r,
@@ -69,13 +69,18 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         "Response body bytes sent, by cache status and the data path the proxy chose (zerocopy = sendfile).",
         &["cache_status", "path"],
     )?;
+    let (h1, h2) = (Protocol::Http1.as_str(), Protocol::H2.as_str());
     for cs in CacheStatus::ALL {
+        // Fleet peers forward over HTTP/1.1.
         let peer = acc.peer_requests(cs);
         requests
-            .with_label_values(&[cs.as_str(), "client"])
-            .inc_by(acc.requests(cs).saturating_sub(peer));
+            .with_label_values(&[cs.as_str(), "client", h1])
+            .inc_by(acc.requests_in(Protocol::Http1, cs).saturating_sub(peer));
         requests
-            .with_label_values(&[cs.as_str(), "peer"])
+            .with_label_values(&[cs.as_str(), "client", h2])
+            .inc_by(acc.requests_in(Protocol::H2, cs));
+        requests
+            .with_label_values(&[cs.as_str(), "peer", h1])
             .inc_by(peer);
         for p in [DataPath::Zerocopy, DataPath::Copy] {
             body.with_label_values(&[cs.as_str(), p.as_str()])
@@ -84,19 +89,23 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     }
 
     // By status code, so a 502 from a dead upstream is seen as a 5xx, not only as a MISS. Codes
-    // appear as they are sent; 200 is there from start-up for every cache status.
+    // appear as they are sent; 200 is there from start-up for every cache status and protocol.
     let responses = counter_vec(
         &r,
         "zerocache_responses_total",
-        "Responses sent, by status code and X-Cache status.",
-        &["code", "cache_status"],
+        "Responses sent, by status code, X-Cache status and protocol (http/1.1, h2).",
+        &["code", "cache_status", "protocol"],
     )?;
     for cs in CacheStatus::ALL {
-        responses.with_label_values(&["200", cs.as_str()]).inc_by(0);
+        for p in Protocol::ALL {
+            responses
+                .with_label_values(&["200", cs.as_str(), p.as_str()])
+                .inc_by(0);
+        }
     }
-    for (code, cs, n) in acc.responses_by_code() {
+    for (p, code, cs, n) in acc.responses_by_code() {
         responses
-            .with_label_values(&[&code.to_string(), cs.as_str()])
+            .with_label_values(&[&code.to_string(), cs.as_str(), p.as_str()])
             .inc_by(n);
     }
 

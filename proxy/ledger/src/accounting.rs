@@ -5,7 +5,7 @@
 
 use crate::join::ConnState;
 use crate::records::ResponseRecord;
-use crate::vocabulary::{CacheStatus, ConnId, DataPath, REJECT_REASONS, RejectReason};
+use crate::vocabulary::{CacheStatus, ConnId, DataPath, Protocol, REJECT_REASONS, RejectReason};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +33,8 @@ pub const H2_EVENTS: [&str; 9] = [
 
 /// The accounting shared by the data plane and the dashboard.
 pub struct Accounting {
-    requests: [AtomicU64; 7],
+    /// By protocol, then cache status.
+    requests: [[AtomicU64; 7]; 2],
     /// Of `requests`, those a fleet peer forwarded here (source `peer`).
     peer_requests: [AtomicU64; 7],
     body_bytes: [[AtomicU64; 2]; 7],
@@ -52,7 +53,8 @@ pub struct Accounting {
     upstream_responses: Mutex<HashMap<(String, String, u16), u64>>,
     /// `zerocache_upstream_response_seconds`: request sent to response head, by group.
     upstream_seconds: prometheus::HistogramVec,
-    /// Responses by status code (100-599) and cache status: `(code - 100) * 7 + cache status`.
+    /// Responses by protocol, status code (100-599) and cache status:
+    /// `(protocol * 500 + code - 100) * 7 + cache status`.
     by_code: Box<[AtomicU64]>,
     /// Connections answered 503 at accept, by [`REJECT_REASONS`] index.
     rejected: [AtomicU64; 2],
@@ -127,7 +129,7 @@ impl Accounting {
             rejected: Default::default(),
             reloads: Default::default(),
             binary_upgrades: Default::default(),
-            by_code: (0..500 * CacheStatus::ALL.len())
+            by_code: (0..Protocol::ALL.len() * 500 * CacheStatus::ALL.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             durations,
@@ -150,15 +152,15 @@ impl Accounting {
     /// A response was sent completely (or as far as it went) on connection `id`.
     pub fn response(&self, id: ConnId, r: &ResponseRecord<'_>) {
         let cs = r.cache_status.index();
-        self.requests[cs].fetch_add(1, Ordering::Relaxed);
+        let proto = self.conn_response(id, r).index();
+        self.requests[proto][cs].fetch_add(1, Ordering::Relaxed);
         let p = if r.path == DataPath::Zerocopy { 0 } else { 1 };
         self.body_bytes[cs][p].fetch_add(r.body_bytes, Ordering::Relaxed);
         self.duration_children[cs].observe(r.duration.as_secs_f64());
         if (100..600).contains(&r.status) {
-            let i = usize::from(r.status - 100) * CacheStatus::ALL.len() + cs;
+            let i = (proto * 500 + usize::from(r.status - 100)) * CacheStatus::ALL.len() + cs;
             self.by_code[i].fetch_add(1, Ordering::Relaxed);
         }
-        self.conn_response(id, r);
     }
 
     /// A hit's pages were not in the page cache and were read in on the blocking pool.
@@ -267,7 +269,12 @@ impl Accounting {
 
     /// Requests answered with `cs`.
     pub fn requests(&self, cs: CacheStatus) -> u64 {
-        self.requests[cs.index()].load(Ordering::Relaxed)
+        Protocol::ALL.iter().map(|p| self.requests_in(*p, cs)).sum()
+    }
+
+    /// Of [`Accounting::requests`] with `cs`, those answered in `protocol`.
+    pub fn requests_in(&self, protocol: Protocol, cs: CacheStatus) -> u64 {
+        self.requests[protocol.index()][cs.index()].load(Ordering::Relaxed)
     }
 
     /// The response just recorded answered a request a fleet peer forwarded (not a client's), so
@@ -352,14 +359,22 @@ impl Accounting {
     }
 
     /// Responses sent so far by status code and cache status, those with at least one.
-    pub fn responses_by_code(&self) -> Vec<(u16, CacheStatus, u64)> {
+    pub fn responses_by_code(&self) -> Vec<(Protocol, u16, CacheStatus, u64)> {
         let n = CacheStatus::ALL.len();
         self.by_code
             .iter()
             .enumerate()
             .filter_map(|(i, c)| {
                 let v = c.load(Ordering::Relaxed);
-                (v > 0).then(|| ((i / n) as u16 + 100, CacheStatus::ALL[i % n], v))
+                let (proto, code) = ((i / n) / 500, (i / n) % 500);
+                (v > 0).then(|| {
+                    (
+                        Protocol::ALL[proto],
+                        code as u16 + 100,
+                        CacheStatus::ALL[i % n],
+                        v,
+                    )
+                })
             })
             .collect()
     }

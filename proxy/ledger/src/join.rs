@@ -13,7 +13,7 @@
 use crate::accounting::Accounting;
 use crate::records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
 use crate::tls_transport::{TlsTransport, UserspaceReason};
-use crate::vocabulary::{ConnId, DataPath};
+use crate::vocabulary::{ConnId, DataPath, Protocol};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -113,10 +113,15 @@ impl Accounting {
         }
     }
 
-    /// The per-connection part of [`Accounting::response`].
-    pub(crate) fn conn_response(&self, id: ConnId, r: &ResponseRecord<'_>) {
+    /// The per-connection part of [`Accounting::response`]; the connection's protocol (HTTP/1.1
+    /// for one no longer known).
+    pub(crate) fn conn_response(&self, id: ConnId, r: &ResponseRecord<'_>) -> Protocol {
         let mut st = self.state.lock();
+        let mut protocol = Protocol::Http1;
         if let Some(c) = st.active.get_mut(&id) {
+            if c.h2 {
+                protocol = Protocol::H2;
+            }
             c.requests += 1;
             c.head_bytes += r.head_bytes;
             c.last_request.clear();
@@ -137,6 +142,7 @@ impl Accounting {
                 DataPath::Copy => c.copy_body_bytes += r.body_bytes,
             }
         }
+        protocol
     }
 
     /// The proxy is about to close connection `id`'s socket. Call before the fd is closed, so the

@@ -22,4 +22,4 @@ pub use copy_reason::{CopiedBytes, CopyReason};
 pub use records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
 pub use tls_stats::{HandshakeResult, TlsSnapshot, TlsStats};
 pub use tls_transport::{KTLS_VERDICT, TLS_USERSPACE_VERDICT, TlsTransport, UserspaceReason};
-pub use vocabulary::{CacheStatus, ConnId, DataPath, REJECT_REASONS, RejectReason};
+pub use vocabulary::{CacheStatus, ConnId, DataPath, Protocol, REJECT_REASONS, RejectReason};

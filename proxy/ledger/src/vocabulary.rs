@@ -108,3 +108,30 @@ impl RejectReason {
 
 /// Connection id, unique for the process's lifetime.
 pub type ConnId = u64;
+
+/// The protocol a response went out in: the metric label, as ALPN names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Protocol {
+    /// HTTP/1.1 (and 1.0), plain or TLS.
+    Http1,
+    /// HTTP/2, by ALPN on TLS or h2c.
+    H2,
+}
+
+impl Protocol {
+    /// All values, in metric order.
+    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::H2];
+
+    /// The `protocol` label: the ALPN identifier.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http/1.1",
+            Protocol::H2 => "h2",
+        }
+    }
+
+    /// Its index in [`Protocol::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}

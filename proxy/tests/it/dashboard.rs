@@ -246,13 +246,13 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_syscall_bytes_total{fd_class=\"socket\",process=\"zerocache\",syscall=\"writev\"} 0",
         "zerocache_response_body_bytes_total{cache_status=\"HIT\",path=\"zerocopy\"} 0",
         "zerocache_zero_copy_violations_total 0",
-        "zerocache_requests_total{cache_status=\"MISS\",source=\"client\"} 0",
+        "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",source=\"client\"} 0",
         "zerocache_cache_size_bytes 0",
         "zerocache_cache_objects 0",
         "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"origin\"} 0",
         "zerocache_probe_up 1",
         "zerocache_request_duration_seconds_count{cache_status=\"MISS\"} 0",
-        "zerocache_responses_total{cache_status=\"MISS\",code=\"200\"} 0",
+        "zerocache_responses_total{cache_status=\"MISS\",code=\"200\",protocol=\"http/1.1\"} 0",
         "zerocache_build_info{commit=\"",
         "zerocache_upstream_response_seconds_count{upstream=\"origin\"} 0",
         "zerocache_connections_rejected_total{reason=\"max_connections\"} 0",
@@ -338,14 +338,14 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"HIT\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"HIT\",protocol=\"http/1.1\",source=\"client\"}"
         ),
         2
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"MISS\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",source=\"client\"}"
         ),
         3
     );
@@ -353,7 +353,9 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         assert_eq!(
             metric(
                 &text,
-                &format!("zerocache_requests_total{{cache_status=\"{status}\",source=\"client\"}}")
+                &format!(
+                    "zerocache_requests_total{{cache_status=\"{status}\",protocol=\"http/1.1\",source=\"client\"}}"
+                )
             ),
             v.as_u64().expect("n")
         );
@@ -418,14 +420,14 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
     assert_eq!(
         metric(
             &text,
-            "zerocache_responses_total{cache_status=\"MISS\",code=\"200\"}"
+            "zerocache_responses_total{cache_status=\"MISS\",code=\"200\",protocol=\"http/1.1\"}"
         ),
         3
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_responses_total{cache_status=\"HIT\",code=\"200\"}"
+            "zerocache_responses_total{cache_status=\"HIT\",code=\"200\",protocol=\"http/1.1\"}"
         ),
         2
     );
@@ -498,7 +500,8 @@ fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
     for i in 0..3 {
         assert_eq!(c.get(&format!("/gone/{i}"), &[]).status, 502);
     }
-    let series = "zerocache_responses_total{cache_status=\"ERROR\",code=\"502\"}";
+    let series =
+        "zerocache_responses_total{cache_status=\"ERROR\",code=\"502\",protocol=\"http/1.1\"}";
     assert_eventually_eq(
         "three 502s counted",
         Duration::from_secs(5),
@@ -514,14 +517,14 @@ fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"MISS\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",source=\"client\"}"
         ),
         0
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"ERROR\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"ERROR\",protocol=\"http/1.1\",source=\"client\"}"
         ),
         3
     );
@@ -622,7 +625,7 @@ fn an_origin_answering_5xx_shows_by_server_and_code() {
                 metric(&m, &upstream),
                 metric(
                     &m,
-                    "zerocache_responses_total{cache_status=\"MISS\",code=\"503\"}",
+                    "zerocache_responses_total{cache_status=\"MISS\",code=\"503\",protocol=\"http/1.1\"}",
                 ),
             )
         },

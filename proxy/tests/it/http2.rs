@@ -898,3 +898,50 @@ fn one_request_on(stream: u32, path: &str) -> Vec<u8> {
         &h2raw::get(path, &[]),
     )
 }
+
+/// Request and response counters say which protocol answered: an h2 MISS and HIT are counted
+/// with `protocol="h2"`, an HTTP/1.1 GET beside them with `http/1.1`.
+#[test]
+fn request_and_response_counters_carry_the_protocol() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    for expected in ["MISS", "HIT"] {
+        let mut c = RawH2::connect(proxy.addr, &[]);
+        c.send(&one_request(&h2raw::get("/obj/300", &[])));
+        let frames = c.until_end(1, WAIT);
+        let data: Vec<u8> = frames
+            .iter()
+            .filter(|f| f.kind == h2raw::DATA)
+            .flat_map(|f| f.payload.clone())
+            .collect();
+        assert!(data == body(300), "{expected}: {frames:?}");
+    }
+    let mut h1 = proxy.client();
+    h1.host = "a.example".into();
+    assert_eq!(h1.get("/obj/300", &[]).x_cache(), "HIT");
+    let m = proxy.metrics();
+    let series = |name: &str, labels: &str| metric(&m, &format!("{name}{{{labels}}}"));
+    for (cs, proto, n) in [
+        ("MISS", "h2", 1),
+        ("HIT", "h2", 1),
+        ("HIT", "http/1.1", 1),
+        ("MISS", "http/1.1", 0),
+    ] {
+        assert_eq!(
+            series(
+                "zerocache_requests_total",
+                &format!("cache_status=\"{cs}\",protocol=\"{proto}\",source=\"client\"")
+            ),
+            n,
+            "requests {cs} {proto}"
+        );
+        assert_eq!(
+            series(
+                "zerocache_responses_total",
+                &format!("cache_status=\"{cs}\",code=\"200\",protocol=\"{proto}\"")
+            ),
+            n,
+            "responses {cs} {proto}"
+        );
+    }
+}
