@@ -32,8 +32,13 @@ pub struct FleetConfig {
     /// This node's weight in the hash (its share of keys relative to the others).
     #[serde(default = "default_weight")]
     pub weight: u32,
-    /// Shared by every member; peers prove it on every peer request. Required.
+    /// Shared by every member; every peer request is signed with it (HMAC-SHA256; it never
+    /// travels). Required.
     pub secret: String,
+    /// The secret before a rotation, also accepted on peer requests while the members change
+    /// over (requests are signed with `secret`). Remove it once every member has the new one.
+    #[serde(default)]
+    pub previous_secret: Option<String>,
     /// Store what the owner answers on this node too (bounded by `local_hot_max`).
     #[serde(default)]
     pub store_remote: bool,
@@ -110,6 +115,19 @@ pub(crate) fn check(config: &Config, errs: &mut Vec<Invalid>) {
                 "must be at least {MIN_SECRET_LEN} characters: it is all that tells a peer from a client"
             ),
         );
+    }
+    if let Some(p) = &f.previous_secret {
+        if p.trim().len() < MIN_SECRET_LEN {
+            bad(
+                "previous_secret",
+                format!("must be at least {MIN_SECRET_LEN} characters, as `secret`"),
+            );
+        } else if *p == f.secret {
+            bad(
+                "previous_secret",
+                "is the same as `secret`: a rotation names the old one here".into(),
+            );
+        }
     }
     match (&f.peers_dns, f.peers.is_empty()) {
         (Some(_), false) => bad(

@@ -54,6 +54,9 @@ pub struct FleetView {
     pub peer_responses: std::collections::BTreeMap<String, u64>,
     /// Response body bytes relayed from owners to clients (through user space).
     pub relayed_body_bytes: u64,
+    /// Hop headers refused (served as clients' requests), by reason: malformed, forged, stale,
+    /// replayed, overloaded.
+    pub hop_refused: std::collections::BTreeMap<String, u64>,
     /// The other members.
     pub peers: Vec<PeerView>,
 }
@@ -144,6 +147,17 @@ pub(crate) fn render(r: &Registry, state: &DashboardState) -> prometheus::Result
     for cs in zerocache_ledger::CacheStatus::ALL {
         let n = v.peer_responses.get(cs.as_str()).copied().unwrap_or(0);
         peer.with_label_values(&[cs.as_str()]).inc_by(n);
+    }
+    let refused = IntCounterVec::new(
+        Opts::new(
+            "zerocache_fleet_hop_refused_total",
+            "Requests whose fleet hop header was refused (they were served as clients'), by reason: malformed, forged (not signed with the fleet secret), stale (outside the 30 s window), replayed (a nonce seen before), overloaded (too many nonces to remember).",
+        ),
+        &["reason"],
+    )?;
+    r.register(Box::new(refused.clone()))?;
+    for (reason, n) in &v.hop_refused {
+        refused.with_label_values(&[reason.as_str()]).inc_by(*n);
     }
     counter(
         "zerocache_fleet_relayed_body_bytes_total",

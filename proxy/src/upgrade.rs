@@ -11,7 +11,7 @@
 //! ([`crate::cache::store::Store::hand_over`]): the successor indexes files that stay as it
 //! found them.
 
-use crate::net::inherit::{Role, SYSTEMD_VARS, UPGRADE_FDS};
+use crate::net::inherit::{FROM, Role, SYSTEMD_VARS, UPGRADE_FDS, started_by_upgrade};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -20,9 +20,6 @@ use tokio::io::AsyncReadExt;
 
 /// The variable naming the pipe on which the successor says it serves.
 pub(crate) const READY_FD: &str = "ZEROCACHE_UPGRADE_READY_FD";
-/// The variable naming the process that started the successor: the upgrade's variables are for
-/// its child only (as systemd's `LISTEN_PID`), never for a process they leaked to.
-pub(crate) const FROM: &str = "ZEROCACHE_UPGRADE_FROM";
 /// How long a successor may take to be ready: its index rebuild reads every entry's header.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// What the successor writes on the pipe once it serves.
@@ -195,13 +192,6 @@ pub(crate) fn failed_file(pid_file: &std::path::Path) -> PathBuf {
     let mut name = pid_file.as_os_str().to_owned();
     name.push(".upgrade-failed");
     PathBuf::from(name)
-}
-
-/// Whether this process was started by an upgrade: [`FROM`] names its parent. The variables
-/// leak to whatever such a process starts, which must not take them for its own.
-pub(crate) fn started_by_upgrade() -> bool {
-    let from = std::env::var(FROM).ok().and_then(|v| v.parse::<u32>().ok());
-    from.is_some() && from == Some(std::os::unix::process::parent_id())
 }
 
 /// In a successor: the pipe on which to tell the process that started it that this one serves;

@@ -93,6 +93,9 @@ impl Config {
         }
         if let Some(f) = &mut self.fleet {
             f.secret = REDACTED.into();
+            if let Some(p) = &mut f.previous_secret {
+                *p = REDACTED.into();
+            }
         }
         if let Some(t) = &mut self.purge.token {
             *t = REDACTED.into();

@@ -119,7 +119,22 @@ pub(crate) async fn exchange(
 ) -> (Went, Exchanged) {
     let f = &plan.fleet;
     let ours = f.routing();
-    let line = super::hop::line(&f.self_id().unwrap_or_default(), ours, &f.cfg.secret, None);
+    // The request line: what the signature covers with the host (the body is empty).
+    let first = request.split(|b| *b == b'\r').next().unwrap_or_default();
+    let mut words = std::str::from_utf8(first).unwrap_or_default().split(' ');
+    let signed = super::hop::Request {
+        method: words.next().unwrap_or_default(),
+        target: words.next().unwrap_or_default(),
+        host,
+        body: b"",
+    };
+    let line = super::hop::line(
+        &f.self_id().unwrap_or_default(),
+        ours,
+        &f.keys,
+        None,
+        &signed,
+    );
     let hopped = with_hop(request, &line, host);
     let mut store_at_origin = true;
     for &i in &plan.order {

@@ -16,6 +16,9 @@ use serde::Deserialize;
 /// Longest wait for one peer's answer to a fleet purge.
 const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The `Host` of an internal request (signed with it).
+const HOST: &str = "zerocache-fleet";
+
 /// Largest internal answer or request body read.
 const MAX_BODY: usize = 64 * 1024;
 
@@ -122,13 +125,21 @@ pub(crate) async fn call(
     body: &[u8],
 ) -> Result<(u16, serde_json::Value), String> {
     let method = if body.is_empty() { "GET" } else { "POST" };
+    let target = format!("/_zerocache/fleet/{op}");
+    let signed = super::hop::Request {
+        method,
+        target: &target,
+        host: HOST,
+        body,
+    };
     let mut req = format!(
-        "{method} /_zerocache/fleet/{op} HTTP/1.1\r\nHost: zerocache-fleet\r\n{}",
+        "{method} {target} HTTP/1.1\r\nHost: {HOST}\r\n{}",
         super::hop::line(
             &fleet.self_id().unwrap_or_default(),
             fleet.routing(),
-            &fleet.cfg.secret,
-            Some(op)
+            &fleet.keys,
+            Some(op),
+            &signed
         )
     )
     .into_bytes();

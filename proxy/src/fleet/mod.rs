@@ -47,6 +47,12 @@ pub struct Fleet {
     pub(crate) hot_stored: AtomicU64,
     /// Stored objects filled for another owner (`store_remote`), for the owned-keys estimate.
     pub(crate) remote_objects: AtomicU64,
+    /// The keys hop headers are signed and checked with (`fleet.secret`, `previous_secret`).
+    pub(crate) keys: hop::Keys,
+    /// Nonces of peer requests seen within the replay window.
+    pub(crate) replay: Mutex<hop::Replay>,
+    /// Hop headers refused, by [`hop::Refused`] (in `ALL` order).
+    pub(crate) hop_refused: [AtomicU64; 5],
 }
 
 impl Fleet {
@@ -64,6 +70,9 @@ impl Fleet {
             relayed: AtomicU64::new(0),
             hot_stored: AtomicU64::new(0),
             remote_objects: AtomicU64::new(0),
+            keys: hop::Keys::new(&cfg.secret, cfg.previous_secret.as_deref()),
+            replay: Mutex::new(hop::Replay::default()),
+            hop_refused: Default::default(),
             cfg,
         });
         fleet.refresh().await;
@@ -84,6 +93,27 @@ impl Fleet {
             );
         }
         Some(f.clone())
+    }
+
+    /// A hop header was refused: counted, and logged at most once a minute (clients can send
+    /// them at will).
+    pub(crate) fn hop_refused(&self, why: hop::Refused, peer: std::net::IpAddr) {
+        let i = hop::Refused::ALL
+            .iter()
+            .position(|r| *r == why)
+            .unwrap_or(0);
+        let before = self.hop_refused[i].fetch_add(1, Ordering::Relaxed);
+        static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now = START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64;
+        let last = LAST.load(Ordering::Relaxed);
+        if before == 0 || now.saturating_sub(last) >= 60_000 {
+            LAST.store(now, Ordering::Relaxed);
+            tracing::warn!(reason = why.as_str(), %peer, "fleet hop header refused; the request is served as a client's");
+        }
     }
 
     /// This node's routing hash.
@@ -192,6 +222,11 @@ impl Fleet {
                 .map(|s| (s.as_str().to_string(), acc.peer_requests(*s)))
                 .collect(),
             relayed_body_bytes: self.relayed.load(Ordering::Relaxed),
+            hop_refused: hop::Refused::ALL
+                .iter()
+                .zip(&self.hop_refused)
+                .map(|(r, n)| (r.as_str().to_string(), n.load(Ordering::Relaxed)))
+                .collect(),
             peers: view
                 .peers
                 .iter()

@@ -16,6 +16,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The variable the old process sets for its successor in a SIGUSR2 upgrade.
 pub(crate) const UPGRADE_FDS: &str = "ZEROCACHE_LISTEN_FDS";
+/// The variable naming the process that started a successor: the upgrade's variables are for
+/// its child only (as systemd's `LISTEN_PID`), never for a process they leaked to.
+pub(crate) const FROM: &str = "ZEROCACHE_UPGRADE_FROM";
 /// systemd's variables (`sd_listen_fds(3)`).
 pub(crate) const SYSTEMD_VARS: [&str; 3] = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"];
 /// systemd's first passed fd.
@@ -50,6 +53,13 @@ impl Role {
     }
 }
 
+/// Whether this process was started by an upgrade: [`FROM`] names its parent. The variables
+/// leak to whatever such a process starts, which must not take them for its own.
+pub(crate) fn started_by_upgrade() -> bool {
+    let from = std::env::var(FROM).ok().and_then(|v| v.parse::<u32>().ok());
+    from.is_some() && from == Some(std::os::unix::process::parent_id())
+}
+
 /// One fd as the environment names it: its number and its name, if it is one of ours.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Named {
@@ -71,7 +81,7 @@ impl Inherited {
     /// ones handed down; they are set close-on-exec at once.
     pub(crate) fn from_env(me: u32) -> Result<Inherited, String> {
         let var = |k: &str| std::env::var(k).ok();
-        let upgrade = var(UPGRADE_FDS).filter(|_| crate::upgrade::started_by_upgrade());
+        let upgrade = var(UPGRADE_FDS).filter(|_| started_by_upgrade());
         let (named, source) = match upgrade {
             Some(v) => (parse_upgrade(&v)?, "the previous process (SIGUSR2 upgrade)"),
             None => (

@@ -28,14 +28,19 @@ impl Conn {
         let Some(fleet) = self.ctx.fleet.clone() else {
             return Ok(Intake::Client);
         };
-        let Some(hop) = crate::fleet::hop::take(req, &fleet.cfg.secret) else {
-            return Ok(Intake::Client);
+        let whole = match body {
+            RequestBody::Whole(b) => Some(b.as_slice()),
+            RequestBody::Streaming { .. } => None,
+        };
+        let hop = match crate::fleet::hop::take(req, whole, &fleet.keys, &fleet.replay) {
+            None => return Ok(Intake::Client),
+            Some(Err(why)) => {
+                fleet.hop_refused(why, self.peer.ip());
+                return Ok(Intake::Client);
+            }
+            Some(Ok(hop)) => hop,
         };
         if let Some(op) = hop.op.as_deref() {
-            let whole = match body {
-                RequestBody::Whole(b) => Some(b.as_slice()),
-                RequestBody::Streaming { .. } => None,
-            };
             let (status, json) =
                 crate::fleet::internal::answer(&fleet, &self.ctx.purger(), op, whole);
             self.head = crate::fleet::internal::response(status, &json, req.close);

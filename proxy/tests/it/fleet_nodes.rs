@@ -265,18 +265,63 @@ fn a_fleet_purge_reaches_every_node_and_one_that_missed_it_catches_up() {
 fn a_client_cannot_forge_the_hop_header() {
     let (origin, _rt) = origin();
     let f = TestFleet::start(origin.addr(), 2, "", false);
+    let host = f.client(0).host.clone();
+    let now = unix_now();
+    let sign = |secret: &str, target: &str, ts: u64, nonce: u128| {
+        signed_hop(secret, "health", "GET", target, &host, b"", ts, nonce)
+    };
+    // (header, the refusal it must be counted as)
     let forged = [
-        "v1 from=127.0.0.9:1 cfg=0 op=health key=wrong-secret-0123456789".to_string(),
-        format!("v1 from=127.0.0.9:1 cfg=0 op=health key={FLEET_SECRET}x"),
-        "v1 op=purge".to_string(),
+        // The old protocol, secret in clear: no longer a peer's.
+        (
+            format!("v1 from=127.0.0.9:1 cfg=0 op=health key={FLEET_SECRET}"),
+            "malformed",
+        ),
+        ("v2 op=purge".to_string(), "malformed"),
+        // Signed with another secret.
+        (
+            sign("wrong-secret-0123456789", "/obj/5002", now, 11),
+            "forged",
+        ),
+        // A valid signature for another path (a captured header moved to this request).
+        (sign(FLEET_SECRET, "/obj/other", now, 12), "forged"),
+        // Valid but from 2 minutes ago: a replay of an old request.
+        (sign(FLEET_SECRET, "/obj/5004", now - 120, 13), "stale"),
     ];
-    for (k, h) in forged.iter().enumerate() {
+    for (k, (h, _)) in forged.iter().enumerate() {
         let p = format!("/obj/{}", 5000 + k);
         let mut c = f.client(0);
         let r = c.get(&p, &[("Zerocache-Fleet", h)]);
         // Served as a client's request: the object, not the internal endpoint's JSON.
         assert_eq!(r.status, 200);
         assert!(r.body == body(5000 + k), "{h}");
+    }
+    // A valid one is answered by the internal endpoint once; the same header again, within
+    // the window, is a replay: served as a client's request (the origin's 404 for this path).
+    let valid = sign(FLEET_SECRET, "/_zerocache/fleet/health", now, 14);
+    for (attempt, want) in [(0, 200), (1, 404)] {
+        let mut c = f.client(0);
+        let r = c.get(
+            "/_zerocache/fleet/health",
+            &[("Zerocache-Fleet", valid.as_str())],
+        );
+        assert_eq!(r.status, want, "attempt {attempt}");
+    }
+    let m = f.metrics(0);
+    for (reason, n) in [
+        ("malformed", 2),
+        ("forged", 2),
+        ("stale", 1),
+        ("replayed", 1),
+    ] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("zerocache_fleet_hop_refused_total{{reason=\"{reason}\"}}")
+            ),
+            n,
+            "{reason}"
+        );
     }
     // The header never reached the origin.
     for got in origin.received() {
@@ -287,7 +332,7 @@ fn a_client_cannot_forge_the_hop_header() {
     let mut c = f.client(0);
     let r = c.get("/_zerocache/fleet/health", &[]);
     assert_eq!(r.status, 404, "an origin path like any other");
-    assert_eq!(origin.hits("/_zerocache/fleet/health"), 1);
+    assert_eq!(origin.hits("/_zerocache/fleet/health"), 2);
 }
 
 #[test]
@@ -685,13 +730,23 @@ fn a_relayed_hit_is_logged_as_the_owners_hit() {
 fn an_implausible_purge_epoch_is_refused() {
     let (origin, _rt) = origin();
     let f = TestFleet::start(origin.addr(), 2, "", false);
-    let hop = format!("v1 from=127.0.0.9:1 cfg=0 op=purge key={FLEET_SECRET}");
+    let body = br#"{"url":"http://a/obj/1","epoch":18446744073709551615}"#;
     let mut c = f.client(0);
+    let hop = signed_hop(
+        FLEET_SECRET,
+        "purge",
+        "POST",
+        "/_zerocache/fleet/purge",
+        &c.host,
+        body,
+        unix_now(),
+        1,
+    );
     let r = c.send_with_body(
         "POST",
         "/_zerocache/fleet/purge",
         &[("Zerocache-Fleet", hop.as_str())],
-        br#"{"url":"http://a/obj/1","epoch":18446744073709551615}"#,
+        body,
     );
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
     assert!(
@@ -700,12 +755,19 @@ fn an_implausible_purge_epoch_is_refused() {
         String::from_utf8_lossy(&r.body)
     );
     let mut h = f.client(0);
+    let hop = signed_hop(
+        FLEET_SECRET,
+        "health",
+        "GET",
+        "/_zerocache/fleet/health",
+        &h.host,
+        b"",
+        unix_now(),
+        2,
+    );
     let health = h.get(
         "/_zerocache/fleet/health",
-        &[(
-            "Zerocache-Fleet",
-            format!("v1 from=127.0.0.9:1 cfg=0 op=health key={FLEET_SECRET}").as_str(),
-        )],
+        &[("Zerocache-Fleet", hop.as_str())],
     );
     let json: serde_json::Value = serde_json::from_slice(&health.body).expect("json");
     assert_eq!(json["purge_epoch"], 0, "{json}");

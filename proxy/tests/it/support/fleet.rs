@@ -184,3 +184,36 @@ impl Drop for TestFleet {
         }
     }
 }
+
+/// A `Zerocache-Fleet` header value as a member signs it (the wire format, written out here
+/// independently of the proxy's code): HMAC-SHA256 with `secret` over the header's fields and
+/// the request's method, target, `Host` and body.
+#[allow(clippy::too_many_arguments)]
+pub fn signed_hop(
+    secret: &str,
+    op: &str,
+    method: &str,
+    target: &str,
+    host: &str,
+    body: &[u8],
+    ts: u64,
+    nonce: u128,
+) -> String {
+    use ring::{digest, hmac};
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let (from, cfg) = ("127.0.0.9:1", 0u64);
+    let bh = hex(digest::digest(&digest::SHA256, body).as_ref());
+    let msg = format!(
+        "zerocache-fleet v2\n{from}\n{cfg:016x}\n{op}\n{ts}\n{nonce:032x}\n{bh}\n{method}\n{target}\n{host}"
+    );
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
+    let sig = hex(hmac::sign(&key, msg.as_bytes()).as_ref());
+    format!("v2 from={from} cfg={cfg:016x} op={op} ts={ts} nonce={nonce:032x} bh={bh} sig={sig}")
+}
+
+/// Seconds since the Unix epoch now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
