@@ -58,7 +58,24 @@ pub struct FleetConfig {
     /// Time allowed between bytes of a peer's answer.
     #[serde(default = "default_peer_read_timeout", with = "crate::units::duration")]
     pub read_timeout: Duration,
+    /// Fleet purges kept in the purge log, from which a member that missed some catches up.
+    #[serde(default = "default_purge_log_max")]
+    pub purge_log_max: usize,
+    /// How long a fleet purge stays in the purge log.
+    #[serde(default = "default_purge_log_age", with = "crate::units::duration")]
+    pub purge_log_age: Duration,
 }
+
+fn default_purge_log_max() -> usize {
+    10_000
+}
+
+fn default_purge_log_age() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+/// The largest `fleet.purge_log_max`: the whole log must fit in one catch-up answer.
+pub const MAX_PURGE_LOG: usize = 20_000;
 
 /// `fleet.on_owner_down`.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -114,6 +131,18 @@ pub(crate) fn check(config: &Config, errs: &mut Vec<Invalid>) {
             format!(
                 "must be at least {MIN_SECRET_LEN} characters: it is all that tells a peer from a client"
             ),
+        );
+    }
+    if f.purge_log_max == 0 || f.purge_log_max > MAX_PURGE_LOG {
+        bad(
+            "purge_log_max",
+            format!("must be 1 to {MAX_PURGE_LOG} (the log is sent whole to a member catching up)"),
+        );
+    }
+    if f.purge_log_age.is_zero() {
+        bad(
+            "purge_log_age",
+            "must be more than 0 (a member down for longer than this drops its whole cache when it returns)".into(),
         );
     }
     if let Some(p) = &f.previous_secret {

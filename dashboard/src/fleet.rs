@@ -57,6 +57,11 @@ pub struct FleetView {
     /// Hop headers refused (served as clients' requests), by reason: malformed, forged, stale,
     /// replayed, overloaded.
     pub hop_refused: std::collections::BTreeMap<String, u64>,
+    /// Catch-ups after missed fleet purges: `replayed` from a peer's purge log, or `wiped`
+    /// (the log no longer reached back: everything stored before was treated as purged).
+    pub catch_ups: std::collections::BTreeMap<String, u64>,
+    /// Fleet purges held in this node's purge log.
+    pub purge_log_entries: u64,
     /// The other members.
     pub peers: Vec<PeerView>,
 }
@@ -148,6 +153,22 @@ pub(crate) fn render(r: &Registry, state: &DashboardState) -> prometheus::Result
         let n = v.peer_responses.get(cs.as_str()).copied().unwrap_or(0);
         peer.with_label_values(&[cs.as_str()]).inc_by(n);
     }
+    let catch_ups = IntCounterVec::new(
+        Opts::new(
+            "zerocache_fleet_catch_ups_total",
+            "Catch-ups after fleet purges this node missed: replayed (the purges applied from a peer's purge log) or wiped (the log no longer reached back, or no peer answered: everything stored before was treated as purged).",
+        ),
+        &["result"],
+    )?;
+    r.register(Box::new(catch_ups.clone()))?;
+    for (result, n) in &v.catch_ups {
+        catch_ups.with_label_values(&[result.as_str()]).inc_by(*n);
+    }
+    gauge(
+        "zerocache_fleet_purge_log_entries",
+        "Fleet purges held in this node's purge log (fleet.purge_log_max, purge_log_age).",
+        v.purge_log_entries,
+    )?;
     let refused = IntCounterVec::new(
         Opts::new(
             "zerocache_fleet_hop_refused_total",

@@ -223,10 +223,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // Set when SIGTERM/SIGINT starts the drain: `/healthz` then answers 503, so a load balancer
     // stops sending new clients while responses in flight finish.
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fleet = crate::fleet::Fleet::start(&config, &store).await;
+    let locks = Arc::new(FillLocks::default());
+    let fleet = crate::fleet::Fleet::start(&config, &store, &locks).await;
     let kept = Kept {
         store,
-        locks: Arc::new(FillLocks::default()),
+        locks,
         accounting,
         access_log,
         connection_cap,

@@ -1,9 +1,10 @@
 //! The fleet purge epoch. Every fleet purge raises it by one on every member it reaches, and
 //! members report theirs in health checks. A member that finds a peer ahead of it missed a purge
-//! (it was down, or cut off) and cannot know which objects it removed, so it treats everything it
-//! stored before that moment as purged: such an entry is dropped on its next use and fetched
-//! again. The epoch and that moment are kept in the cache directory, so a restart does not
-//! forget them.
+//! (it was down, or cut off) and replays it from that peer's purge log (`super::purge_log`).
+//! When it cannot know which objects the purges it missed removed (the log no longer reaches
+//! back), it treats everything it stored before that moment as purged ([`Epoch::seen`]): such an
+//! entry is dropped on its next use and fetched again. The epoch and that moment are kept in the
+//! cache directory, so a restart does not forget them.
 
 use parking_lot::Mutex;
 use std::path::PathBuf;

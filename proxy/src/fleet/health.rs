@@ -1,8 +1,10 @@
 //! Active health checks of the peers: every `health_interval` each peer's internal `health`
 //! operation is asked, concurrently and within `health_timeout`. An answer brings a down peer
 //! back (it takes its keys again) and reports its routing hash (a differing one stops forwards
-//! to it, logged) and its purge epoch (one ahead of ours means this node missed a purge; see
-//! `epoch`). No answer marks it down, as a failed forward does.
+//! to it, logged) and its purge epoch. One ahead of ours means this node missed a purge: it asks
+//! that peer for its purge log since our epoch and applies what it missed ([`catch_up`]); only
+//! when the log no longer reaches back, or no catch-up works three times in a row, is everything
+//! stored before treated as purged (`epoch`). No answer marks it down, as a failed forward does.
 
 use super::Fleet;
 use super::peer::PeerState;
@@ -34,8 +36,13 @@ async fn check(fleet: Arc<Fleet>, peer: Arc<PeerState>) {
             peer.set_cfg(theirs, fleet.routing());
             let epoch = json["purge_epoch"].as_u64().unwrap_or(0);
             peer.epoch.store(epoch, Ordering::Relaxed);
-            fleet.epoch.seen(epoch);
             peer.mark_up();
+            if epoch > fleet.epoch.current()
+                && fleet.epoch.plausible(epoch)
+                && !fleet.catching_up.swap(true, Ordering::AcqRel)
+            {
+                tokio::spawn(catch_up(fleet.clone(), peer.clone(), epoch));
+            }
         }
         Ok((status, _)) => {
             peer.mark_down(format!("health check answered {status}"));
@@ -44,4 +51,70 @@ async fn check(fleet: Arc<Fleet>, peer: Arc<PeerState>) {
             peer.mark_down(format!("health check: {e}"));
         }
     }
+}
+
+/// Catch-ups that may fail in a row (the peer gone again, an answer cut) before this node stops
+/// trying and treats everything it stored before as purged.
+const CATCH_UP_TRIES: u64 = 3;
+
+/// Applies the purges `peer` logged since this node's epoch (it reported `theirs`): only the
+/// objects they name are refetched. If the log no longer reaches back that far, or the catch-up
+/// failed [`CATCH_UP_TRIES`] times, everything stored before is treated as purged instead.
+async fn catch_up(fleet: Arc<Fleet>, peer: Arc<PeerState>, theirs: u64) {
+    let ours = fleet.epoch.current();
+    let body = serde_json::json!({ "since": ours }).to_string();
+    let asked = super::internal::call(&fleet, &peer, "purge_log", body.as_bytes()).await;
+    let log = match asked {
+        Ok((200, json)) => {
+            let entries: Option<Vec<super::purge_log::Logged>> =
+                serde_json::from_value(json["entries"].clone()).ok();
+            match (entries, json["complete"].as_bool()) {
+                (Some(e), Some(complete)) => Ok((e, complete)),
+                _ => Err("a purge log answer of the wrong shape".to_string()),
+            }
+        }
+        Ok((status, json)) => Err(format!("{status}: {json}")),
+        Err(e) => Err(e),
+    };
+    match log {
+        Ok((entries, true)) => {
+            let purger = fleet.purger();
+            let (mut applied, mut newest) = (0usize, theirs);
+            for l in &entries {
+                let Some(p) = l.purge() else { continue };
+                if !fleet.purge_log.contains(l) {
+                    if let Err(e) = purger.purge(&p) {
+                        tracing::warn!(error = %e, ?p, "a purge from a peer's log does not apply here");
+                    }
+                    fleet.purge_log.record(l.epoch, &l.from, &p);
+                    applied += 1;
+                }
+                newest = newest.max(l.epoch);
+            }
+            fleet.epoch.applied(newest);
+            fleet.catch_ups[0].fetch_add(1, Ordering::Relaxed);
+            fleet.catch_up_failures.store(0, Ordering::Relaxed);
+            tracing::info!(peer = %peer.id, ours, theirs, applied, "caught up with missed fleet purges from a peer's purge log");
+        }
+        Ok((_, false)) => {
+            tracing::warn!(peer = %peer.id, ours, theirs, "missed fleet purges older than the peer's purge log keeps (fleet.purge_log_max, purge_log_age)");
+            wipe(&fleet, theirs);
+        }
+        Err(why) => {
+            let failed = fleet.catch_up_failures.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(peer = %peer.id, %why, failed, "cannot read a peer's purge log");
+            if failed >= CATCH_UP_TRIES {
+                wipe(&fleet, theirs);
+            }
+        }
+    }
+    fleet.catching_up.store(false, Ordering::Release);
+}
+
+/// The fallback: everything stored until now counts as purged (`epoch`).
+fn wipe(fleet: &Fleet, theirs: u64) {
+    if fleet.epoch.seen(theirs) {
+        fleet.catch_ups[1].fetch_add(1, Ordering::Relaxed);
+    }
+    fleet.catch_up_failures.store(0, Ordering::Relaxed);
 }

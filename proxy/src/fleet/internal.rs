@@ -4,8 +4,10 @@
 //! is shadowed (a forwarded client request names no operation, whatever its path).
 //!
 //! - `health`: answers this node's id, routing hash and purge epoch;
-//! - `purge`: applies a fleet purge (`{"url"|"prefix": ..., "epoch": n}`) and answers how many
-//!   entries went.
+//! - `purge`: applies a fleet purge (`{"url"|"prefix": ..., "epoch": n, "from": id}`), logs it
+//!   and answers how many entries went;
+//! - `purge_log`: answers the purges logged since an epoch (`{"since": n}`), for a member that
+//!   missed them, and whether the log still reaches back that far.
 
 use super::Fleet;
 use super::peer::PeerState;
@@ -32,7 +34,19 @@ struct PurgeRequest {
     #[serde(default)]
     soft: bool,
     epoch: u64,
+    /// The member that started it (for the purge log).
+    #[serde(default)]
+    from: String,
 }
+
+/// A catch-up's question: the purges since this epoch.
+#[derive(Deserialize)]
+struct LogRequest {
+    since: u64,
+}
+
+/// Largest purge-log answer: the whole log fits (`fleet.purge_log_max` is bounded so).
+pub(crate) const MAX_LOG_ANSWER: usize = 8 << 20;
 
 /// The answer (status, JSON) to internal operation `op` with request body `body` (`None`: too
 /// large to have been held in memory).
@@ -54,6 +68,20 @@ pub(crate) fn answer(
         "purge" => match body {
             Some(b) => purge(fleet, purger, b),
             None => (413, serde_json::json!({"error": "purge body too large"})),
+        },
+        "purge_log" => match body.map(serde_json::from_slice::<LogRequest>) {
+            Some(Ok(q)) => {
+                let (entries, complete) = fleet.purge_log.since(q.since);
+                (
+                    200,
+                    serde_json::json!({
+                        "epoch": fleet.epoch.current(),
+                        "complete": complete,
+                        "entries": entries,
+                    }),
+                )
+            }
+            _ => (400, serde_json::json!({"error": "give {\"since\": epoch}"})),
         },
         _ => (
             400,
@@ -107,6 +135,7 @@ fn purge(
     };
     match purger.purge(&target) {
         Ok(n) => {
+            fleet.purge_log.record(p.epoch, &p.from, &target);
             fleet.epoch.applied(p.epoch);
             tracing::info!(?target, purged = n, epoch = p.epoch, "fleet purge");
             (200, serde_json::json!({"purged": n}))
@@ -176,8 +205,13 @@ pub(crate) async fn call(
                 .await
                 .map_err(|e| e.to_string())?;
             all.extend_from_slice(&piece);
-            if all.len() > MAX_BODY {
-                return Err(format!("answer larger than {MAX_BODY} bytes"));
+            let max = if op == "purge_log" {
+                MAX_LOG_ANSWER
+            } else {
+                MAX_BODY
+            };
+            if all.len() > max {
+                return Err(format!("answer larger than {max} bytes"));
             }
         }
         let closes = head.http10

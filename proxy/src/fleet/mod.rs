@@ -17,6 +17,7 @@ pub(crate) mod members;
 pub(crate) mod owner;
 pub(crate) mod peer;
 pub(crate) mod purge;
+pub(crate) mod purge_log;
 
 use crate::cache::store::Store;
 use arc_swap::ArcSwap;
@@ -53,13 +54,27 @@ pub struct Fleet {
     pub(crate) replay: Mutex<hop::Replay>,
     /// Hop headers refused, by [`hop::Refused`] (in `ALL` order).
     pub(crate) hop_refused: [AtomicU64; 5],
+    /// Every fleet purge applied here, for members that missed some.
+    pub(crate) purge_log: purge_log::PurgeLog,
+    /// What applying a purge needs besides the store: the fill locks and the key hash width.
+    pub(crate) locks: Arc<crate::cache::lock::FillLocks>,
+    pub(crate) hash_bits: u32,
+    /// A catch-up from a peer's purge log is running, and how many failed in a row.
+    pub(crate) catching_up: std::sync::atomic::AtomicBool,
+    pub(crate) catch_up_failures: AtomicU64,
+    /// Catch-ups: replayed from a peer's log, or everything stored treated as purged.
+    pub(crate) catch_ups: [AtomicU64; 2],
 }
 
 impl Fleet {
     /// Joins the fleet of `config`, if it has one: resolves the membership once (so the first
     /// request already knows the owners) and starts re-resolution and health checks on the
     /// current runtime.
-    pub async fn start(config: &Config, store: &Arc<Store>) -> Option<Arc<Fleet>> {
+    pub async fn start(
+        config: &Config,
+        store: &Arc<Store>,
+        locks: &Arc<crate::cache::lock::FillLocks>,
+    ) -> Option<Arc<Fleet>> {
         let cfg = config.fleet.clone()?;
         let fleet = Arc::new(Fleet {
             routing: AtomicU64::new(zerocache_config::fleet::routing_hash(config)),
@@ -73,6 +88,16 @@ impl Fleet {
             keys: hop::Keys::new(&cfg.secret, cfg.previous_secret.as_deref()),
             replay: Mutex::new(hop::Replay::default()),
             hop_refused: Default::default(),
+            purge_log: purge_log::PurgeLog::load(
+                &config.cache.path,
+                cfg.purge_log_max,
+                cfg.purge_log_age,
+            ),
+            locks: locks.clone(),
+            hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
+            catching_up: std::sync::atomic::AtomicBool::new(false),
+            catch_up_failures: AtomicU64::new(0),
+            catch_ups: Default::default(),
             cfg,
         });
         fleet.refresh().await;
@@ -93,6 +118,15 @@ impl Fleet {
             );
         }
         Some(f.clone())
+    }
+
+    /// A purger of this node's store.
+    pub(crate) fn purger(&self) -> crate::purge::Purger<'_> {
+        crate::purge::Purger {
+            store: &self.store,
+            locks: &self.locks,
+            hash_bits: self.hash_bits,
+        }
     }
 
     /// A hop header was refused: counted, and logged at most once a minute (clients can send
@@ -222,6 +256,11 @@ impl Fleet {
                 .map(|s| (s.as_str().to_string(), acc.peer_requests(*s)))
                 .collect(),
             relayed_body_bytes: self.relayed.load(Ordering::Relaxed),
+            catch_ups: [("replayed", 0), ("wiped", 1)]
+                .iter()
+                .map(|(k, i)| (k.to_string(), self.catch_ups[*i].load(Ordering::Relaxed)))
+                .collect(),
+            purge_log_entries: self.purge_log.len() as u64,
             hop_refused: hop::Refused::ALL
                 .iter()
                 .zip(&self.hop_refused)

@@ -1,7 +1,8 @@
-//! A fleet purge: applied here by the dashboard, then sent to every peer (up or not: a peer
-//! marked down may be back already) with the next purge epoch, concurrently. The answer says
-//! per peer how many entries went or why it could not be reached. A peer that missed it learns
-//! the epoch from the health checks when it returns and treats what it stored before as purged.
+//! A fleet purge: applied here by the dashboard, logged ([`super::purge_log`]), then sent to
+//! every peer (up or not: a peer marked down may be back already) with the next purge epoch,
+//! concurrently. The answer says per peer how many entries went or why it could not be reached.
+//! A peer that missed it learns the epoch from the health checks when it returns and replays
+//! what it missed from a member's purge log (`super::health`).
 
 use super::Fleet;
 use std::sync::Arc;
@@ -10,9 +11,16 @@ use zerocache_ops::{Purge, Target};
 /// Sends `p` to every peer; answers `{peer: {"purged": n} | {"error": why}}`.
 pub(crate) async fn fan_out(fleet: Arc<Fleet>, p: Purge) -> serde_json::Value {
     let epoch = fleet.epoch.next();
+    let me = fleet.self_id().unwrap_or_default();
+    // Applied here already (by the dashboard): logged under its epoch, for members that miss it.
+    fleet.purge_log.record(epoch, &me, &p);
     let body = match &p.target {
-        Target::Url(u) => serde_json::json!({"url": u, "soft": p.soft, "epoch": epoch}),
-        Target::Prefix(x) => serde_json::json!({"prefix": x, "soft": p.soft, "epoch": epoch}),
+        Target::Url(u) => {
+            serde_json::json!({"url": u, "soft": p.soft, "epoch": epoch, "from": me})
+        }
+        Target::Prefix(x) => {
+            serde_json::json!({"prefix": x, "soft": p.soft, "epoch": epoch, "from": me})
+        }
     }
     .to_string();
     let view = fleet.view.load_full();

@@ -238,8 +238,16 @@ fn a_fleet_purge_reaches_every_node_and_one_that_missed_it_catches_up() {
         assert_eq!(f.api_fleet(n)["purge_epoch"], 1, "node {n}");
     }
     // Node 2 is down during a purge of one of its objects: the answer says so, and when it
-    // returns (its cache intact) it does not serve what it stored before.
+    // returns (its cache intact) it replays the purge from a peer's purge log: it does not
+    // serve its pre-purge copy of that object, and keeps the rest of its share (issue #31: the
+    // whole share was refetched).
     let y = on(2);
+    let share: Vec<usize> = items
+        .iter()
+        .copied()
+        .filter(|i| owner[i] == 2 && *i != y && *i != x)
+        .collect();
+    assert!(!share.is_empty());
     f.kill(2);
     let answer = fleet_purge(&f, 0, y);
     assert!(
@@ -259,6 +267,62 @@ fn a_fleet_purge_reaches_every_node_and_one_that_missed_it_catches_up() {
         "node 2 served its pre-purge copy: {cs:?}"
     );
     assert_eq!(origin.hits(&path(y)), 2);
+    fetch_all(&f, 2, &share);
+    for i in &share {
+        assert_eq!(
+            origin.hits(&path(*i)),
+            1,
+            "object {i} of node 2's share refetched"
+        );
+    }
+    let m = f.metrics(2);
+    assert_eq!(
+        metric(&m, "zerocache_fleet_catch_ups_total{result=\"replayed\"}"),
+        1
+    );
+    assert_eq!(
+        metric(&m, "zerocache_fleet_catch_ups_total{result=\"wiped\"}"),
+        0
+    );
+    assert_eq!(metric(&m, "zerocache_fleet_purge_log_entries"), 2);
+}
+
+/// The purge log's bound reached: a member that missed more purges than the log keeps cannot
+/// replay them, and falls back to treating everything it stored before as purged, counted.
+#[test]
+fn a_member_behind_the_purge_log_drops_what_it_stored_and_says_so() {
+    let (origin, _rt) = origin();
+    let mut f = TestFleet::start(origin.addr(), 3, "  purge_log_max: 1\n", false);
+    let items: Vec<usize> = (0..60).collect();
+    fetch_all(&f, 0, &items);
+    let owner = owners(&f, &items);
+    let share: Vec<usize> = items.iter().copied().filter(|i| owner[i] == 2).collect();
+    f.kill(2);
+    // Two purges while it is down; the log keeps one.
+    for i in [1000, 1001] {
+        fleet_purge(&f, 0, i);
+    }
+    f.start_node(2);
+    f.wait_peers_up(0, 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while f.api_fleet(2)["purge_epoch"] != 2 {
+        assert!(Instant::now() < deadline, "node 2 never learnt the epoch");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let m = f.metrics(2);
+    assert_eq!(
+        metric(&m, "zerocache_fleet_catch_ups_total{result=\"wiped\"}"),
+        1
+    );
+    assert_eq!(
+        metric(&m, "zerocache_fleet_catch_ups_total{result=\"replayed\"}"),
+        0
+    );
+    // Its whole share is fetched again.
+    fetch_all(&f, 2, &share);
+    for i in &share {
+        assert_eq!(origin.hits(&path(*i)), 2, "object {i}");
+    }
 }
 
 #[test]
