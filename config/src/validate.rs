@@ -53,6 +53,17 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             format!("`{}` must be an absolute path to a file", p.display()),
         ));
     }
+    let tf = &config.cache.tag_field;
+    if tf.is_empty()
+        || !tf
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        errs.push(invalid(
+            "cache.tag_field",
+            format!("`{tf}` is not a field name (letters, digits, `-`)"),
+        ));
+    }
     if config.backlog == 0 {
         errs.push(invalid(
             "backlog",

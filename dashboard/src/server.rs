@@ -81,6 +81,9 @@ struct PurgeBody {
     url: Option<String>,
     #[serde(default)]
     prefix: Option<String>,
+    /// Cache tags: every response with any of them (`Surrogate-Key`, `Cache-Tag`).
+    #[serde(default)]
+    tags: Option<Vec<String>>,
     /// Purge on every fleet peer as well (`crate::fleet`).
     #[serde(default)]
     fleet: bool,
@@ -342,8 +345,9 @@ async fn connections(
     ))
 }
 
-/// `POST /api/purge` with `{"url": "http://host/path"}` or `{"prefix": "http://host/dir/"}`,
-/// and `"soft": true` to mark stale instead of removing:
+/// `POST /api/purge` with `{"url": "http://host/path"}`, `{"prefix": "http://host/dir/"}` or
+/// `{"tags": ["product:42", ...]}` (every response with any of them), and `"soft": true` to mark
+/// stale instead of removing:
 /// the entries are gone from the index before the answer, so no request that arrives after it is
 /// served them; transfers already running finish from their open files. Like every
 /// state-changing request it needs `Content-Type: application/json` and no foreign `Origin`
@@ -357,17 +361,36 @@ async fn purge(State(state): State<Arc<DashboardState>>, body: axum::body::Bytes
         Ok(PurgeBody {
             url: Some(u),
             prefix: None,
+            tags: None,
             ..
         }) => Purge::url(u).soft(soft),
         Ok(PurgeBody {
             url: None,
             prefix: Some(p),
+            tags: None,
             ..
         }) => Purge::prefix(p).soft(soft),
+        Ok(PurgeBody {
+            url: None,
+            prefix: None,
+            tags: Some(t),
+            ..
+        }) => match zerocache_ops::check_tags(&t) {
+            Ok(()) => Purge::tags(t).soft(soft),
+            Err(e) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(serde_json::json!({ "error": e })),
+                )
+                    .into_response();
+            }
+        },
         Ok(_) => {
             return (
                 StatusCode::BAD_REQUEST,
-                Json(serde_json::json!({"error": "give exactly one of `url` and `prefix`"})),
+                Json(
+                    serde_json::json!({"error": "give exactly one of `url`, `prefix` and `tags`"}),
+                ),
             )
                 .into_response();
         }

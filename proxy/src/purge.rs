@@ -29,6 +29,7 @@ impl Purger<'_> {
         let (raw, prefix) = match &p.target {
             zerocache_ops::Target::Url(u) => (u, false),
             zerocache_ops::Target::Prefix(u) => (u, true),
+            zerocache_ops::Target::Tags(tags) => return Ok(self.purge_tags(tags, p.soft)),
         };
         let (host, target) = split_absolute(raw)
             .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
@@ -61,6 +62,24 @@ impl Purger<'_> {
                 }
             })
             .sum())
+    }
+
+    /// Removes (or, `soft`, makes stale) every entry with any of `tags`; returns how many
+    /// entries, each once however many of the tags it has.
+    fn purge_tags(&self, tags: &[String], soft: bool) -> usize {
+        if soft && !self.store.is_handing_over() {
+            let mut seen = std::collections::HashSet::new();
+            for t in tags {
+                for e in self.store.entries_of_tag(t) {
+                    if seen.insert(e.hash) {
+                        self.stale(&e);
+                    }
+                }
+            }
+            seen.len()
+        } else {
+            tags.iter().map(|t| self.store.purge_tag(t)).sum()
+        }
     }
 
     /// Makes every entry of URL key text `url` stale; returns how many.

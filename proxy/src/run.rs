@@ -557,6 +557,14 @@ fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> 
         .with_targeted(crate::cache::targeted::Targeted::new(
             &config.cache.targeted_fields,
             config.cache.targeted_fields_forward,
+        ))
+        .with_tags(crate::cache::tags::TagField::new(
+            &config.cache.tag_field,
+            match config.cache.tag_separator {
+                zerocache_config::TagSeparator::Space => crate::cache::tags::Separator::Space,
+                zerocache_config::TagSeparator::Comma => crate::cache::tags::Separator::Comma,
+            },
+            config.cache.tag_field_forward,
         )),
     );
     let rebuilt = store

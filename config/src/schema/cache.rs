@@ -49,6 +49,16 @@ pub struct CacheConfig {
     /// zerocache needs them), or hide them (false).
     #[serde(default = "default_true")]
     pub targeted_fields_forward: bool,
+    /// The origin response field that names a response's cache tags, for purges by tag:
+    /// `Surrogate-Key` (Fastly, Varnish xkey) or `Cache-Tag` (Cloudflare), or another name.
+    #[serde(default = "default_tag_field")]
+    pub tag_field: String,
+    /// How `tag_field` separates its tags: `space` (Surrogate-Key) or `comma` (Cache-Tag).
+    #[serde(default)]
+    pub tag_separator: TagSeparator,
+    /// Show `tag_field` to clients (a cache tier below reads it); hidden by default.
+    #[serde(default)]
+    pub tag_field_forward: bool,
     /// A `Range` request on a miss is forwarded and its 206 relayed, never stored; when the 206
     /// says the whole object is at most this large, the whole object is fetched and stored in the
     /// background, so the next request is a hit.
@@ -106,6 +116,21 @@ fn default_abandoned_fill_timeout() -> Duration {
 
 fn default_range_fill_max() -> ByteSize {
     ByteSize::mib(64)
+}
+
+/// `cache.tag_separator`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TagSeparator {
+    /// Whitespace.
+    #[default]
+    Space,
+    /// Commas.
+    Comma,
+}
+
+fn default_tag_field() -> String {
+    "Surrogate-Key".into()
 }
 
 fn default_targeted() -> Vec<String> {

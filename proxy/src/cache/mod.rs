@@ -18,6 +18,7 @@ pub mod scrub;
 pub mod stale;
 pub mod store;
 pub mod stored_meta;
+pub mod tags;
 pub mod targeted;
 #[cfg(test)]
 mod test_support;

@@ -30,6 +30,10 @@ pub struct Targeted {
     names: Vec<String>,
     /// `cache.targeted_fields_forward`.
     forward: bool,
+    /// Other fields for the cache alone, never shown to clients (the cache tag field, unless it
+    /// is forwarded): hidden with the targeted ones, from every path a stored or relayed
+    /// response takes to a client.
+    hidden: Vec<String>,
 }
 
 impl Default for Targeted {
@@ -44,7 +48,14 @@ impl Targeted {
         Targeted {
             names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
             forward,
+            hidden: Vec::new(),
         }
+    }
+
+    /// The same, also hiding field `name` from clients.
+    pub fn hiding(mut self, name: &str) -> Targeted {
+        self.hidden.push(name.to_ascii_lowercase());
+        self
     }
 
     /// The directives that govern zerocache's own caching of a response (§2.2): those of the
@@ -62,12 +73,13 @@ impl Targeted {
 
     /// True for a field withheld from clients: a targeted field when forwarding is off.
     pub fn hides(&self, name: &str) -> bool {
-        !self.forward && self.names.iter().any(|t| name.eq_ignore_ascii_case(t))
+        (!self.forward && self.names.iter().any(|t| name.eq_ignore_ascii_case(t)))
+            || self.hidden.iter().any(|t| name.eq_ignore_ascii_case(t))
     }
 
     /// A stored field block (`Name: value\r\n` lines) as clients see it.
     pub fn visible<'a>(&self, fields: &'a [u8]) -> Cow<'a, [u8]> {
-        if self.forward {
+        if self.forward && self.hidden.is_empty() {
             return Cow::Borrowed(fields);
         }
         let mut out = Vec::with_capacity(fields.len());

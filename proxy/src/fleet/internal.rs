@@ -32,6 +32,8 @@ struct PurgeRequest {
     #[serde(default)]
     prefix: Option<String>,
     #[serde(default)]
+    tags: Option<Vec<String>>,
+    #[serde(default)]
     soft: bool,
     epoch: u64,
     /// The member that started it (for the purge log).
@@ -123,13 +125,17 @@ fn purge(
             serde_json::json!({"error": format!("purge epoch {} is beyond what a peer could have issued", p.epoch)}),
         );
     }
-    let target = match (p.url, p.prefix) {
-        (Some(u), None) => zerocache_ops::Purge::url(u).soft(p.soft),
-        (None, Some(x)) => zerocache_ops::Purge::prefix(x).soft(p.soft),
+    let target = match (p.url, p.prefix, p.tags) {
+        (Some(u), None, None) => zerocache_ops::Purge::url(u).soft(p.soft),
+        (None, Some(x), None) => zerocache_ops::Purge::prefix(x).soft(p.soft),
+        (None, None, Some(t)) => match zerocache_ops::check_tags(&t) {
+            Ok(()) => zerocache_ops::Purge::tags(t).soft(p.soft),
+            Err(e) => return (400, serde_json::json!({ "error": e })),
+        },
         _ => {
             return (
                 400,
-                serde_json::json!({"error": "give exactly one of `url` and `prefix`"}),
+                serde_json::json!({"error": "give exactly one of `url`, `prefix` and `tags`"}),
             );
         }
     };

@@ -21,6 +21,9 @@ pub(crate) async fn fan_out(fleet: Arc<Fleet>, p: Purge) -> serde_json::Value {
         Target::Prefix(x) => {
             serde_json::json!({"prefix": x, "soft": p.soft, "epoch": epoch, "from": me})
         }
+        Target::Tags(t) => {
+            serde_json::json!({"tags": t, "soft": p.soft, "epoch": epoch, "from": me})
+        }
     }
     .to_string();
     let view = fleet.view.load_full();

@@ -32,6 +32,8 @@ pub(crate) struct Logged {
     pub(crate) url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) tags: Option<Vec<String>>,
     #[serde(default)]
     pub(crate) soft: bool,
 }
@@ -39,9 +41,12 @@ pub(crate) struct Logged {
 impl Logged {
     /// The purge it records, if it is well formed.
     pub(crate) fn purge(&self) -> Option<Purge> {
-        match (&self.url, &self.prefix) {
-            (Some(u), None) => Some(Purge::url(u.clone()).soft(self.soft)),
-            (None, Some(p)) => Some(Purge::prefix(p.clone()).soft(self.soft)),
+        match (&self.url, &self.prefix, &self.tags) {
+            (Some(u), None, None) => Some(Purge::url(u.clone()).soft(self.soft)),
+            (None, Some(p), None) => Some(Purge::prefix(p.clone()).soft(self.soft)),
+            (None, None, Some(t)) if zerocache_ops::check_tags(t).is_ok() => {
+                Some(Purge::tags(t.clone()).soft(self.soft))
+            }
             _ => None,
         }
     }
@@ -52,6 +57,7 @@ impl Logged {
             && self.from == other.from
             && self.url == other.url
             && self.prefix == other.prefix
+            && self.tags == other.tags
             && self.soft == other.soft
     }
 }
@@ -125,9 +131,10 @@ impl PurgeLog {
 
     /// Records purge `p`, which carried `epoch` and was started by `from`.
     pub(crate) fn record(&self, epoch: u64, from: &str, p: &Purge) {
-        let (url, prefix) = match &p.target {
-            Target::Url(u) => (Some(u.clone()), None),
-            Target::Prefix(x) => (None, Some(x.clone())),
+        let (url, prefix, tags) = match &p.target {
+            Target::Url(u) => (Some(u.clone()), None, None),
+            Target::Prefix(x) => (None, Some(x.clone()), None),
+            Target::Tags(t) => (None, None, Some(t.clone())),
         };
         let l = Logged {
             epoch,
@@ -135,6 +142,7 @@ impl PurgeLog {
             at_ms: now_ms(),
             url,
             prefix,
+            tags,
             soft: p.soft,
         };
         let mut inner = self.inner.lock();
@@ -186,10 +194,11 @@ impl PurgeLog {
 
     /// Drops entries beyond the bounds; true if any went.
     fn trim(&self, inner: &mut Inner) -> bool {
-        let oldest_kept = now_ms().saturating_sub(self.age.as_millis() as u64);
+        // An entry as old as the age or older goes (`<=`: with an age of 0, every entry).
+        let expired_at = now_ms().saturating_sub(self.age.as_millis() as u64);
         let mut dropped = false;
         while inner.entries.len() > self.max
-            || inner.entries.front().is_some_and(|e| e.at_ms < oldest_kept)
+            || inner.entries.front().is_some_and(|e| e.at_ms <= expired_at)
         {
             if let Some(e) = inner.entries.pop_front() {
                 inner.trimmed_through = inner.trimmed_through.max(e.epoch);

@@ -34,6 +34,7 @@ mod placement;
 mod poisoning;
 mod proxy_protocol;
 mod purge_method;
+mod purge_tags;
 mod rfc9111;
 mod rfc9111_optional;
 mod rfc9213;

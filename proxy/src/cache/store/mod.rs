@@ -117,6 +117,16 @@ impl Store {
         self
     }
 
+    /// Reads cache tags from `f` (`cache.tag_field`), hidden from clients unless it forwards
+    /// them; call after [`Store::with_targeted`] and before the rebuild.
+    pub fn with_tags(mut self, f: crate::cache::tags::TagField) -> Store {
+        if !f.forward() {
+            self.targeted = self.targeted.hiding(f.name());
+        }
+        self.index.lock().set_tag_field(f);
+        self
+    }
+
     /// The target list entries are read under.
     pub fn targeted(&self) -> &Targeted {
         &self.targeted
@@ -346,6 +356,20 @@ impl Store {
             let _ = fs::remove_file(&e.path);
         }
         gone.len()
+    }
+
+    /// Removes every entry tagged `tag` and deletes their files; returns how many went.
+    pub fn purge_tag(&self, tag: &str) -> usize {
+        let gone = self.index.lock().purge_tag(tag);
+        for e in &gone {
+            let _ = fs::remove_file(&e.path);
+        }
+        gone.len()
+    }
+
+    /// Every entry tagged `tag`, left in place.
+    pub fn entries_of_tag(&self, tag: &str) -> Vec<Arc<Entry>> {
+        self.index.lock().entries_of_tag(tag)
     }
 
     /// The URL key texts that start with `prefix`.
