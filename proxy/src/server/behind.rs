@@ -111,6 +111,9 @@ impl Conn {
         let close = req.close || (g.length.is_none() && req.http10);
         let ctx = self.ctx.clone();
         let mut h = Head::new(&mut self.head, e.meta.status, &e.meta.reason);
+        if self.from_peer {
+            h.lines(&ctx.store.tag_lines_for_peer(&e.meta.fields));
+        }
         h.lines(&ctx.store.targeted().visible(&e.meta.fields))
             .framing(match g.length {
                 Some(n) => Framing::Length(n),

@@ -219,6 +219,10 @@ impl Conn {
                     put_stored(&mut h, &e.hit_head[at..], requester);
                     h
                 };
+                let mut h = h;
+                if self.from_peer {
+                    h.lines(&ctx.store.tag_lines_for_peer(&e.meta.fields));
+                }
                 epilogue(h, kind, age, ttl, req.close);
                 (0, e.body_len, e.meta.status)
             }
@@ -241,6 +245,9 @@ impl Conn {
                 );
                 h.field("Content-Range", range.as_bytes())
                     .framing(Framing::Length(len));
+                if self.from_peer {
+                    h.lines(&ctx.store.tag_lines_for_peer(&e.meta.fields));
+                }
                 epilogue(h, kind, age, ttl, req.close);
                 (start, len, status)
             }

@@ -347,7 +347,10 @@ impl Conn {
                 });
                 continue;
             }
-            if ctx.store.targeted().hides(k) {
+            // Hidden from clients; a fleet peer gets the tag field, for its own copy's tags.
+            if ctx.store.targeted().hides(k)
+                && !(self.from_peer && ctx.store.is_hidden_tag_field(k))
+            {
                 continue;
             }
             h.field(k, v);

@@ -46,6 +46,10 @@ pub struct Store {
     /// A SIGUSR2 upgrade is under way: the successor indexes this directory, so this process
     /// stores and evicts nothing (see [`Store::hand_over`]).
     handing_over: AtomicBool,
+    /// The tag field's name while it is hidden from clients (`cache.tag_field_forward: false`):
+    /// fleet peers still get it, so their copies (`store_remote`) carry the tags a fleet purge
+    /// by tag finds.
+    hidden_tag_field: Option<String>,
     /// Writes that failed (disk full, permissions).
     pub write_errors: AtomicU64,
     /// Entries evicted to make room (size or entry limit), since start.
@@ -102,6 +106,7 @@ impl Store {
             files: OpenFiles::new(limits.open_files),
             writable: AtomicBool::new(true),
             handing_over: AtomicBool::new(false),
+            hidden_tag_field: None,
             write_errors: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             corrupt_entries: AtomicU64::new(0),
@@ -122,6 +127,7 @@ impl Store {
     pub fn with_tags(mut self, f: crate::cache::tags::TagField) -> Store {
         if !f.forward() {
             self.targeted = self.targeted.hiding(f.name());
+            self.hidden_tag_field = Some(f.name().to_string());
         }
         self.index.lock().set_tag_field(f);
         self
@@ -356,6 +362,25 @@ impl Store {
             let _ = fs::remove_file(&e.path);
         }
         gone.len()
+    }
+
+    /// Whether `name` is the tag field hidden from clients (which a fleet peer still gets).
+    pub fn is_hidden_tag_field(&self, name: &str) -> bool {
+        self.hidden_tag_field
+            .as_deref()
+            .is_some_and(|t| name.eq_ignore_ascii_case(t))
+    }
+
+    /// The stored lines of the hidden tag field in `fields`, for a fleet peer's copy of the
+    /// head (empty when the field is forwarded to everyone anyway, or absent).
+    pub fn tag_lines_for_peer(&self, fields: &[u8]) -> Vec<u8> {
+        let Some(name) = &self.hidden_tag_field else {
+            return Vec::new();
+        };
+        crate::http::stored_fields::StoredFields(fields)
+            .named(name)
+            .flat_map(|l| l.raw.iter().copied())
+            .collect()
     }
 
     /// Removes every entry tagged `tag` and deletes their files; returns how many went.
