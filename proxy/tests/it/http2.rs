@@ -594,14 +594,7 @@ fn an_upgrade_sends_goaway_and_the_stream_in_flight_finishes() {
         .trim()
         .parse()
         .expect("pid");
-    let mut c = RawH2::connect(addr, &[]);
-    c.send(&one_request(&h2raw::get("/obj/300", &[])));
-    let frames = c.until_end(1, WAIT);
-    let data: Vec<u8> = frames
-        .iter()
-        .filter(|f| f.kind == h2raw::DATA)
-        .flat_map(|f| f.payload.clone())
-        .collect();
+    let (data, frames) = get_300(addr);
     // SAFETY: the successor this test started; nobody's child now.
     unsafe { libc::kill(successor, libc::SIGKILL) };
     assert!(data == body(300), "the successor answers: {frames:?}");
@@ -906,14 +899,7 @@ fn request_and_response_counters_carry_the_protocol() {
     let (origin, _rt) = origin();
     let proxy = h2c_proxy(origin.addr(), "");
     for expected in ["MISS", "HIT"] {
-        let mut c = RawH2::connect(proxy.addr, &[]);
-        c.send(&one_request(&h2raw::get("/obj/300", &[])));
-        let frames = c.until_end(1, WAIT);
-        let data: Vec<u8> = frames
-            .iter()
-            .filter(|f| f.kind == h2raw::DATA)
-            .flat_map(|f| f.payload.clone())
-            .collect();
+        let (data, frames) = get_300(proxy.addr);
         assert!(data == body(300), "{expected}: {frames:?}");
     }
     let mut h1 = proxy.client();
@@ -944,4 +930,17 @@ fn request_and_response_counters_carry_the_protocol() {
             "responses {cs} {proto}"
         );
     }
+}
+
+/// `GET /obj/300` on a new h2c connection: the DATA payloads joined, and every frame.
+fn get_300(addr: std::net::SocketAddr) -> (Vec<u8>, Vec<h2raw::Frame>) {
+    let mut c = RawH2::connect(addr, &[]);
+    c.send(&one_request(&h2raw::get("/obj/300", &[])));
+    let frames = c.until_end(1, WAIT);
+    let data = frames
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    (data, frames)
 }
