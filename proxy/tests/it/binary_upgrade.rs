@@ -185,6 +185,7 @@ fn upgradable(origin: SocketAddr, dir: &Path, opts: Opts) -> (Proxy, PathBuf, Su
         pid_file: pid_file.clone(),
         old: proxy.child.id(),
     };
+    wait_pid_file(&pid_file, proxy.child.id());
     (proxy, pid_file, successor)
 }
 

@@ -676,10 +676,8 @@ fn the_pid_file_names_the_process_while_it_serves() {
         },
     );
     let pid = proxy.child.id();
-    assert_eq!(
-        std::fs::read_to_string(&pid_file).expect("pid file"),
-        format!("{pid}\n")
-    );
+    // The stale one replaced by this process's (written once the workers accept).
+    wait_pid_file(&pid_file, pid);
     assert_eq!(proxy.get("/obj/100").status, 200);
     signal(&proxy, libc::SIGTERM);
     let status = proxy.child.wait().expect("exit");
@@ -712,6 +710,7 @@ fn the_shipped_logrotate_snippet_reopens_the_log_without_systemd() {
             ..Opts::default()
         },
     );
+    wait_pid_file(&pid_file, proxy.child.id());
     proxy.get("/obj/100");
     assert_eq!(log_lines(&log, 1).len(), 1);
     let snippet = include_str!("../../../config/packaging/logrotate")

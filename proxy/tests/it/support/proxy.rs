@@ -322,3 +322,18 @@ pub fn origin() -> (Origin, tokio::runtime::Runtime) {
     let o = rt.block_on(Origin::start()).expect("origin");
     (o, rt)
 }
+
+/// Waits until `pid_file` names `pid`: the proxy writes it once its workers accept, a moment
+/// after its ports (which the kernel accepts on from bind) answer a connect.
+pub fn wait_pid_file(pid_file: &Path, pid: u32) {
+    let want = format!("{pid}\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(pid_file).ok().as_deref() != Some(want.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "{} never named pid {pid}",
+            pid_file.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
