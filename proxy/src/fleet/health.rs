@@ -91,8 +91,9 @@ async fn catch_up(fleet: Arc<Fleet>, peer: Arc<PeerState>, theirs: u64) {
                 }
                 newest = newest.max(l.epoch);
             }
-            fleet.epoch.applied(newest);
+            // Counted before the epoch moves: whoever sees the new epoch sees the count.
             fleet.catch_ups[0].fetch_add(1, Ordering::Relaxed);
+            fleet.epoch.applied(newest);
             fleet.catch_up_failures.store(0, Ordering::Relaxed);
             tracing::info!(peer = %peer.id, ours, theirs, applied, "caught up with missed fleet purges from a peer's purge log");
         }
@@ -113,8 +114,10 @@ async fn catch_up(fleet: Arc<Fleet>, peer: Arc<PeerState>, theirs: u64) {
 
 /// The fallback: everything stored until now counts as purged (`epoch`).
 fn wipe(fleet: &Fleet, theirs: u64) {
-    if fleet.epoch.seen(theirs) {
+    // Counted before the epoch moves, as a replay is.
+    if theirs > fleet.epoch.current() {
         fleet.catch_ups[1].fetch_add(1, Ordering::Relaxed);
     }
+    fleet.epoch.seen(theirs);
     fleet.catch_up_failures.store(0, Ordering::Relaxed);
 }
