@@ -951,3 +951,38 @@ fn get_300(addr: std::net::SocketAddr) -> (Vec<u8>, Vec<h2raw::Frame>) {
         .collect();
     (data, frames)
 }
+
+/// A zero `content-length` (written `0000`, as the fuzzer found) on a stream whose HEADERS do not
+/// end it, then an empty DATA frame that does: one request with no body reaches the origin, and
+/// the stream is answered (not left waiting for a body that HTTP/1.1 says is not there).
+#[test]
+fn a_zero_content_length_on_an_open_stream_is_an_empty_body() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/zero",
+        Reply::ok(b"took it".to_vec()).headers(&[("Cache-Control", "no-store")]),
+    );
+    let proxy = h2c_proxy(origin.addr(), "");
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    let head = h2raw::block(&[
+        (b":method", b"PUT"),
+        (b":scheme", b"http"),
+        (b":authority", b"a.example"),
+        (b":path", b"/zero"),
+        (b"content-length", b"0000"),
+    ]);
+    let mut frames = h2raw::frame(h2raw::HEADERS, h2raw::END_HEADERS, 1, &head);
+    frames.extend(h2raw::frame(h2raw::DATA, h2raw::END_STREAM, 1, b""));
+    c.send(&frames);
+    let got = c.until_end(1, WAIT);
+    let data: Vec<u8> = got
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    assert_eq!(data, b"took it", "{got:?}");
+    let sent = origin.received();
+    let put = sent.iter().find(|r| r.path == "/zero").expect("forwarded");
+    assert_eq!(put.method, "PUT");
+    assert!(put.body.is_empty());
+}
