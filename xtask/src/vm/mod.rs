@@ -455,17 +455,33 @@ fn run_kernel<'a>(
     {
         overlay_dirs.push(home);
     }
-    let outcome = guest::boot(&guest::Boot {
-        vmlinuz: &k.vmlinuz,
-        script: &script,
-        rw_dirs: vec![results.clone(), target_tmp],
-        overlay_dirs,
-        console: &console,
-        timeout: opts.timeout,
-        kvm: opts.kvm,
-        memory: MEMORY,
-        cpus: CPUS,
-    })?;
+    let boot = || {
+        guest::boot(&guest::Boot {
+            vmlinuz: &k.vmlinuz,
+            script: &script,
+            rw_dirs: vec![results.clone(), target_tmp.clone()],
+            overlay_dirs: overlay_dirs.clone(),
+            console: &console,
+            timeout: opts.timeout,
+            kvm: opts.kvm,
+            memory: MEMORY,
+            cpus: CPUS,
+        })
+    };
+    let mut outcome = boot()?;
+    // A kernel that died before its user space ran the script (a boot-time panic under QEMU's
+    // software emulation, seen once on 6.12 while patching kernel text) ran no test: boot it
+    // once more, keeping the first console. A failure in the tests themselves is never retried.
+    if !outcome.timed_out && !results.join("guest").is_file() {
+        let first = dir.join("console-first-boot.log");
+        let _ = std::fs::rename(&console, &first);
+        println!(
+            "xtask: vm-test: {}: the kernel stopped before the test script ran (console in {}); booting it once more",
+            k.spec.label,
+            first.display()
+        );
+        outcome = boot()?;
+    }
     let facts = read_facts(&results.join("guest"));
     let mut merged = BTreeMap::new();
     for (job, b) in jobs.iter().zip(binaries) {
