@@ -79,7 +79,11 @@ impl Targeted {
 
     /// A stored field block (`Name: value\r\n` lines) as clients see it.
     pub fn visible<'a>(&self, fields: &'a [u8]) -> Cow<'a, [u8]> {
-        if self.forward && self.hidden.is_empty() {
+        // Copied only when a line is withheld: the tag field is hidden by default, and most
+        // responses carry none, so a range or read-behind head costs no allocation for it.
+        if self.forward && self.hidden.is_empty()
+            || !StoredFields(fields).lines().any(|l| self.hides(l.name))
+        {
             return Cow::Borrowed(fields);
         }
         let mut out = Vec::with_capacity(fields.len());
