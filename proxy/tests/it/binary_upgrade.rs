@@ -317,7 +317,6 @@ fn a_failed_upgrade_leaves_the_old_process_serving_and_storing() {
         ),
     )
     .expect("a second listener");
-    let started = Instant::now();
     let out = Command::new(BIN)
         .args(["upgrade", "--config"])
         .arg(&proxy.config)
@@ -326,13 +325,10 @@ fn a_failed_upgrade_leaves_the_old_process_serving_and_storing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("the new process did not take over"), "{err}");
+    // The reason the old process wrote beside the pid file when the successor exited, not the
+    // command's own deadline ("no new process within ..."): reported as soon as it was known.
     assert!(err.contains("exited"), "{err}");
-    // Known when it happened, not after the successor's 300 s deadline.
-    assert!(
-        started.elapsed() < Duration::from_secs(120),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(!err.contains("no new process within"), "{err}");
     assert_eq!(
         metric(
             &proxy.metrics(),
