@@ -290,6 +290,7 @@ fn main() -> ExitCode {
                 seed,
                 probe,
                 release: !debug,
+                prebuilt: false,
             })
         }),
         Task::VmTest {
@@ -418,6 +419,7 @@ fn test(fuzz_time: u64, require: bool, vm: bool) -> anyhow::Result<()> {
             seed: 1,
             probe: false,
             release: false,
+            prebuilt: true,
         })?;
     }
     if !status.success() || failed > 0 || passed == 0 || fuzz_time == 0 {

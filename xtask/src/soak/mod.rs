@@ -88,6 +88,11 @@ pub struct Options {
     pub probe: bool,
     /// Build and run the release binary (else the debug one).
     pub release: bool,
+    /// Run the debug binary `cargo test --workspace` has just built, without building again.
+    /// `cargo build -p zerocache` resolves other features than the workspace's test build, so it
+    /// would rebuild the crate graph and the eBPF object (with `core` from source) into a second
+    /// tree: minutes of CI and gigabytes of its disk for the same program.
+    pub prebuilt: bool,
 }
 
 /// The `Host` clients send; purges name `http://soak/...`.
@@ -114,9 +119,11 @@ pub fn soak(opts: Options) -> anyhow::Result<()> {
     } else {
         (vec![], root().join("target/debug/zerocache"))
     };
-    run(Command::new(&cargo)
-        .args(["build", "-p", "zerocache"])
-        .args(&profile))?;
+    if !(opts.prebuilt && !opts.release && bin.is_file()) {
+        run(Command::new(&cargo)
+            .args(["build", "-p", "zerocache"])
+            .args(&profile))?;
+    }
     // SAFETY: geteuid has no preconditions.
     let probe = opts.probe && unsafe { libc::geteuid() } == 0;
     if opts.probe && !probe {
