@@ -413,6 +413,32 @@ impl AsyncWrite for ClientSock {
         }
     }
 
+    /// Vectored where the transport is: over rustls, slices written together are sealed into
+    /// the same records, so a frame's header and its payload make one record, not two.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match &mut *this {
+            ClientSock::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_write_vectored(cx, bufs),
+            ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_write_vectored(cx, bufs),
+            ClientSock::H2Stream(_) => {
+                let buf = bufs
+                    .iter()
+                    .find(|b| !b.is_empty())
+                    .map_or(&[][..], |b| &**b);
+                Pin::new(this).poll_write(cx, buf)
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        !matches!(self, ClientSock::H2Stream(_))
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientSock::Plain(s) => Pin::new(s).poll_flush(cx),

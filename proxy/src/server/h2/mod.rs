@@ -26,6 +26,7 @@
 //! was a fill leaves the fill running within `cache.abandoned_fill_max` and `_timeout`, as an
 //! HTTP/1.1 client that leaves does.
 
+mod output;
 pub(crate) mod request;
 mod response;
 mod stream;
@@ -38,7 +39,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
-use zerocache_ledger::{Accounting, ConnId};
+use zerocache_ledger::Accounting;
 
 /// Streams a client may have open at once (nginx's `http2_max_concurrent_streams`).
 const MAX_STREAMS: u32 = 128;
@@ -116,8 +117,6 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
     }
     acc.conn_h2(id);
     acc.h2_event("connections");
-    // Closes the record just before the socket closes, on every path (see `RecordedSock`).
-    let closed = Closed(acc.clone(), id);
     let c = Arc::new(stream::Connection {
         shared: shared.clone(),
         peer,
@@ -126,6 +125,8 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
         served: sock.served(),
         resets: AtomicU64::new(0),
     });
+    // Closes the record just before the socket closes, on every path (see `output`).
+    let out = output::Output::new(sock, acc.clone(), id);
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(MAX_STREAMS)
@@ -134,10 +135,7 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
         // connection's, not all of it.
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_send_buffer_size(64 * 1024);
-    let handshake = builder.handshake::<_, Bytes>(RecordedSock {
-        _closed: closed,
-        sock,
-    });
+    let handshake = builder.handshake::<_, Bytes>(output::CoalescedSock(out.clone()));
     let h2c = match tokio::time::timeout(ctx.client.header_timeout, handshake).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
@@ -151,8 +149,10 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
             return;
         }
     };
+    out.defer_flushes();
     let session = Session {
         h2c,
+        out,
         c,
         acc,
         stop,
@@ -172,59 +172,6 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
     session.run().await;
 }
 
-/// The h2 connection's socket with its accounting record, which closes just before the socket
-/// does, however the connection ends (a failed handshake inside the `h2` crate, a timeout, a
-/// panic): the record must be waiting before the kernel sees the close, or the probe's close
-/// event would find none and be joined to the next socket given the same fd number. Fields drop
-/// in order: `_closed`, then `sock`.
-struct RecordedSock {
-    _closed: Closed,
-    sock: ClientSock,
-}
-
-impl tokio::io::AsyncRead for RecordedSock {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().sock).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for RecordedSock {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().sock).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().sock).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().sock).poll_shutdown(cx)
-    }
-}
-
-/// Closes the connection's record when dropped.
-struct Closed(Arc<Accounting>, ConnId);
-
-impl Drop for Closed {
-    fn drop(&mut self) {
-        self.0.conn_closed(self.1);
-    }
-}
-
 /// The connection's receive window: room for 64 streams' full windows at once.
 const CONNECTION_WINDOW: u32 = 4 << 20;
 
@@ -236,7 +183,9 @@ const RESET_CAP: u64 = 10_000;
 /// drain, on idle and to a client that resets too much, and ends the connection once it has
 /// no stream left after a GOAWAY.
 struct Session {
-    h2c: h2::server::Connection<RecordedSock, Bytes>,
+    h2c: h2::server::Connection<output::CoalescedSock, Bytes>,
+    /// The socket's coalesced output, written by `output::flush_due` beside the loop.
+    out: Arc<output::Output>,
     c: Arc<stream::Connection>,
     acc: Arc<Accounting>,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -251,6 +200,8 @@ struct Session {
 impl Session {
     async fn run(mut self) {
         let (id, peer) = (self.c.id, self.c.peer);
+        let flusher = output::flush_due(self.out.clone());
+        let mut flusher = std::pin::pin!(flusher);
         loop {
             if self.going_away.is_none() && *self.stop.borrow() {
                 // Drain: GOAWAY (twice, as the crate does), in-flight streams finish.
@@ -285,6 +236,12 @@ impl Session {
                     }
                     None => return,
                 },
+                r = &mut flusher => {
+                    if let Err(e) = r {
+                        tracing::debug!(conn = id, %peer, error = %e, "h2 connection ended: write failed");
+                    }
+                    return;
+                }
                 _ = self.stop.changed(), if self.going_away.is_none() => {}
                 _ = self.streams.ended.notified() => {}
                 _ = tokio::time::sleep(wait), if wait != Duration::MAX => {

@@ -226,6 +226,20 @@ impl AsyncWrite for KtlsStream {
         Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
     }
 
+    /// One writev: the kernel seals what it is given into records of up to 16 KiB whatever
+    /// the slices.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
     }
