@@ -212,6 +212,47 @@ pub(crate) fn read_piece(
     Ok(n)
 }
 
+/// [`read_piece`] appended to `buf`'s spare room (at most `max` bytes), without zeroing it first.
+/// The HTTP/2 path hands every chunk on as it was read, so each is a new buffer, and zeroing
+/// 64 KiB only for pread to overwrite it was 4.5% of the CPU of 1 MiB h2 hits.
+pub(crate) fn read_piece_into(
+    file: &File,
+    buf: &mut bytes::BytesMut,
+    max: usize,
+    offset: u64,
+    sent: u64,
+    len: u64,
+) -> Result<usize, SendfileError> {
+    let want = ((len - sent) as usize).min(max);
+    buf.reserve(want);
+    let spare = buf.spare_capacity_mut();
+    let at = libc::off_t::try_from(offset + sent).map_err(|_| SendfileError::Io {
+        sent,
+        error: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    })?;
+    let n = loop {
+        // SAFETY: `spare` is valid for writes of `want` bytes (reserved above), pread writes at
+        // most `want`, and no reference to the uninitialised bytes is made.
+        let r = unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), want, at) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(SendfileError::Io { sent, error });
+        }
+    };
+    if n == 0 {
+        return Err(SendfileError::Truncated {
+            sent,
+            expected: len,
+        });
+    }
+    // SAFETY: the kernel initialised the first `n` (≤ `want`) bytes of the spare room.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 /// The planted bug (`debug.copy_hits`): the same transfer through read(2) into a buffer and
 /// write(2) out of it. It exists so tests and demos can show the violation detector firing.
 pub async fn send_by_copy(
@@ -280,6 +321,55 @@ mod tests {
         assert_eq!(elsewhere, 1);
         drop(a);
         assert_eq!(ACTIVE.with(|c| c.load(Ordering::Relaxed)), 0);
+    }
+
+    /// A piece read into fresh room is the file's bytes at the offset, at most `max` of them and
+    /// no more than the body has left; a file shorter than its body is named truncated, an offset
+    /// past what off_t holds refused.
+    #[test]
+    fn a_piece_read_into_fresh_room_is_exactly_the_files_bytes() {
+        use std::io::Write;
+        let mut f = temp_file();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        f.write_all(&data).expect("write");
+        let mut buf = bytes::BytesMut::new();
+        assert_eq!(
+            read_piece_into(&f, &mut buf, 65_536, 10, 0, 99_990).expect("read"),
+            65_536
+        );
+        assert_eq!(&buf[..], &data[10..65_546]);
+        // Appended after what the buffer held; the body's end bounds it, not `max`.
+        assert_eq!(
+            read_piece_into(&f, &mut buf, 65_536, 10, 65_536, 99_990).expect("read"),
+            34_454
+        );
+        assert_eq!(&buf[..], &data[10..]);
+        let mut short = bytes::BytesMut::new();
+        assert!(matches!(
+            read_piece_into(&f, &mut short, 1_000, 0, 100_000, 100_500),
+            Err(SendfileError::Truncated {
+                sent: 100_000,
+                expected: 100_500
+            })
+        ));
+        assert!(short.is_empty());
+        assert!(matches!(
+            read_piece_into(&f, &mut short, 1_000, u64::MAX - 10, 0, 20),
+            Err(SendfileError::Io { sent: 0, .. })
+        ));
+    }
+
+    fn temp_file() -> File {
+        let path = std::env::temp_dir().join(format!("zc-read-piece-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("temp file");
+        let _ = std::fs::remove_file(&path);
+        f
     }
 
     /// nix's `MsgFlags` does not name `MSG_MORE`: the raw bit must reach send(2) as it was.

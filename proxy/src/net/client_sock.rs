@@ -279,10 +279,9 @@ impl H2StreamSock {
     ) -> Result<u64, SendfileError> {
         let mut sent = 0u64;
         while sent < len {
-            let want = ((len - sent) as usize).min(H2_FILE_CHUNK);
-            let mut buf = bytes::BytesMut::zeroed(want);
-            let n = crate::sendfile::read_piece(file, &mut buf, offset, sent, len)?;
-            buf.truncate(n);
+            let mut buf = bytes::BytesMut::new();
+            let n =
+                crate::sendfile::read_piece_into(file, &mut buf, H2_FILE_CHUNK, offset, sent, len)?;
             self.send(buf.freeze(), timeout)
                 .await
                 .map_err(|error| SendfileError::Io { sent, error })?;
