@@ -1,19 +1,22 @@
 //! An HTTP/2 connection's socket, with its output coalesced: the frames of every stream that
-//! answered since the last write go out in one write, one TLS record, one syscall.
+//! answered since the last write go out in one write, one syscall, records sealed together.
 //!
 //! **Why.** Each stream runs on its own task and hands its frames to the `h2` crate, whose
 //! connection task writes and flushes whatever is queued each time it is woken, and it is woken
-//! by every stream that answers: with ten small hits in flight, ten writes, ten 1 KiB records,
-//! ten segments (measured: 40% of the proxy's CPU in writev at 1 KiB). nginx answers a read's
-//! worth of requests and writes them in one go. Here the crate's flush only marks the bytes due;
-//! they are written by [`flush_due`] on the connection's own task, after it has let every task
-//! that is ready now run (`yield_now`), so the streams finishing in the same turn share a write.
-//! A write of a DATA frame's size is never copied: what is buffered goes out first, in the same
-//! vectored write, then the frame as it is.
+//! by every frame a stream queues: a 1 KiB hit's HEADERS and its DATA were two writes, two TLS
+//! records, two segments (2.1 writev per hit under h2load, 40% of the proxy's CPU in writev),
+//! and a large body one writev per 16 KiB frame where HTTP/1.1 writes 64 KiB and more at once.
+//! nginx answers a read's worth of requests and writes them together. Here the crate's flush only
+//! marks the bytes due; they are written by [`flush_due`] on the connection's own task after it
+//! has let every task that is ready now run (`yield_now`), so the streams finishing in the same
+//! turn share a write, and frames are gathered up to [`CAP`] before one is made. Measured
+//! (h2load, 10 × 10 streams, TLS): 0.24 writev per 1 KiB hit instead of 2.1, and a quarter less
+//! CPU per 1 MiB hit, though every frame is copied once more into the buffer.
 //!
-//! **Bounds.** At most [`CAP`] bytes wait; past that a write first waits for the socket, so a
-//! client that does not read stops the crate as before. Before the handshake completes, and on
-//! shutdown, flushes are real (the server's SETTINGS, the GOAWAY).
+//! **Bounds.** At most [`CAP`] bytes wait, in a buffer that exists only while they do; past that
+//! a write first waits for the socket, so a client that does not read stops the crate as
+//! before. Before the handshake completes, and on shutdown, flushes are real (the server's
+//! SETTINGS, the GOAWAY).
 
 use crate::net::client_sock::ClientSock;
 use std::io::{self, IoSlice};
@@ -23,11 +26,13 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use zerocache_ledger::{Accounting, ConnId};
 
-/// Bytes that may wait for the next flush: one full TLS record's plaintext.
-pub(crate) const CAP: usize = 16 * 1024;
+/// Bytes that may wait for the next flush: four full TLS records (four DATA frames of a large
+/// body), written by one writev as HTTP/1.1's large bodies are.
+const CAP: usize = 64 * 1024;
 
-/// A write at least this large is not copied into the buffer (DATA frames of a large body).
-const PASS_THROUGH: usize = 4 * 1024;
+/// A write at least this large goes straight through, not copied (none the crate makes: its
+/// frames are at most 16 KiB).
+const PASS_THROUGH: usize = CAP;
 
 /// The socket and what waits to be written to it, shared by the crate's I/O handle
 /// ([`CoalescedSock`]) and the connection's flusher ([`flush_due`]); both run on the
@@ -62,7 +67,7 @@ impl Output {
         Arc::new(Output(Mutex::new(Inner {
             _closed: Closed(acc, id),
             sock,
-            buf: Vec::with_capacity(CAP),
+            buf: Vec::new(),
             deferring: false,
             waker: None,
         })))
@@ -97,6 +102,9 @@ impl Inner {
             && let Some(w) = self.waker.take()
         {
             w.wake();
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(CAP);
         }
         for b in bufs {
             self.buf.extend_from_slice(b);
@@ -165,6 +173,8 @@ pub(crate) async fn flush_due(out: Arc<Output>) -> io::Result<()> {
         std::future::poll_fn(|cx| {
             let mut inner = out.lock();
             ready!(inner.poll_drain(cx))?;
+            // Drained: the buffer goes, so an idle connection holds none.
+            inner.buf = Vec::new();
             Pin::new(&mut inner.sock).poll_flush(cx)
         })
         .await?;
