@@ -226,7 +226,10 @@ pub(crate) fn read_piece_into(
     let want = ((len - sent) as usize).min(max);
     buf.reserve(want);
     let spare = buf.spare_capacity_mut();
-    let at = libc::off_t::try_from(offset + sent).map_err(|_| SendfileError::Io {
+    let at = offset
+        .checked_add(sent)
+        .and_then(|at| libc::off_t::try_from(at).ok());
+    let at = at.ok_or_else(|| SendfileError::Io {
         sent,
         error: std::io::Error::from(std::io::ErrorKind::InvalidInput),
     })?;
@@ -357,6 +360,12 @@ mod tests {
             read_piece_into(&f, &mut short, 1_000, u64::MAX - 10, 0, 20),
             Err(SendfileError::Io { sent: 0, .. })
         ));
+        // An offset and a count that overflow together, not wrapped round to the file's start.
+        assert!(matches!(
+            read_piece_into(&f, &mut short, 1_000, u64::MAX - 10, 20, 40),
+            Err(SendfileError::Io { sent: 20, .. })
+        ));
+        assert!(short.is_empty());
     }
 
     fn temp_file() -> File {

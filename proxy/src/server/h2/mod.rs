@@ -199,6 +199,14 @@ struct Session {
 
 impl Session {
     async fn run(mut self) {
+        self.serve_streams().await;
+        // Frames still waiting for their turn when the loop ended without the crate's shutdown
+        // (which writes them itself): sent within `closing`, as a client that is still reading
+        // would get them.
+        let _ = tokio::time::timeout(self.closing, output::flush_now(&self.out)).await;
+    }
+
+    async fn serve_streams(&mut self) {
         let (id, peer) = (self.c.id, self.c.peer);
         let flusher = output::flush_due(self.out.clone());
         let mut flusher = std::pin::pin!(flusher);

@@ -30,10 +30,6 @@ use zerocache_ledger::{Accounting, ConnId};
 /// body), written by one writev as HTTP/1.1's large bodies are.
 const CAP: usize = 64 * 1024;
 
-/// A write at least this large goes straight through, not copied (none the crate makes: its
-/// frames are at most 16 KiB).
-const PASS_THROUGH: usize = CAP;
-
 /// The socket and what waits to be written to it, shared by the crate's I/O handle
 /// ([`CoalescedSock`]) and the connection's flusher ([`flush_due`]); both run on the
 /// connection's task, so the lock is never contended.
@@ -92,12 +88,15 @@ impl Inner {
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.buf.drain(..n);
+            debug_assert!(n <= self.buf.len());
+            self.buf.drain(..n.min(self.buf.len()));
         }
         Poll::Ready(Ok(()))
     }
 
-    fn append(&mut self, bufs: &[IoSlice<'_>]) {
+    /// Copies what fits of `bufs` (at most `room` bytes), waking the flusher if the buffer was
+    /// empty; returns the bytes taken.
+    fn append(&mut self, bufs: &[IoSlice<'_>], room: usize) -> usize {
         if self.buf.is_empty()
             && let Some(w) = self.waker.take()
         {
@@ -106,51 +105,46 @@ impl Inner {
         if self.buf.capacity() == 0 {
             self.buf.reserve_exact(CAP);
         }
+        let mut taken = 0;
         for b in bufs {
-            self.buf.extend_from_slice(b);
+            let n = b.len().min(room - taken);
+            self.buf.extend_from_slice(&b[..n]);
+            taken += n;
+            if taken == room {
+                break;
+            }
         }
+        taken
     }
 
+    /// After the handshake every write is copied into the buffer, as much as fits (a partial
+    /// write, which the crate continues); a full buffer is first written to the socket. So
+    /// every write to the socket is followed by bytes in the buffer, and the flusher, woken by
+    /// them, ends with the socket's flush: nothing stays in the transport's own buffer (rustls
+    /// takes records it cannot send yet and sends them on flush) with no one to send it.
     fn poll_write_vectored(
         &mut self,
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
         if !self.deferring {
             ready!(self.poll_drain(cx))?;
             return Pin::new(&mut self.sock).poll_write_vectored(cx, bufs);
         }
+        if bufs.iter().all(|b| b.is_empty()) {
+            return Poll::Ready(Ok(0));
+        }
         loop {
-            if total < PASS_THROUGH && self.buf.len() + total <= CAP {
-                self.append(bufs);
-                return Poll::Ready(Ok(total));
+            let room = CAP - self.buf.len();
+            if room > 0 {
+                return Poll::Ready(Ok(self.append(bufs, room)));
             }
-            if self.buf.is_empty() {
-                if total < PASS_THROUGH {
-                    self.append(bufs);
-                    return Poll::Ready(Ok(total));
-                }
-                return Pin::new(&mut self.sock).poll_write_vectored(cx, bufs);
-            }
-            // What waits goes first, with as much of this write as the transport takes with it.
-            let mut slices = [IoSlice::new(&[]); 4];
-            slices[0] = IoSlice::new(&self.buf);
-            let n_slices = 1 + bufs.len().min(3);
-            slices[1..n_slices].copy_from_slice(&bufs[..n_slices - 1]);
-            let n = ready!(Pin::new(&mut self.sock).poll_write_vectored(cx, &slices[..n_slices]))?;
+            let n = ready!(Pin::new(&mut self.sock).poll_write(cx, &self.buf))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            if n < self.buf.len() {
-                self.buf.drain(..n);
-                continue;
-            }
-            let taken = n - self.buf.len();
-            self.buf.clear();
-            if taken > 0 {
-                return Poll::Ready(Ok(taken));
-            }
+            debug_assert!(n <= self.buf.len());
+            self.buf.drain(..n.min(self.buf.len()));
         }
     }
 }
@@ -179,6 +173,18 @@ pub(crate) async fn flush_due(out: Arc<Output>) -> io::Result<()> {
         })
         .await?;
     }
+}
+
+/// Writes what waits and flushes the socket, at once: a connection's last frames when its loop
+/// ends without the crate's shutdown (the client closed first, as a TLS client that sends no
+/// close_notify does, when the last answers still wait for their turn).
+pub(crate) async fn flush_now(out: &Output) -> io::Result<()> {
+    std::future::poll_fn(|cx| {
+        let mut inner = out.lock();
+        ready!(inner.poll_drain(cx))?;
+        Pin::new(&mut inner.sock).poll_flush(cx)
+    })
+    .await
 }
 
 /// The I/O handle the `h2` crate drives.
