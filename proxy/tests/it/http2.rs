@@ -840,14 +840,7 @@ fn an_h2_connection_is_joined_with_its_own_kernel_record() {
         return;
     }
     let (origin, _rt) = origin();
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            probe: true,
-            listen_options: "h2c: true".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = h2c_probe_proxy(origin.addr());
     let mut c = RawH2::connect(proxy.addr, &[(0x4, 1 << 20)]);
     c.send(&h2raw::frame(
         h2raw::WINDOW_UPDATE,
@@ -880,6 +873,18 @@ fn an_h2_connection_is_joined_with_its_own_kernel_record() {
         "{conn}"
     );
     assert_eq!(u(&conn["violations"]), 0, "{conn}");
+}
+
+/// A proxy with `h2c: true` and the eBPF probe loaded (root only).
+fn h2c_probe_proxy(origin: std::net::SocketAddr) -> Proxy {
+    Proxy::start(
+        origin,
+        Opts {
+            probe: true,
+            listen_options: "h2c: true".into(),
+            ..Opts::default()
+        },
+    )
 }
 
 /// HEADERS for `stream` asking for `path`, ending the stream.
@@ -999,14 +1004,7 @@ fn an_answer_and_answers_ready_together_share_a_write() {
         return;
     }
     let (origin, _rt) = origin();
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            probe: true,
-            listen_options: "h2c: true".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = h2c_probe_proxy(origin.addr());
     // Warmed on a connection of its own.
     let mut warm = RawH2::connect(proxy.addr, &[]);
     warm.send(&one_request_on(1, "/obj/1000"));
