@@ -44,16 +44,18 @@ pub(crate) fn to_h2(
                 .collect::<Vec<_>>()
         })
         .collect();
-    let mut r = http::Response::new(());
-    *r.status_mut() = status;
+    // Sized once: growing a map rehashes it, and a hit's head has a dozen fields.
+    let mut headers = http::HeaderMap::with_capacity(head.fields.len());
     let mut chunked = false;
     let mut length = None;
     for (k, v) in &head.fields {
-        let lower = k.to_ascii_lowercase();
+        // Lower-cased by the parse, without an allocation for the fields it knows.
+        let name = http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
+        let lower = name.as_str();
         if lower == "transfer-encoding" {
             chunked = true;
         }
-        if DROPPED.contains(&lower.as_str()) || named.contains(&lower) {
+        if DROPPED.contains(&lower) || named.iter().any(|n| n == lower) {
             continue;
         }
         if lower == "content-length" {
@@ -61,10 +63,12 @@ pub(crate) fn to_h2(
                 .ok()
                 .and_then(|s| s.parse::<u64>().ok());
         }
-        let name = http::HeaderName::from_bytes(lower.as_bytes()).map_err(|e| e.to_string())?;
         let value = http::HeaderValue::from_bytes(v).map_err(|e| e.to_string())?;
-        r.headers_mut().append(name, value);
+        headers.append(name, value);
     }
+    let mut r = http::Response::new(());
+    *r.status_mut() = status;
+    *r.headers_mut() = headers;
     let framing = if head_request || matches!(head.status, 100..=199 | 204 | 304) {
         Framing::None
     } else if chunked {
