@@ -246,7 +246,9 @@ impl Conn {
         let sent = self.send_head().await;
         self.record_simple("-", "-", status, body_len, sent.is_ok(), Duration::ZERO);
         let _ = self.sock.shutdown().await;
-        let mut sink = [0u8; 4096];
+        // On the heap: held across an await, an array would make this future 4 KiB, and with it
+        // every future that may reject (each request's body read, each connection's loop).
+        let mut sink = vec![0u8; 4096];
         let linger = Instant::now() + Duration::from_secs(1);
         let mut drained = 0usize;
         while drained < 256 * 1024 {
