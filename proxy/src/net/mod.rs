@@ -6,4 +6,5 @@
 pub(crate) mod client_sock;
 pub(crate) mod inherit;
 pub(crate) mod listen;
+pub(crate) mod opening;
 pub(crate) mod proxy_protocol;

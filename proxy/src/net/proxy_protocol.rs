@@ -173,38 +173,29 @@ fn v2(buf: &[u8]) -> Result<Parsed, &'static str> {
 }
 
 /// Reads the PROXY header at the start of `sock`, waiting until `deadline` for its bytes: peeked
-/// until whole, then consumed exactly. Returns the client's address (`None`: the header names
-/// none, so the peer stands), or why the connection must close.
+/// until whole (`net::opening`: a FIN or the deadline ends the wait, a stalled or half-sent
+/// header holds nothing), then consumed exactly. Returns the client's address (`None`: the
+/// header names none, so the peer stands), or why the connection must close.
 pub(crate) async fn read(
     sock: &mut tokio::net::TcpStream,
     deadline: tokio::time::Instant,
 ) -> Result<Option<SocketAddr>, &'static str> {
+    use super::opening::{Ended, peek_more};
     use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; V2_MAX];
     let mut seen = 0;
     let (len, source) = loop {
-        let n = tokio::time::timeout_at(deadline, sock.peek(&mut buf))
+        seen = peek_more(sock, &mut buf, seen, deadline)
             .await
-            .map_err(|_| "no whole PROXY header before limits.header_timeout")?
-            .map_err(|_| "connection failed before its PROXY header")?;
-        if n == 0 {
-            return Err("connection closed before its PROXY header");
-        }
-        match parse(&buf[..n])? {
+            .map_err(|e| match e {
+                Ended::Closed => "connection closed before its PROXY header was whole",
+                Ended::Deadline => "no whole PROXY header before limits.header_timeout",
+                Ended::Failed => "connection failed before its PROXY header",
+            })?;
+        match parse(&buf[..seen])? {
             Parsed::Header { len, source } => break (len, source),
-            Parsed::Incomplete if n == buf.len() => return Err("PROXY header past its bound"),
-            Parsed::Incomplete => {
-                // Peek returns what is queued at once: wait for more before peeking again,
-                // rather than spinning on the same bytes.
-                if n == seen {
-                    tokio::time::timeout_at(deadline, sock.readable())
-                        .await
-                        .map_err(|_| "no whole PROXY header before limits.header_timeout")?
-                        .map_err(|_| "connection failed before its PROXY header")?;
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
-                seen = n;
-            }
+            Parsed::Incomplete if seen == buf.len() => return Err("PROXY header past its bound"),
+            Parsed::Incomplete => {}
         }
     };
     sock.read_exact(&mut buf[..len])

@@ -399,10 +399,19 @@ fn spawn_serve(
                 Some(a) => conn::serve(a.conn.into(), peer, shared).await,
                 None => return,
             }
-        } else if accepting.h2c
-            && super::h2::opens_with_preface(&sock, shared.ctx.load().client.header_timeout).await
-        {
-            super::h2::serve(ClientSock::Plain(sock), peer, shared).await;
+        } else if accepting.h2c {
+            let wait = shared.ctx.load().client.header_timeout;
+            match super::h2::opening(&sock, wait).await {
+                super::h2::Opening::H2 => {
+                    super::h2::serve(ClientSock::Plain(sock), peer, shared).await
+                }
+                super::h2::Opening::Http1 => {
+                    conn::serve(ClientSock::Plain(sock), peer, shared).await
+                }
+                super::h2::Opening::Close => {
+                    tracing::debug!(%peer, "connection closed: no whole request or preface before header_timeout, or a FIN");
+                }
+            }
         } else {
             conn::serve(ClientSock::Plain(sock), peer, shared).await;
         }

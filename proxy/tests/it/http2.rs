@@ -541,6 +541,41 @@ fn streams_beyond_the_limit_are_refused() {
     assert_eq!(answer.error_code(), Some(h2raw::REFUSED_STREAM));
 }
 
+/// A part of the h2c preface and then a FIN, or a part that stalls: closed, with nothing
+/// written, at once on the FIN and at `header_timeout` on the stall. Both were held forever
+/// (`peek` returns at once while bytes are queued, so the deadline never fired, and a FIN
+/// after queued bytes looked like a client still sending), each connection woken every 128 ms
+/// and counted against `max_connections`. The friendly twin: a whole preface, and HTTP/1.1.
+#[test]
+fn an_h2c_preface_prefix_then_fin_or_a_stall_is_closed() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "limits:\n  header_timeout: 1s\n");
+    // The guard only stops a hang: 60 s against a 1 s header_timeout.
+    let guard = Duration::from_secs(60);
+    for (prefix, fin) in [
+        (&b"P"[..], true),
+        (&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r"[..], true),
+        (&b"PRI * HT"[..], false),
+    ] {
+        assert_eq!(
+            send_then_read_to_close(proxy.addr, prefix, fin, guard),
+            Ending::Closed(Vec::new()),
+            "{:?}, fin {fin}",
+            String::from_utf8_lossy(prefix)
+        );
+    }
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    c.send(&one_request(&h2raw::get("/obj/10", &[])));
+    let frames = c.until_end(1, WAIT);
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.kind == h2raw::DATA && f.payload == body(10)),
+        "{frames:?}"
+    );
+    assert_eq!(proxy.client().get("/obj/10", &[]).status, 200);
+}
+
 #[test]
 fn a_window_held_shut_is_reset_after_send_timeout_and_pins_nothing() {
     let (origin, _rt) = origin();

@@ -132,6 +132,44 @@ fn without_a_good_header_from_an_allowed_peer_the_connection_is_closed() {
     assert_eq!(origin.hits("/obj/100"), 0, "nothing reached the origin");
 }
 
+/// A partial PROXY header from an allowed peer, then a FIN or a stall: closed with nothing
+/// written, at once on the FIN and at `limits.header_timeout` on the stall (both were held
+/// forever, polled every 5 ms). v1 cut inside its addresses, v2 announcing 500 bytes and
+/// sending 100. The friendly twin: the same headers whole are served.
+#[test]
+fn a_partial_proxy_header_then_fin_or_a_stall_is_closed() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            listen_options: "proxy_protocol: true, proxy_protocol_from: [127.0.0.0/8]".into(),
+            extra_yaml: format!(
+                "logging:\n  access_log: {}\nlimits:\n  header_timeout: 1s\n",
+                dir.path().join("access.log").display()
+            ),
+            ..Opts::default()
+        },
+    );
+    let mut v2_long = v2(0x21, [192, 0, 2, 7], 1);
+    v2_long[14..16].copy_from_slice(&500u16.to_be_bytes());
+    v2_long.resize(100, 0);
+    let guard = Duration::from_secs(60);
+    for (what, bytes) in [("v1", b"PROXY TCP4 1".to_vec()), ("v2", v2_long)] {
+        for fin in [true, false] {
+            assert_eq!(
+                send_then_read_to_close(proxy.addr, &bytes, fin, guard),
+                Ending::Closed(Vec::new()),
+                "{what}, fin {fin}"
+            );
+        }
+    }
+    let v1 = b"PROXY TCP4 192.0.2.7 10.0.0.1 51234 80\r\n";
+    let answer = exchange(&proxy, &[&[v1.as_slice(), GET].concat()]);
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    assert_eq!(origin.hits("/obj/100"), 1);
+}
+
 /// The access log's lines once there are `n` of them (it is written by a thread of its own).
 fn wait_for_lines(log: &std::path::Path, n: usize) -> Vec<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

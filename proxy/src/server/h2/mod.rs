@@ -50,29 +50,37 @@ pub(crate) const RESET_BUDGET: u64 = 200;
 /// The HTTP/2 connection preface (RFC 9113 §3.4), which an h2c client sends first.
 pub(crate) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Whether a plain connection opens with the HTTP/2 preface: peeked, not read, so an HTTP/1.1
-/// connection is served from its first byte. Waits within `wait` for a preface that came in
-/// pieces; false as soon as a byte differs.
-pub(crate) async fn opens_with_preface(tcp: &tokio::net::TcpStream, wait: Duration) -> bool {
+/// How a plain connection on an `h2c` listener opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// With the HTTP/2 preface.
+    H2,
+    /// With anything else: served as HTTP/1.1 from its first byte.
+    Http1,
+    /// With a part of the preface and then nothing more within `header_timeout`, or a FIN: closed
+    /// (an HTTP/1.1 request cannot start `PRI * HTTP/2.0`, so nothing is lost by not answering).
+    Close,
+}
+
+/// How a plain connection opens: the preface is peeked, not read, so an HTTP/1.1 connection is
+/// served from its first byte. Waits within `wait` for a preface that comes in pieces, sleeping
+/// until more bytes or a FIN arrive (`net::opening`); decided as soon as a byte differs.
+pub(crate) async fn opening(tcp: &tokio::net::TcpStream, wait: Duration) -> Opening {
+    use crate::net::opening::{Ended, peek_more};
     let deadline = tokio::time::Instant::now() + wait;
     let mut seen = [0u8; PREFACE.len()];
-    let mut backoff = Duration::from_millis(1);
+    let mut n = 0;
     loop {
-        let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut seen)).await {
-            Ok(Ok(n)) => n,
-            _ => return false,
+        n = match peek_more(tcp, &mut seen, n, deadline).await {
+            Ok(n) => n,
+            Err(Ended::Closed | Ended::Deadline | Ended::Failed) => return Opening::Close,
         };
-        if n == 0 || seen[..n] != PREFACE[..n] {
-            return false;
+        if seen[..n] != PREFACE[..n] {
+            return Opening::Http1;
         }
         if n == PREFACE.len() {
-            return true;
+            return Opening::H2;
         }
-        // A matching start: the rest is on its way (peek would return the same bytes at once),
-        // looked for again after 1, 2, 4 ... 128 ms, so a client that sends half a preface costs
-        // a few wake-ups, not a spin.
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_millis(128));
     }
 }
 

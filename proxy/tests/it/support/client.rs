@@ -262,3 +262,48 @@ pub fn assert_complete_64mib_hit(all: &[u8]) {
     );
     assert!(all[head_end..] == body(64 << 20)[..], "body bytes differ");
 }
+
+/// How a connection the test stopped sending on ended, as its reader saw it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The proxy closed it (FIN or reset) after sending these bytes.
+    Closed(Vec<u8>),
+    /// Still open when the guard ran out (`guard` is a bound on a hang, not a measured time: a
+    /// closed connection ends the read the moment the proxy closes it).
+    Open(Vec<u8>),
+}
+
+/// Sends `bytes` on a new connection to `addr`, then FIN when `fin`, and reads until the proxy
+/// closes it or `guard` passes.
+pub fn send_then_read_to_close(
+    addr: std::net::SocketAddr,
+    bytes: &[u8],
+    fin: bool,
+    guard: std::time::Duration,
+) -> Ending {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(guard)).expect("timeout");
+    s.write_all(bytes).expect("write");
+    if fin {
+        s.shutdown(std::net::Shutdown::Write).expect("fin");
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ending::Closed(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ending::Open(got);
+            }
+            // A reset: the proxy closed with the peeked bytes still unread.
+            Err(_) => return Ending::Closed(got),
+        }
+    }
+}
