@@ -46,10 +46,12 @@ pub struct Route {
     /// it is answered 405.
     #[serde(default)]
     pub allow_trace: bool,
-    /// Store responses that carry `Set-Cookie` and explicit freshness, replaying the cookie to
-    /// every client (RFC 9111 allows it; nginx and Varnish don't by default). `false` never
-    /// stores them.
-    #[serde(default = "default_true")]
+    /// Store responses that carry `Set-Cookie` and explicit freshness (`max-age`, `s-maxage`,
+    /// `Expires`), replaying the cookie to every client, as RFC 9111 allows. Off by default, as
+    /// in nginx, Varnish and CDNs: such a response goes to its requester and is not stored
+    /// (`Cache-Status: ...; detail=set-cookie`). Never stored under freshness the origin did not
+    /// give (the heuristic, `default_ttl`, `status_ttl`), whatever this says.
+    #[serde(default)]
     pub store_set_cookie: bool,
     /// Forward `Upgrade` requests (WebSocket and any other protocol) and, when the origin
     /// answers 101, tunnel the bytes both ways until either side closes or stays idle for

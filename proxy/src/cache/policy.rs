@@ -29,7 +29,9 @@ pub enum NotStored {
     Status,
     /// A 5xx, with `cache.store_5xx: false`.
     ServerError,
-    /// `Set-Cookie`, on a route with `store_set_cookie: false`.
+    /// `Set-Cookie` on a route with `store_set_cookie: false` (the default), or under freshness
+    /// the origin did not give (the heuristic, `default_ttl`, `status_ttl`) whatever the route
+    /// says: an origin that set a cookie and said nothing of caching did not mean it for everyone.
     SetCookie,
 }
 
@@ -218,6 +220,9 @@ pub fn storable(
         }
         None => return Err(NotStored::NoFreshness),
     };
+    if source != Source::Explicit && headers::has(&res.fields, "set-cookie") {
+        return Err(NotStored::SetCookie);
+    }
     let mut drop = d.private_fields.clone();
     drop.extend(d.no_cache_fields.iter().cloned());
     Ok(Storable {
@@ -308,6 +313,58 @@ mod tests {
             Some(NotStored::SetCookie)
         );
         assert!(storable(&req(""), &res(200, cookie), t, t, H, rules(&targeted)).is_ok());
+    }
+
+    /// The session-replay bug: a 404 under `status_ttl`, a 302 or 200 under `default_ttl` and a
+    /// 200 with only `Last-Modified` were stored with their `Set-Cookie` and replayed to the
+    /// next client. Never, whatever `store_set_cookie` says; with explicit freshness only where
+    /// the route opts in.
+    #[test]
+    fn a_cookie_is_never_stored_under_freshness_the_origin_did_not_give() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
+        let targeted = Targeted::default();
+        let lm = httpdate::fmt_http_date(t - Duration::from_secs(1000));
+        let ttl: zerocache_config::StatusTtl =
+            serde_yaml::from_str("404: 1m\n302: 1m").expect("status_ttl");
+        let configured = Heuristics {
+            default_ttl: Some(Duration::from_secs(120)),
+            status_ttl: Some(&ttl),
+            ..H
+        };
+        let opted_in = rules(&targeted);
+        let cookie = "Set-Cookie: sess=alice\r\n";
+        let cases = [
+            (404, String::new(), configured, Source::Configured),
+            (302, String::new(), configured, Source::Configured),
+            (200, String::new(), configured, Source::Configured),
+            (
+                200,
+                format!("Last-Modified: {lm}\r\n"),
+                H,
+                Source::Heuristic,
+            ),
+        ];
+        for (status, extra, h, source) in cases {
+            let without = storable(&req(""), &res(status, &extra), t, t, h, opted_in);
+            assert_eq!(without.map(|s| s.source), Ok(source), "{status} {extra}");
+            let with = res(status, &format!("{extra}{cookie}"));
+            assert_eq!(
+                storable(&req(""), &with, t, t, h, opted_in).err(),
+                Some(NotStored::SetCookie),
+                "{status} {extra}"
+            );
+        }
+        // Explicit freshness: stored only where the route opts in (`false` is the default).
+        let explicit = res(200, &format!("Cache-Control: max-age=60\r\n{cookie}"));
+        let default_rules = Rules {
+            store_set_cookie: false,
+            ..opted_in
+        };
+        assert_eq!(
+            storable(&req(""), &explicit, t, t, H, default_rules).err(),
+            Some(NotStored::SetCookie)
+        );
+        assert!(storable(&req(""), &explicit, t, t, H, opted_in).is_ok());
     }
 
     #[test]

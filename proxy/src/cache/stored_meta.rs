@@ -46,8 +46,9 @@ pub(crate) fn fill_meta(
 /// recomputed from them, age restarted from the 304.
 ///
 /// The merged fields pass the same filter as a stored response's (RFC 9111 §3.1): fields that
-/// `private="…"`/`no-cache="…"` name, and `Set-Cookie` on a route that doesn't store cookies, are
-/// dropped, so a 304 to one user's request cannot put that user's cookie into the shared entry.
+/// `private="…"`/`no-cache="…"` name, and `Set-Cookie` on a route that doesn't store cookies or
+/// once the freshness is no longer the origin's explicit one, are dropped, so a 304 to one
+/// user's request cannot put that user's cookie into the shared entry.
 /// The second value is false when the merged directives forbid storing at all (`no-store`,
 /// `private`): the caller serves this client and then removes the entry.
 pub(crate) fn revalidated_meta(
@@ -70,14 +71,13 @@ pub(crate) fn revalidated_meta(
     let (d, governed) = targeted.governing(|n| merged.joined(n));
     let mut drop = d.private_fields.clone();
     drop.extend(d.no_cache_fields.iter().cloned());
-    if !store_set_cookie {
+    let fresh = freshness::lifetime(&merged, &d, governed, response_time, h);
+    let lifetime = fresh.map(|(l, _)| l).unwrap_or_default();
+    if !store_set_cookie || !matches!(fresh, Some((_, freshness::Source::Explicit))) {
         drop.push("set-cookie".into());
     }
     let fields = policy::stored_fields(&merged, &drop);
     let storable = !policy::forbids_storing(&d, stale.meta.status);
-    let lifetime = freshness::lifetime(&merged, &d, governed, response_time, h)
-        .map(|(l, _)| l)
-        .unwrap_or_default();
     let meta = Meta {
         key: stale.meta.key.clone(),
         stored_at: crate::clock::shifted(response_time),

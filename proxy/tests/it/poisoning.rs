@@ -595,36 +595,68 @@ fn trace_with_credentials_is_405_and_never_forwarded() {
     assert_innocent(&innocent, 200, &full(), "MISS");
 }
 
+/// One user's session handed to the next: a response with `Set-Cookie` was stored by default
+/// with explicit freshness, and under `status_ttl` or the Last-Modified heuristic even with
+/// `store_set_cookie: false`, so the next client without a cookie got a HIT carrying
+/// `sess=alice`. Now: by default never stored (`detail=set-cookie`), with `store_set_cookie:
+/// true` only under the origin's explicit freshness.
 #[test]
-fn set_cookie_is_stored_by_default_and_never_with_store_set_cookie_false() {
+fn a_set_cookie_is_stored_only_with_explicit_freshness_where_the_route_opts_in() {
     let (origin, _rt) = origin();
+    let alice = [("Set-Cookie", "sess=alice")];
+    origin.script("/explicit", text("session page", &alice));
     origin.script(
-        "/c",
-        text("session page", &[("Set-Cookie", "session=attacker")]),
+        "/missing",
+        Reply::ok(b"gone".to_vec()).status(404).headers(&alice),
     );
-    // The default follows RFC 9111: stored, and the cookie replayed (the README says so).
-    let proxy = Proxy::start(origin.addr(), Opts::default());
-    assert_eq!(get(&proxy, "/c", &[]).x_cache(), "MISS");
-    let r = get(&proxy, "/c", &[]);
-    assert_innocent(&r, 200, b"session page", "HIT");
-    assert_eq!(r.header("set-cookie"), Some("session=attacker"));
-    drop(proxy);
-    // The opt-out: never stored, so no client gets another's cookie.
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            route_yaml: "    store_set_cookie: false\n".into(),
-            ..Opts::default()
-        },
+    origin.script(
+        "/moved",
+        Reply::ok(Vec::new())
+            .status(302)
+            .headers(&[("Location", "/explicit"), alice[0]]),
     );
-    let first = get(&proxy, "/c", &[]);
-    assert_eq!(
-        first.cache_status().as_deref(),
-        Some("zerocache; fwd=miss; detail=set-cookie")
+    origin.script(
+        "/modified",
+        Reply::ok(b"page".to_vec()).headers(&[("Last-Modified", LAST_MODIFIED), alice[0]]),
     );
-    let r = get(&proxy, "/c", &[]);
-    assert_innocent(&r, 200, b"session page", "MISS");
-    assert_eq!(origin.hits("/c"), 3);
+    let configured = "    status_ttl: { 404: 1m, 302: 1m }\n";
+    for opt_in in [false, true] {
+        let proxy = Proxy::start(
+            origin.addr(),
+            Opts {
+                route_yaml: format!(
+                    "{configured}{}",
+                    if opt_in {
+                        "    store_set_cookie: true\n"
+                    } else {
+                        ""
+                    }
+                ),
+                ..Opts::default()
+            },
+        );
+        for path in ["/explicit", "/missing", "/moved", "/modified"] {
+            let stored = opt_in && path == "/explicit";
+            let first = get(&proxy, path, &[("Cookie", "sess=alice")]);
+            assert_eq!(first.header("set-cookie"), Some("sess=alice"), "{path}");
+            if !stored {
+                assert_eq!(
+                    first.cache_status().as_deref(),
+                    Some("zerocache; fwd=miss; detail=set-cookie"),
+                    "{path}, opt-in {opt_in}"
+                );
+            }
+            let next = get(&proxy, path, &[]);
+            let want = if stored { "HIT" } else { "MISS" };
+            assert_eq!(next.x_cache(), want, "{path}, opt-in {opt_in}");
+        }
+    }
+    // Each path fetched twice but /explicit with opt-in (once): 2 × 4 + 2 × 3 + 1.
+    let fetched: usize = ["/explicit", "/missing", "/moved", "/modified"]
+        .iter()
+        .map(|p| origin.hits(p))
+        .sum();
+    assert_eq!(fetched, 15);
 }
 
 #[test]
@@ -709,7 +741,7 @@ fn set_cookies(r: &Response) -> Vec<&str> {
         .collect()
 }
 
-/// The session leak of a revalidation: on a route that stores cookies (the default), a 304's
+/// The session leak of a revalidation: on a route that stores cookies, a 304's
 /// `Set-Cookie` went into the shared entry and every later hit handed out that user's session.
 /// It goes to the client whose request caused the 304, and replaces the stored response's own
 /// cookie in that response only; the entry keeps what the 200 set.
@@ -734,7 +766,13 @@ fn a_304s_set_cookie_goes_to_its_requester_only_where_cookies_are_stored() {
             ],
         );
     }
-    let proxy = Proxy::start(origin.addr(), Opts::default());
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    store_set_cookie: true\n".into(),
+            ..Opts::default()
+        },
+    );
     for (path, stored_cookie) in [("/cond/x", None), ("/cond/y", Some("site=1"))] {
         let first = get(&proxy, path, &[]);
         assert_eq!(first.x_cache(), "MISS");

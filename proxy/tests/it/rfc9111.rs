@@ -96,7 +96,14 @@ fn rfc9111_3_1_fields_stored_as_received_including_set_cookie_minus_hop_by_hop()
             ],
         ),
     );
-    let proxy = Proxy::start(origin.addr(), Opts::default());
+    // Where the route opts in to storing cookies (off by default: see `poisoning`).
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    store_set_cookie: true\n".into(),
+            ..Opts::default()
+        },
+    );
     let mut c = proxy.client();
     c.get("/cookie", &[]);
     let before = zero_copy_bytes(&proxy);
