@@ -38,7 +38,7 @@ impl CheckReport {
 }
 
 /// Verifies every entry file under the cache directory `dir` (every shard level; not `tmp/`, whose
-/// files are unfinished fills), writing `corrupt: <path> <key>` to `out` for each corrupt one
+/// files are unfinished fills, nor `state/`), writing `corrupt: <path> <key>` to `out` for each corrupt one
 /// (`-` for the key when the header itself is corrupt) and notes about unreadable or foreign
 /// files to `err`. With `remove`, deletes the corrupt files. Works on a directory a running proxy
 /// uses too: a file that disappears meanwhile is not counted.
@@ -50,7 +50,6 @@ pub fn check_dir(
 ) -> io::Result<CheckReport> {
     let mut report = CheckReport::default();
     let mut buf = Vec::with_capacity(PIECE);
-    let tmp = dir.join("tmp");
     let mut dirs = vec![dir.to_path_buf()];
     let mut top = true;
     while let Some(d) = dirs.pop() {
@@ -77,7 +76,7 @@ pub fn check_dir(
             let path = item.path();
             match item.file_type() {
                 Ok(t) if t.is_dir() => {
-                    if path != tmp {
+                    if super::store::holds_entries(dir, &path) {
                         dirs.push(path);
                     }
                 }

@@ -27,7 +27,7 @@ pub(crate) struct Epoch {
 impl Epoch {
     /// The epoch kept in `dir` (0 and nothing stale if there is none).
     pub(crate) fn load(dir: &std::path::Path) -> Epoch {
-        let file = dir.join("fleet-epoch");
+        let file = crate::cache::store::state_dir(dir).join("fleet-epoch");
         let (epoch, ms) = std::fs::read_to_string(&file)
             .ok()
             .and_then(|t| {

@@ -93,7 +93,7 @@ fn now_ms() -> u64 {
 impl PurgeLog {
     /// The log kept in `dir` (empty if there is none or it is unreadable: logged).
     pub(crate) fn load(dir: &Path, max: usize, age: Duration) -> PurgeLog {
-        let file = dir.join("fleet-purge-log");
+        let file = crate::cache::store::state_dir(dir).join("fleet-purge-log");
         let mut inner = Inner {
             entries: VecDeque::new(),
             trimmed_through: 0,
@@ -273,7 +273,7 @@ mod tests {
         log.record(1, "a:1", &Purge::url("http://h/1"));
         log.record(2, "a:1", &Purge::url("http://h/2"));
         drop(log);
-        let file = dir.path().join("fleet-purge-log");
+        let file = crate::cache::store::state_dir(dir.path()).join("fleet-purge-log");
         let mut text = std::fs::read_to_string(&file).expect("log");
         text.push_str("{\"epoch\":3,\"fr");
         std::fs::write(&file, text).expect("torn");

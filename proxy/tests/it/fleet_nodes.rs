@@ -325,6 +325,81 @@ fn a_member_behind_the_purge_log_drops_what_it_stored_and_says_so() {
     }
 }
 
+/// A member's epoch and purge log survive its restarts. The rebuild took `fleet-epoch` and
+/// `fleet-purge-log` in the cache directory for foreign files and deleted them, so a member came
+/// back at epoch 0: with `purge_log_max: 3` after 5 purges, a `kill -9` and restart wiped its
+/// whole share (`catch_ups{wiped}` 1, every object fetched again), and so did an upgrade. Now a
+/// restart, a `kill -9` and an upgrade of a member that missed nothing refetch nothing, and one
+/// that missed k purges replays exactly those k.
+#[test]
+fn a_member_restarted_killed_or_upgraded_keeps_its_epoch_and_its_share() {
+    let (origin, _rt) = origin();
+    let mut f = TestFleet::start(origin.addr(), 3, "  purge_log_max: 3\n", false);
+    let items: Vec<usize> = (0..60).collect();
+    fetch_all(&f, 0, &items);
+    let owner = owners(&f, &items);
+    let share: Vec<usize> = items.iter().copied().filter(|i| owner[i] == 2).collect();
+    assert!(share.len() >= 2, "{share:?}");
+    // Five purges of objects nobody stored: every member at epoch 5, the logs keep 3.
+    for i in 1000..1005 {
+        fleet_purge(&f, 0, i);
+    }
+    let catch_ups = |f: &TestFleet| {
+        let m = f.metrics(2);
+        (
+            metric(&m, "zerocache_fleet_catch_ups_total{result=\"replayed\"}"),
+            metric(&m, "zerocache_fleet_catch_ups_total{result=\"wiped\"}"),
+        )
+    };
+    let wait_epoch = |f: &TestFleet, want: u64, how: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while f.api_fleet(2)["purge_epoch"] != want {
+            assert!(
+                Instant::now() < deadline,
+                "{how}: node 2 never reached epoch {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_epoch(&f, 5, "before");
+    for how in ["restart", "kill -9", "upgrade"] {
+        match how {
+            "restart" => {
+                f.stop(2);
+                f.start_node(2);
+            }
+            "kill -9" => {
+                f.kill(2);
+                f.start_node(2);
+            }
+            _ => f.upgrade(2),
+        }
+        f.wait_peers_up(2, 2);
+        f.wait_peers_up(0, 2);
+        assert_eq!(f.api_fleet(2)["purge_epoch"], 5, "{how}");
+        fetch_all(&f, 2, &share);
+        for i in &share {
+            assert_eq!(origin.hits(&path(*i)), 1, "{how}: object {i} fetched again");
+        }
+        assert_eq!(catch_ups(&f), (0, 0), "{how}");
+    }
+    // Down for two purges of its own objects (the log of 3 reaches back): it replays those two,
+    // and fetches those two again and nothing else of its share.
+    let (a, b) = (share[0], share[1]);
+    f.kill(2);
+    fleet_purge(&f, 0, a);
+    fleet_purge(&f, 0, b);
+    f.start_node(2);
+    f.wait_peers_up(0, 2);
+    wait_epoch(&f, 7, "missed two");
+    fetch_all(&f, 2, &share);
+    for i in &share {
+        let want = if *i == a || *i == b { 2 } else { 1 };
+        assert_eq!(origin.hits(&path(*i)), want, "object {i}");
+    }
+    assert_eq!(catch_ups(&f), (1, 0));
+}
+
 #[test]
 fn a_client_cannot_forge_the_hop_header() {
     let (origin, _rt) = origin();

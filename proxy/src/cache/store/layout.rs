@@ -1,13 +1,40 @@
 //! Where the cache's files live: entries under `levels` of shard directories named by hash
 //! (`dir/ab/<32 hex digits>` for one level), fills in `dir/tmp/` until they are committed by a
 //! rename on the same filesystem, so a reader never sees a half-written entry under its final
-//! name and a crash leaves only temp files, which the rebuild deletes.
+//! name and a crash leaves only temp files, which the rebuild deletes. The cache's own state
+//! that must outlive a restart (the fleet's epoch and purge log) lives in `dir/state/`, which
+//! nothing that walks entries enters: the rebuild deletes every file it cannot read as an entry,
+//! and state kept beside the shards was deleted with them.
 
 use crate::cache::key::CacheKey;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The directory of fills in progress, under the cache directory.
+const TMP: &str = "tmp";
+
+/// The directory of state kept across restarts, under the cache directory.
+const STATE: &str = "state";
+
+/// State files that older versions kept at the top of the cache directory, where the rebuild
+/// took them for foreign files: moved into [`STATE`] before anything walks the directory.
+const STATE_FILES_AT_THE_TOP: [&str; 2] = ["fleet-epoch", "fleet-purge-log"];
+
+/// The directory of state kept across restarts under the cache directory `dir` (created if it
+/// can be: a failure shows when the state is written, where it is logged).
+pub(crate) fn state_dir(dir: &Path) -> PathBuf {
+    let state = dir.join(STATE);
+    let _ = fs::create_dir_all(&state);
+    state
+}
+
+/// Whether `path`, a directory under the cache directory `dir`, holds entries: neither fills in
+/// progress nor state.
+pub(crate) fn holds_entries(dir: &Path, path: &Path) -> bool {
+    path != dir.join(TMP) && path != dir.join(STATE)
+}
 
 /// The directory layout of one store.
 pub(crate) struct Layout {
@@ -17,9 +44,19 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// The layout under `dir` with `levels` shard levels; creates `dir/tmp`.
+    /// The layout under `dir` with `levels` shard levels; creates `dir/tmp` and `dir/state`, and
+    /// moves state files an older version left at the top into `dir/state`.
     pub(crate) fn create(dir: &Path, levels: u8) -> io::Result<Layout> {
-        fs::create_dir_all(dir.join("tmp"))?;
+        fs::create_dir_all(dir.join(TMP))?;
+        let state = dir.join(STATE);
+        fs::create_dir_all(&state)?;
+        for name in STATE_FILES_AT_THE_TOP {
+            let (old, new) = (dir.join(name), state.join(name));
+            if old.is_file() && !new.exists() {
+                fs::rename(&old, &new)?;
+                tracing::info!(from = %old.display(), to = %new.display(), "moved cache state into its directory");
+            }
+        }
         Ok(Layout {
             dir: dir.to_path_buf(),
             levels,
@@ -34,7 +71,7 @@ impl Layout {
 
     /// The directory of fills in progress.
     pub(crate) fn tmp_dir(&self) -> PathBuf {
-        self.dir.join("tmp")
+        self.dir.join(TMP)
     }
 
     /// Path of the final file for `hash`, creating its shard directories.
@@ -98,5 +135,23 @@ mod tests {
             a.file_name().and_then(|n| n.to_str()),
             Some(format!("{pid}-0.tmp").as_str())
         );
+    }
+
+    #[test]
+    fn state_left_at_the_top_by_an_older_version_moves_into_the_state_directory() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        std::fs::write(tmp.path().join("fleet-epoch"), "5 0\n").expect("epoch");
+        std::fs::write(tmp.path().join("fleet-purge-log"), "old\n").expect("log");
+        // A newer file already in place wins over a stale one at the top.
+        std::fs::create_dir_all(state_dir(tmp.path())).expect("state");
+        std::fs::write(state_dir(tmp.path()).join("fleet-purge-log"), "new\n").expect("log");
+        Layout::create(tmp.path(), 1).expect("layout");
+        let read = |p: PathBuf| std::fs::read_to_string(p).expect("read");
+        assert_eq!(read(state_dir(tmp.path()).join("fleet-epoch")), "5 0\n");
+        assert_eq!(read(state_dir(tmp.path()).join("fleet-purge-log")), "new\n");
+        assert!(!tmp.path().join("fleet-epoch").exists());
+        assert!(holds_entries(tmp.path(), &tmp.path().join("ab")));
+        assert!(!holds_entries(tmp.path(), &state_dir(tmp.path())));
+        assert!(!holds_entries(tmp.path(), &tmp.path().join("tmp")));
     }
 }

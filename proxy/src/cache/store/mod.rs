@@ -13,6 +13,7 @@
 mod eviction;
 mod index;
 mod layout;
+pub(crate) use layout::{holds_entries, state_dir};
 mod open_files;
 mod rebuild;
 #[cfg(test)]

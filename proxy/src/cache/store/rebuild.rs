@@ -28,14 +28,15 @@ impl Store {
             let _ = fs::remove_file(t.path());
             out.discarded += 1;
         }
-        // Walk every directory but tmp: a changed `levels` still finds the old entries.
+        // Walk every directory but tmp and state: a changed `levels` still finds the old
+        // entries, and the cache's own state is never taken for a foreign file.
         let mut dirs = vec![self.layout.dir().to_path_buf()];
         while let Some(d) = dirs.pop() {
             for e in fs::read_dir(&d)? {
                 let e = e?;
                 let path = e.path();
                 if e.file_type()?.is_dir() {
-                    if path != self.layout.tmp_dir() {
+                    if super::layout::holds_entries(self.layout.dir(), &path) {
                         dirs.push(path);
                     }
                     continue;

@@ -18,6 +18,11 @@ pub struct FleetNode {
     pub dashboard: SocketAddr,
     pub config: PathBuf,
     pub cache: PathBuf,
+    /// The node's `pid_file`.
+    pub pid_file: PathBuf,
+    /// A process that an upgrade of this node started (nobody's child once its parent exits):
+    /// killed with the node.
+    pub successor: Option<u32>,
 }
 
 /// The members and the directory that holds their caches and configs.
@@ -60,9 +65,11 @@ impl TestFleet {
             let dashboard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("a");
             let cache = dir.path().join(format!("cache-{i}"));
             let config = dir.path().join(format!("node-{i}.yaml"));
+            let pid_file = dir.path().join(format!("node-{i}.pid"));
             let yaml = format!(
-                "listen: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\n{upstream_extra}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
+                "pid_file: {pid}\nlisten: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\n{upstream_extra}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
                 cache = cache.display(),
+                pid = pid_file.display(),
             );
             std::fs::write(&config, yaml).expect("write config");
             nodes.push(FleetNode {
@@ -71,6 +78,8 @@ impl TestFleet {
                 dashboard,
                 config,
                 cache,
+                pid_file,
+                successor: None,
             });
         }
         let mut f = TestFleet { nodes, dir };
@@ -118,6 +127,42 @@ impl TestFleet {
             let _ = c.kill();
             let _ = c.wait();
         }
+        if let Some(pid) = self.nodes[i].successor.take() {
+            // SAFETY: the successor this test's upgrade started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            wait_gone(pid);
+        }
+    }
+
+    /// Stops node `i` as `systemctl stop` does (SIGTERM: the drain), and waits for it to exit.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            // SAFETY: our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+
+    /// Upgrades node `i` in place (SIGUSR2, as `zerocache upgrade` sends it): returns once the
+    /// new process wrote its pid and the old one exited.
+    pub fn upgrade(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let mut old = node.child.take().expect("node runs as our child");
+        // SAFETY: our own child.
+        unsafe { libc::kill(old.id() as i32, libc::SIGUSR2) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let new = loop {
+            let pid = std::fs::read_to_string(&node.pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok());
+            if let Some(pid) = pid.filter(|p| *p != old.id()) {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "node {i} was not upgraded");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        node.successor = Some(new);
+        let _ = old.wait();
     }
 
     /// `/api/fleet` of node `i`.
@@ -174,6 +219,21 @@ impl TestFleet {
         self.api(i, "/api/stats?history=false")["cache"]["objects"]
             .as_u64()
             .expect("cache.objects")
+    }
+}
+
+/// Waits until process `pid` is gone (a successor is not our child: it is reaped by init).
+fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
