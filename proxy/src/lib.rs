@@ -13,6 +13,7 @@ pub(crate) mod fleet;
 pub mod fuzzing;
 pub(crate) mod http;
 pub mod man_pages;
+pub(crate) mod memory;
 pub(crate) mod net;
 pub(crate) mod notify;
 pub(crate) mod pid_file;

@@ -167,6 +167,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // logrotate postrotate, a reload) must wait for the loop below instead of taking the default
     // action (tokio keeps it until `recv`).
     let mut signals = Signals::install()?;
+    crate::memory::start_trimming();
     // Sockets handed down (socket activation, or the process this one replaces) and the pipe on
     // which to tell that process we serve: read first, before anything else opens an fd.
     let mut inherited =

@@ -18,6 +18,7 @@ use crate::tls::server::Handshaken;
 use std::fs::File;
 use std::io::{self, Write};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -81,6 +82,14 @@ pub struct H2StreamSock {
     pub tls: bool,
     /// The certificate the connection was served, with `tls.strict_sni`.
     pub served: Option<crate::tls::server::Served>,
+    /// Bytes of response this side may read ahead (from a cache file, or copy from an origin):
+    /// what the client's window has room for, granted by the stream's driver, and a head's
+    /// worth before it knows. A stream whose window stays shut reads nothing more: its body
+    /// waits in the file, not in memory.
+    pub credit: Arc<tokio::sync::Semaphore>,
+    /// The connection's budget, in KiB, of response bytes read for its streams and not yet
+    /// taken by the socket's writer: each chunk holds its share until `h2` drops it.
+    pub budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// A TLS client connection in user space.
@@ -203,7 +212,7 @@ impl ClientSock {
                 t.write_all(buf, timeout).await?;
                 t.flush(timeout).await
             }
-            ClientSock::H2Stream(t) => t.send(bytes::Bytes::copy_from_slice(buf), timeout).await,
+            ClientSock::H2Stream(t) => t.send_body(buf, timeout).await,
         }
     }
 
@@ -254,7 +263,62 @@ impl ClientSock {
 /// and small enough that 128 streams each holding one stay within 8 MiB per connection.
 const H2_FILE_CHUNK: usize = 64 * 1024;
 
+/// A chunk of an h2 stream's response with its share of the connection's budget, given back
+/// when the last piece of it is dropped (by `h2`, once written, or with a reset stream).
+struct Held {
+    bytes: bytes::Bytes,
+    _budget: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 impl H2StreamSock {
+    /// Waits, within `timeout` each, for credit from the client's window and for the
+    /// connection's budget, for at most `want` bytes: returns how many may be read (at least 1)
+    /// and the budget held for them.
+    async fn room(
+        &self,
+        want: usize,
+        timeout: Duration,
+    ) -> io::Result<(usize, tokio::sync::OwnedSemaphorePermit)> {
+        let gone = || io::Error::from(io::ErrorKind::BrokenPipe);
+        tokio::time::timeout(timeout, self.credit.acquire())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| gone())?
+            .forget();
+        let more = want.saturating_sub(1).min(self.credit.available_permits());
+        let more = match u32::try_from(more).map(|m| self.credit.try_acquire_many(m)) {
+            Ok(Ok(p)) => {
+                p.forget();
+                more
+            }
+            _ => 0,
+        };
+        let n = 1 + more;
+        let kib = u32::try_from(n.div_ceil(1024)).map_err(|_| gone())?;
+        let held = tokio::time::timeout(timeout, self.budget.clone().acquire_many_owned(kib))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| gone())?;
+        Ok((n, held))
+    }
+
+    /// Sends `buf` as body, in pieces as credit and budget allow.
+    async fn send_body(&mut self, mut buf: &[u8], timeout: Duration) -> io::Result<()> {
+        while !buf.is_empty() {
+            let (n, held) = self.room(buf.len().min(H2_FILE_CHUNK), timeout).await?;
+            let bytes = bytes::Bytes::copy_from_slice(&buf[..n]);
+            self.send(held_bytes(bytes, held), timeout).await?;
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+
     /// Sends one chunk, within `timeout` for the channel to take it.
     async fn send(&mut self, chunk: bytes::Bytes, timeout: Duration) -> io::Result<()> {
         let gone = || io::Error::from(io::ErrorKind::BrokenPipe);
@@ -279,16 +343,28 @@ impl H2StreamSock {
     ) -> Result<u64, SendfileError> {
         let mut sent = 0u64;
         while sent < len {
+            let want = (len - sent).min(H2_FILE_CHUNK as u64) as usize;
+            let (room, held) = self
+                .room(want, timeout)
+                .await
+                .map_err(|error| SendfileError::Io { sent, error })?;
             let mut buf = bytes::BytesMut::new();
-            let n =
-                crate::sendfile::read_piece_into(file, &mut buf, H2_FILE_CHUNK, offset, sent, len)?;
-            self.send(buf.freeze(), timeout)
+            let n = crate::sendfile::read_piece_into(file, &mut buf, room, offset, sent, len)?;
+            self.send(held_bytes(buf.freeze(), held), timeout)
                 .await
                 .map_err(|error| SendfileError::Io { sent, error })?;
             sent += n as u64;
         }
         Ok(sent)
     }
+}
+
+/// `bytes` holding `budget` until its last piece is dropped.
+fn held_bytes(bytes: bytes::Bytes, budget: tokio::sync::OwnedSemaphorePermit) -> bytes::Bytes {
+    bytes::Bytes::from_owner(Held {
+        bytes,
+        _budget: budget,
+    })
 }
 
 /// Writes all of `buf` to `w`, within `timeout` per write that makes progress.

@@ -16,7 +16,9 @@
 //! copy by design (`h2`), and its connection's verdict says so.
 //!
 //! **Bounds.** 128 concurrent streams per connection (as nginx), a header list no larger than
-//! `limits.max_header_bytes`, a 64 KiB pipe per stream; a connection with no stream for
+//! `limits.max_header_bytes`, a 64 KiB request pipe per stream; of a response, a stream reads
+//! ahead only what its window has room for, and a connection's streams hold at most
+//! [`stream::CONNECTION_BUDGET_KIB`] of it until the socket takes it; a connection with no stream for
 //! `idle_timeout` gets a GOAWAY, as does every connection on drain (in two steps, RFC 9113 §6.8,
 //! which the crate's graceful shutdown sends), and is closed `send_timeout` after its last
 //! stream if the client has not closed it. A client that resets more than [`RESET_BUDGET`]
@@ -132,6 +134,7 @@ pub(crate) async fn serve(mut sock: ClientSock, peer: SocketAddr, shared: Arc<Sh
         tls: sock.is_tls(),
         served: sock.served(),
         resets: AtomicU64::new(0),
+        budget: Arc::new(tokio::sync::Semaphore::new(stream::CONNECTION_BUDGET_KIB)),
     });
     // Closes the record just before the socket closes, on every path (see `output`).
     let out = output::Output::new(sock, acc.clone(), id);

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::Semaphore;
 use tokio::sync::mpsc::Receiver;
 use zerocache_ledger::ConnId;
 
@@ -39,6 +40,21 @@ const FRAME_PAYLOAD: usize = 16_384 - 9;
 /// Largest response head read off the pipe (the request path's heads are far smaller).
 const MAX_HEAD: usize = 256 * 1024;
 
+/// What the request path may send before the head is on its way: a head and the start of a
+/// small body. A stream whose client never opens its window holds this much of its body at
+/// most; the rest waits in the file.
+const HEAD_CREDIT: usize = 16 * 1024;
+
+/// The most a stream is let read ahead at once, once its window is open: a chunk of a file.
+const BODY_CREDIT: usize = 64 * 1024;
+
+/// A connection's budget of response bytes read for its streams and not yet written to its
+/// socket (in KiB, the budget's unit): 2 MiB, 32 streams' full chunks at once. With the output
+/// buffer's 64 KiB and what each stream keeps of its own (about 15 KiB: its request path's
+/// buffers and tasks), it bounds what one client can make the proxy hold, and
+/// `limits.max_connections` times it what all can.
+pub(crate) const CONNECTION_BUDGET_KIB: usize = 2048;
+
 /// What a stream's task keeps of its connection.
 pub(crate) struct Connection {
     pub shared: Arc<Shared>,
@@ -48,6 +64,8 @@ pub(crate) struct Connection {
     pub served: Option<crate::tls::server::Served>,
     /// Streams the client reset, for the connection's rapid-reset guard.
     pub resets: AtomicU64,
+    /// Response bytes its streams may hold ([`CONNECTION_BUDGET_KIB`]).
+    pub budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// How a stream's response ended on the client's side.
@@ -96,11 +114,14 @@ pub(crate) async fn run(
     // One chunk in flight: the request path waits for the client's window, as it would on a
     // socket, and a stream holds at most a chunk and what h2 queues (64 KiB) of its response.
     let (out, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let credit = Arc::new(tokio::sync::Semaphore::new(HEAD_CREDIT));
     let sock = ClientSock::H2Stream(Box::new(H2StreamSock {
         io: theirs,
         out: tokio_util::sync::PollSender::new(out),
         tls: c.tls,
         served: c.served.clone(),
+        credit: credit.clone(),
+        budget: c.budget.clone(),
     }));
     let wr = ours;
     // Boxed: inline, the request path's future (7,504 bytes when measured; 2,352 since) made
@@ -128,7 +149,7 @@ pub(crate) async fn run(
     let mut work = std::pin::pin!(work);
     let mut served = None;
     let end = {
-        let download = download(&mut rx, &mut respond, head_request, send_timeout);
+        let download = download(&mut rx, &credit, &mut respond, head_request, send_timeout);
         let mut download = std::pin::pin!(download);
         loop {
             tokio::select! {
@@ -273,6 +294,7 @@ async fn upload<W: AsyncWrite + Unpin>(
 /// final head, then the body as DATA frames until its framing says it ended.
 async fn download(
     rx: &mut Receiver<Bytes>,
+    credit: &Semaphore,
     respond: &mut SendResponse<Bytes>,
     head_request: bool,
     send_timeout: Duration,
@@ -299,6 +321,7 @@ async fn download(
             Ok(None) => {}
             Err(e) => return End::Broken(e),
         }
+        top_up(credit, HEAD_CREDIT);
         tokio::select! {
             r = rx.recv() => match r {
                 Some(chunk) => buf.extend_from_slice(&chunk),
@@ -322,7 +345,7 @@ async fn download(
     if empty {
         return End::Done;
     }
-    let end = body(rx, buf, &mut send, framing, send_timeout).await;
+    let end = body(rx, credit, buf, &mut send, framing, send_timeout).await;
     if !matches!(end, End::Done | End::Reset | End::Gone) {
         send.send_reset(match end {
             End::Stalled => Reason::CANCEL,
@@ -336,6 +359,7 @@ async fn download(
 /// go out as they came, each the payload of its DATA frames; a chunked one is decoded.
 async fn body(
     rx: &mut Receiver<Bytes>,
+    credit: &Semaphore,
     mut buf: BytesMut,
     send: &mut SendStream<Bytes>,
     framing: Framing,
@@ -351,13 +375,21 @@ async fn body(
     loop {
         let chunk = match next.take() {
             Some(c) => c,
-            None => tokio::select! {
-                r = rx.recv() => match r {
-                    Some(c) => c,
-                    None => return End::Broken("response cut short by the request path".into()),
-                },
-                r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
-            },
+            None => {
+                // More is read only for a window with room: a client that keeps it shut makes
+                // the request path wait (within send_timeout) with nothing read ahead.
+                match window(send, BODY_CREDIT, send_timeout).await {
+                    Ok(room) => top_up(credit, room.min(BODY_CREDIT)),
+                    Err(end) => return end,
+                }
+                tokio::select! {
+                    r = rx.recv() => match r {
+                        Some(c) => c,
+                        None => return End::Broken("response cut short by the request path".into()),
+                    },
+                    r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
+                }
+            }
         };
         // What of this chunk is body, and whether it is the last of it.
         let (piece, last) = match framing {
@@ -402,25 +434,10 @@ async fn send_data(
         };
     }
     while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        // Capacity already assigned is used first: poll_capacity wakes only when it grows.
-        let mut granted = send.capacity();
-        if granted == 0 {
-            let wait = poll_fn(|cx| {
-                if send.poll_reset(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                send.poll_capacity(cx)
-            });
-            granted = match tokio::time::timeout(send_timeout, wait).await {
-                Err(_) => return End::Stalled,
-                Ok(None) | Ok(Some(Err(_))) => return End::Reset,
-                Ok(Some(Ok(n))) => n,
-            };
-            if granted == 0 {
-                continue;
-            }
-        }
+        let granted = match window(send, data.len(), send_timeout).await {
+            Ok(n) => n,
+            Err(end) => return end,
+        };
         let piece = data.split_to(granted.min(data.len()).min(FRAME_PAYLOAD));
         let end = last && data.is_empty();
         if send.send_data(piece, end).is_err() {
@@ -428,4 +445,42 @@ async fn send_data(
         }
     }
     End::Done
+}
+
+/// Waits for room in the stream's send window for up to `want` bytes, which must open within
+/// `send_timeout`: how much there is (at least 1), or how the stream ended meanwhile.
+async fn window(
+    send: &mut SendStream<Bytes>,
+    want: usize,
+    send_timeout: Duration,
+) -> Result<usize, End> {
+    loop {
+        send.reserve_capacity(want);
+        // Capacity already assigned is used first: poll_capacity wakes only when it grows.
+        let granted = send.capacity();
+        if granted > 0 {
+            return Ok(granted);
+        }
+        let wait = poll_fn(|cx| {
+            if send.poll_reset(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            send.poll_capacity(cx)
+        });
+        match tokio::time::timeout(send_timeout, wait).await {
+            Err(_) => return Err(End::Stalled),
+            Ok(None) | Ok(Some(Err(_))) => return Err(End::Reset),
+            Ok(Some(Ok(0))) => {}
+            Ok(Some(Ok(n))) => return Ok(n),
+        }
+    }
+}
+
+/// Lets the request path read ahead up to `to` bytes in all (what it was given and has not
+/// used counts).
+fn top_up(credit: &Semaphore, to: usize) {
+    let have = credit.available_permits();
+    if have < to {
+        credit.add_permits(to - have);
+    }
 }
