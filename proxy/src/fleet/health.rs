@@ -11,22 +11,49 @@ use super::peer::PeerState;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// Runs the checks until the process ends.
+/// Runs the checks until the process ends, the first round already made by [`first_round`].
 pub(crate) async fn run(fleet: Arc<Fleet>) {
     let mut tick = tokio::time::interval(fleet.cfg.health_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
     loop {
         tick.tick().await;
-        let view = fleet.view.load_full();
-        let mut checks = tokio::task::JoinSet::new();
-        for p in view.peers.iter().flatten() {
-            checks.spawn(check(fleet.clone(), p.clone()));
+        if let Some((peer, theirs)) = round(&fleet).await {
+            tokio::spawn(catch_up(fleet.clone(), peer, theirs));
         }
-        while checks.join_next().await.is_some() {}
     }
 }
 
-async fn check(fleet: Arc<Fleet>, peer: Arc<PeerState>) {
+/// The first round of checks, made before the node serves: a member that comes back after
+/// missing fleet purges applies them (or, past the log, treats what it stored as purged) before
+/// its first response, where it served purged objects until its first health check. Bounded by
+/// `health_timeout` per call; peers that do not answer are marked down, as in any round.
+pub(crate) async fn first_round(fleet: &Arc<Fleet>) {
+    if let Some((peer, theirs)) = round(fleet).await {
+        catch_up(fleet.clone(), peer, theirs).await;
+    }
+}
+
+/// Asks every peer at once; returns the peer to catch up from, if one is ahead and no catch-up
+/// is under way.
+async fn round(fleet: &Arc<Fleet>) -> Option<(Arc<PeerState>, u64)> {
+    let view = fleet.view.load_full();
+    let mut checks = tokio::task::JoinSet::new();
+    for p in view.peers.iter().flatten() {
+        checks.spawn(check(fleet.clone(), p.clone()));
+    }
+    let mut behind = None;
+    while let Some(r) = checks.join_next().await {
+        if let Ok(Some(b)) = r {
+            behind = Some(b);
+        }
+    }
+    behind
+}
+
+/// Checks `peer`; returns it with its epoch when it is ahead and this node should catch up from
+/// it (the catch-up flag is then taken: whoever gets this runs [`catch_up`]).
+async fn check(fleet: Arc<Fleet>, peer: Arc<PeerState>) -> Option<(Arc<PeerState>, u64)> {
     match super::internal::call(&fleet, &peer, "health", b"").await {
         Ok((200, json)) => {
             let theirs = json["routing_hash"]
@@ -41,7 +68,7 @@ async fn check(fleet: Arc<Fleet>, peer: Arc<PeerState>) {
                 && fleet.epoch.plausible(epoch)
                 && !fleet.catching_up.swap(true, Ordering::AcqRel)
             {
-                tokio::spawn(catch_up(fleet.clone(), peer.clone(), epoch));
+                return Some((peer, epoch));
             }
         }
         Ok((status, _)) => {
@@ -51,6 +78,7 @@ async fn check(fleet: Arc<Fleet>, peer: Arc<PeerState>) {
             peer.mark_down(format!("health check: {e}"));
         }
     }
+    None
 }
 
 /// Catch-ups that may fail in a row (the peer gone again, an answer cut) before this node stops

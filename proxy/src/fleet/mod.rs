@@ -101,6 +101,7 @@ impl Fleet {
             cfg,
         });
         fleet.refresh().await;
+        health::first_round(&fleet).await;
         tokio::spawn(fleet.clone().resolve_loop());
         tokio::spawn(health::run(fleet.clone()));
         Some(fleet)
