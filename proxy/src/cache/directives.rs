@@ -54,13 +54,25 @@ pub struct RequestDirectives {
 }
 
 /// Splits a field value into `(name, argument)` pairs, respecting quoted strings (a quoted
-/// `no-cache="a, b"` contains a comma).
+/// `no-cache="a, b"` contains a comma). Each list member must be a `cache-directive` exactly
+/// (§5.2: `token [ "=" ( token / quoted-string ) ]`, no whitespace around `=`): a member that is
+/// not (`max-age = 600`, `max-age="60`, `a b`) is ignored like an unknown directive, never read
+/// as the directive it resembles.
 fn parts(value: &str) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let mut quoted = false;
+    let mut escaped = false;
     for c in value.chars() {
         match c {
+            _ if escaped => {
+                escaped = false;
+                cur.push(c);
+            }
+            '\\' if quoted => {
+                escaped = true;
+                cur.push(c);
+            }
             '"' => {
                 quoted = !quoted;
                 cur.push(c);
@@ -73,20 +85,49 @@ fn parts(value: &str) -> Vec<(String, Option<String>)> {
     }
     out.push(cur);
     out.into_iter()
-        .filter_map(|p| {
-            let p = p.trim();
-            if p.is_empty() {
-                return None;
-            }
-            Some(match p.split_once('=') {
-                Some((n, a)) => (
-                    n.trim().to_ascii_lowercase(),
-                    Some(a.trim().trim_matches('"').to_string()),
-                ),
-                None => (p.to_ascii_lowercase(), None),
-            })
-        })
+        .filter_map(|p| directive(p.trim_matches([' ', '\t'])))
         .collect()
+}
+
+/// One list member as a `cache-directive`, or None if it is not one (or is empty).
+fn directive(member: &str) -> Option<(String, Option<String>)> {
+    let (name, arg) = match member.split_once('=') {
+        Some((n, a)) => (n, Some(a)),
+        None => (member, None),
+    };
+    if !is_token(name) {
+        return None;
+    }
+    let arg = match arg {
+        None => None,
+        Some(a) if is_token(a) => Some(a.to_string()),
+        Some(a) => Some(quoted_string(a)?),
+    };
+    Some((name.to_ascii_lowercase(), arg))
+}
+
+/// RFC 9110 §5.6.2's `token`: one or more tchar.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// The content of `s` if the whole of it is one quoted-string (RFC 9110 §5.6.4), its
+/// quoted-pairs unescaped.
+fn quoted_string(s: &str) -> Option<String> {
+    let inner = s.strip_prefix('"')?.strip_suffix('"')?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?),
+            '"' => return None,
+            c if c == '\t' || c == ' ' || (c as u32 >= 0x21 && c as u32 != 0x7f) => out.push(c),
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 fn seconds(arg: &Option<String>) -> Option<u64> {
@@ -185,6 +226,36 @@ mod tests {
             response(Some("max-age=99999999999999999999999")).max_age,
             Some(u64::MAX / 4)
         );
+    }
+
+    /// `max-age = 600` was read as `max-age=600` (a 304 carrying it refreshed the entry for 10
+    /// minutes): a member that is not a `cache-directive` is ignored, beside its exact twin.
+    #[test]
+    fn rfc9111_5_2_a_member_off_the_grammar_is_ignored_not_guessed() {
+        for hostile in [
+            "max-age = 600",
+            "max-age =600",
+            "max-age= 600",
+            "max-age=\"600",
+            "max-age=600\"",
+            "max-age=6 00",
+            "max age=600",
+            "max-age=\"6\"00",
+            "=600",
+        ] {
+            let d = response(Some(hostile));
+            assert_eq!(d, ResponseDirectives::default(), "{hostile}");
+            assert_eq!(request(Some(hostile), None).max_age, None, "{hostile}");
+        }
+        assert_eq!(response(Some(" max-age=600 ,\tpublic")).max_age, Some(600));
+        assert_eq!(response(Some("max-age=\"600\"")).max_age, Some(600));
+        // A quoted-pair unescapes; the comma inside quotes does not split.
+        let d = response(Some("no-cache=\"a\\\"b, c\", max-age=1"));
+        assert_eq!(d.no_cache_fields, vec!["a\"b", "c"]);
+        assert_eq!(d.max_age, Some(1));
+        // The bad member alone is dropped: its neighbours stand.
+        let d = response(Some("max-age = 600, s-maxage=5, no-store"));
+        assert_eq!((d.max_age, d.s_maxage, d.no_store), (None, Some(5), true));
     }
 
     #[test]
