@@ -202,6 +202,8 @@ pub(crate) struct Relaying {
     pub not_stored: Option<&'static str>,
     /// The body's length, when its framing says it (`Content-Length`).
     pub length: Option<u64>,
+    /// The key's last fill, of unknown length, ran past `max_body` a moment ago.
+    pub oversized: bool,
     /// The largest body that may be stored: the route's `max_object_size`, and never more than
     /// the cache's `max_size` (an entry larger than the whole cache would evict everything
     /// else, then itself).
@@ -226,7 +228,7 @@ impl Relay {
     ) -> Relay {
         let store = if !r.fills {
             Err(r.not_stored)
-        } else if r.length.is_some_and(|n| n > r.max_body) {
+        } else if r.length.is_some_and(|n| n > r.max_body) || (r.length.is_none() && r.oversized) {
             Err(Some("too-large"))
         } else if stores_here() {
             // Too small only once storable: a small no-store answer says `response-directive`.
@@ -488,6 +490,7 @@ mod tests {
             fills: true,
             not_stored: None,
             length: Some(1 << 20),
+            oversized: false,
             max_body: 1 << 30,
             min_body: 0,
         }
@@ -516,6 +519,7 @@ mod tests {
             fills: false,
             not_stored: Some("range"),
             length: None,
+            oversized: false,
             max_body: 1 << 30,
             min_body: 0,
         };
@@ -531,6 +535,7 @@ mod tests {
             fills: false,
             not_stored: None,
             length: Some(10),
+            oversized: false,
             max_body: 1 << 30,
             min_body: 0,
         };
@@ -615,6 +620,7 @@ mod tests {
             fills: true,
             not_stored: None,
             length,
+            oversized: false,
             max_body: 4 << 20,
             min_body: 0,
         };
@@ -634,6 +640,21 @@ mod tests {
                 Ok(stored())
             );
         }
+        // Of unknown length again, after the key's last such fill ran past the bound: relayed
+        // as too large from the start, where it said `stored` each time and never was. A known
+        // length is judged by itself.
+        let again = |length| Relaying {
+            oversized: true,
+            ..fill(length)
+        };
+        assert_eq!(
+            Relay::of(again(None), not_asked, not_judged, proceed).store,
+            Err(Some("too-large"))
+        );
+        assert_eq!(
+            Relay::of(again(Some(10)), || true, || Ok(stored()), proceed).store,
+            Ok(stored())
+        );
     }
 
     /// The route's object sizes: outside them a known length is relayed, not stored, and the
@@ -646,6 +667,7 @@ mod tests {
             fills: true,
             not_stored: None,
             length: Some(length),
+            oversized: false,
             max_body: 1 << 20,
             min_body: 1024,
         };

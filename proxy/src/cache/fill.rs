@@ -67,6 +67,11 @@ impl Fill {
         self
     }
 
+    /// The key hash this fill stores under.
+    pub fn hash(&self) -> u128 {
+        self.hash
+    }
+
     /// Why what was written so far may never be committed: larger than the fill's bound, or,
     /// header included, than the whole cache (`cache.max_size`: committing it would evict every
     /// other entry to make room, then the entry itself). `None` while it may.

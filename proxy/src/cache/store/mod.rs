@@ -13,6 +13,7 @@
 mod eviction;
 mod index;
 mod layout;
+mod oversized;
 pub(crate) use layout::{holds_entries, state_dir};
 mod open_files;
 mod rebuild;
@@ -65,6 +66,8 @@ pub struct Store {
     /// reuse, and whether targeted fields reach clients. Fixed for the process's life, like the
     /// rest of `cache:` (a change takes effect on restart).
     targeted: Targeted,
+    /// Keys whose last fill of unknown length ran past the size bound.
+    oversized: oversized::Oversized,
 }
 
 /// Sizes and shape of the store.
@@ -113,7 +116,13 @@ impl Store {
             corrupt_entries: AtomicU64::new(0),
             corrupt_sink: Mutex::new(None),
             targeted: Targeted::default(),
+            oversized: Default::default(),
         })
+    }
+
+    /// Keys whose last fill of unknown length ran past the size bound (`oversized`).
+    pub(crate) fn oversized(&self) -> &oversized::Oversized {
+        &self.oversized
     }
 
     /// Sets the target list (`cache.targeted_fields`, `cache.targeted_fields_forward`); call

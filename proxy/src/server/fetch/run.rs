@@ -193,6 +193,10 @@ impl Fetch<'_> {
                 fills: self.fill.is_some(),
                 not_stored: self.not_stored,
                 length: framing.length(),
+                oversized: self
+                    .fill
+                    .as_ref()
+                    .is_some_and(|(key, _)| ctx.store.oversized().recently(key.hash)),
                 max_body: self.max_body(ctx),
                 min_body: self.object_sizes.min,
             },

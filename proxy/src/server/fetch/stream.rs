@@ -165,6 +165,10 @@ pub(super) async fn pump(
         if let Some(why) = fill.too_large() {
             if !past_max {
                 past_max = true;
+                if expected.is_none() {
+                    // Its head said `stored`: the next request for the key will not.
+                    ctx.store.oversized().note(fill.hash());
+                }
                 tracing::debug!(
                     bytes = fill.written(),
                     "larger than may be stored; relayed, not stored"
@@ -195,6 +199,9 @@ pub(super) async fn pump(
         // Its length was unknown (or its header tipped it over the cache's size): the readers
         // still get every byte from the open file, and dropping the fill deletes it.
         if !past_max {
+            if expected.is_none() && fill.too_large().is_some() {
+                ctx.store.oversized().note(fill.hash());
+            }
             tracing::debug!(bytes = n, why, "body outside the sizes stored; not stored");
             ctx.accounting.not_stored(why);
         }
