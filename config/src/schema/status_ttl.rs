@@ -16,10 +16,11 @@ const NEVER_STORED: [u16; 4] = [206, 304, 412, 416];
 
 /// Statuses a class key (`4xx`, `5xx`) does not cover: each can depend on the one request that
 /// caused it (a header too large for the origin, credentials, an address rule, a client's rate
-/// limit, a crafted field that makes the origin fail), so storing it for a class would serve one
+/// limit, a crafted field that makes the origin fail, or a gateway in front of the origin that
+/// one request makes fail or wait: 502, 503, 504), so storing it for a class would serve one
 /// client's error to everyone (cache-poisoned denial of service). An exact key still may.
-pub const NOT_BY_CLASS: [u16; 13] = [
-    400, 401, 403, 407, 408, 411, 413, 414, 415, 421, 429, 431, 500,
+pub const NOT_BY_CLASS: [u16; 16] = [
+    400, 401, 403, 407, 408, 411, 413, 414, 415, 421, 429, 431, 500, 502, 503, 504,
 ];
 
 /// A `status_ttl` key: one status code, or a class of them.
@@ -156,6 +157,7 @@ mod tests {
             (StatusKey::Exact(404), Ttl(Duration::from_secs(60))),
             (StatusKey::Class(4), Ttl(Duration::from_secs(5))),
             (StatusKey::Exact(301), Ttl(Duration::from_secs(3600))),
+            (StatusKey::Class(5), Ttl(Duration::from_secs(10))),
         ]));
         assert_eq!(t.of(404), Some(Duration::from_secs(60)));
         assert_eq!(t.of(410), Some(Duration::from_secs(5)));
@@ -163,6 +165,12 @@ mod tests {
         assert_eq!(t.of(302), None);
         assert_eq!(t.of(200), None);
         assert_eq!(t.of(u16::MAX), None);
+        // A 5xx class covers what the origin itself says of the resource (501 Not Implemented),
+        // never a gateway's failure one request can cause (502, 503, 504), nor 500.
+        assert_eq!(t.of(501), Some(Duration::from_secs(10)));
+        for s in [500, 502, 503, 504] {
+            assert!(NOT_BY_CLASS.contains(&s), "{s}");
+        }
         // A class never covers what one request can cause for everyone; an exact key may.
         for s in NOT_BY_CLASS {
             assert_eq!(t.of(s), None, "{s}");
