@@ -304,6 +304,12 @@ fn verify(
     })
 }
 
+/// Removes every hop header from `req`, on a node without a fleet: a client's copy must not
+/// reach the origin there either (the origin may be a member's, or trust it).
+pub(crate) fn strip(req: &mut RequestHead) {
+    req.fields.retain(|(k, _)| !k.eq_ignore_ascii_case(NAME));
+}
+
 /// Removes every hop header from `req` and returns what a valid one says; `None` for a request
 /// without one, the reason for one refused. `body` is the request's whole body (empty for a
 /// forwarded GET; `None`: too large to hold, so no peer's).

@@ -26,6 +26,7 @@ impl Conn {
     ) -> Result<Intake, ConnError> {
         self.from_peer = false;
         let Some(fleet) = self.ctx.fleet.clone() else {
+            crate::fleet::hop::strip(req);
             return Ok(Intake::Client);
         };
         let whole = match body {

@@ -889,3 +889,41 @@ fn targets_and_hosts_outside_the_grammar_are_400_and_spellings_of_one_host_share
         "one key for every spelling"
     );
 }
+
+/// A node without `fleet:` forwarded a client's `Zerocache-Fleet` header to the origin, over
+/// HTTP/1.1 and h2 (docs/fleet.md says a client's copy never goes further): an origin that is
+/// also some fleet's member, or trusts the header, would take the client for a peer.
+#[test]
+fn a_clients_fleet_header_never_reaches_the_origin_without_a_fleet() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            listen_options: "h2c: true".into(),
+            ..Opts::default()
+        },
+    );
+    let forged = "v2 from=10.0.0.9:8080 cfg=0 op=purge ts=1 nonce=0 bh=0 sig=00";
+    let r = get(
+        &proxy,
+        "/obj/10",
+        &[("Zerocache-Fleet", forged), ("X-Other", "1")],
+    );
+    assert_eq!(r.status, 200);
+    let mut c = h2raw::RawH2::connect(proxy.addr, &[]);
+    let block = h2raw::get("/obj/11", &[(b"zerocache-fleet", forged.as_bytes())]);
+    c.send(&h2raw::frame(
+        h2raw::HEADERS,
+        h2raw::END_HEADERS | h2raw::END_STREAM,
+        1,
+        &block,
+    ));
+    let frames = c.until_end(1, Duration::from_secs(10));
+    assert!(frames.iter().any(|f| f.kind == h2raw::DATA), "{frames:?}");
+    let received = origin.received();
+    assert_eq!(received.len(), 2);
+    for r in &received {
+        assert_eq!(r.header("zerocache-fleet"), None, "{}", r.path);
+    }
+    assert_eq!(received[0].header("x-other"), Some("1"));
+}
