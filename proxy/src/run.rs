@@ -291,6 +291,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         Some(pipe) => {
             tracing::info!("serving: telling the process this one replaces to drain");
             crate::upgrade::tell_ready(pipe);
+            kept.accounting.binary_upgrade(true); // By the process made: the old one exits.
         }
         None => crate::notify::ready(),
     }
@@ -299,13 +300,13 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         .serve(config, &path, &kept, &shared, &probe, upgrade.as_ref())
         .await;
     ending.announce(upgrade, &handed_over);
-    stop(
+    let drained = stop(
         &shared,
         &mut workers,
         &draining,
         current.limits.drain_timeout,
-    )
-    .await;
+    );
+    signals.while_draining(drained, &kept).await;
     Ok(())
 }
 
@@ -412,6 +413,29 @@ struct Signals {
 }
 
 impl Signals {
+    /// Runs `drained` to its end, saying what becomes of the signals that come meanwhile rather
+    /// than dropping them unheard: an operator's second `zerocache upgrade` or reload must learn
+    /// it did nothing, and logrotate's postrotate still reopens the access log.
+    async fn while_draining(
+        &mut self,
+        drained: impl std::future::Future<Output = ()>,
+        kept: &Kept,
+    ) {
+        let mut drained = std::pin::pin!(drained);
+        loop {
+            tokio::select! {
+                () = &mut drained => return,
+                _ = self.usr2.recv() => tracing::warn!("SIGUSR2 ignored: this process is draining (its successor, if any, takes upgrades)"),
+                _ = self.hup.recv() => tracing::warn!("SIGHUP ignored: this process is draining"),
+                _ = self.usr1.recv() => {
+                    if let Some(log) = &kept.access_log {
+                        log.reopen();
+                    }
+                }
+            }
+        }
+    }
+
     fn install() -> std::io::Result<Signals> {
         Ok(Signals {
             term: signal(SignalKind::terminate())?,
@@ -459,10 +483,10 @@ impl Signals {
                 biased;
                 r = async { match successor.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => {
                     successor = None;
-                    kept.accounting.binary_upgrade(r.is_ok());
                     match r {
                         Ok(pid) => break Ending::Upgraded(pid),
                         Err(why) => {
+                            kept.accounting.binary_upgrade(false);
                             kept.store.hand_over(false);
                             upgrade_failed(&current, &why);
                         }

@@ -47,6 +47,49 @@ pub struct Conn {
     /// The current request body's pace: when its reading started and the bytes received since,
     /// for `limits.body_min_rate` (see `upload`).
     pub(super) body_pace: Option<(tokio::time::Instant, u64)>,
+    /// An HTTP/2 stream's request, admitted with an access log and not yet answered: logged as
+    /// abandoned if the stream is dropped first (see [`Unanswered`]).
+    pub(super) unanswered: Option<Box<Unanswered>>,
+    /// The current request's response was recorded (and logged).
+    pub(super) recorded: std::sync::atomic::AtomicBool,
+}
+
+/// A request whose stream its client reset or whose connection went before it was answered.
+/// An HTTP/1.1 client that leaves is noticed when the response is written, and its line says
+/// `aborted`; an h2 stream's request path is dropped at the reset (it must stop its work at
+/// once, or rapid reset is an amplifier), so its line is written here, as nginx writes 499.
+pub(super) struct Unanswered {
+    pub method: String,
+    pub target: String,
+    pub started: Instant,
+}
+
+/// The status an abandoned request's line carries: nginx's "client closed request".
+const CLIENT_CLOSED: u16 = 499;
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let Some(u) = self.unanswered.take() else {
+            return;
+        };
+        if *self.recorded.get_mut() {
+            return;
+        }
+        if let Some(log) = &self.ctx.access_log {
+            let r = ResponseRecord {
+                method: &u.method,
+                target: &u.target,
+                status: CLIENT_CLOSED,
+                cache_status: CacheStatus::Error,
+                head_bytes: 0,
+                body_bytes: 0,
+                path: zerocache_ledger::DataPath::Copy,
+                duration: u.started.elapsed(),
+                complete: false,
+            };
+            log.log(&self.peer, &r, &self.log_info);
+        }
+    }
 }
 
 /// Runs the connection to its end.
@@ -120,11 +163,14 @@ impl Conn {
         ctx: Arc<Ctx>,
         shared: Arc<Shared>,
     ) -> Conn {
+        // An h2 stream's request head comes off a pipe in a few hundred bytes, and 128 streams
+        // a connection each keep theirs while they wait on a shut window.
+        let buf = BytesMut::with_capacity(if sock.is_h2() { 1024 } else { 8 * 1024 });
         Conn {
             sock,
             peer,
             id,
-            buf: BytesMut::with_capacity(8 * 1024),
+            buf,
             head: Vec::with_capacity(1024),
             ctx,
             shared,
@@ -132,12 +178,18 @@ impl Conn {
             log_info: Default::default(),
             from_peer: false,
             body_pace: None,
+            unanswered: None,
+            recorded: Default::default(),
         }
     }
 }
 
-/// How long a connection accepted just before a drain may take to send its first request.
-const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+/// How long a connection may take, once a drain starts, to send its next request (its first,
+/// for one accepted just before; or the next on an idle keep-alive one), within its own
+/// `header_timeout` or `idle_timeout`: that request is answered with `Connection: close`
+/// instead of finding the connection closed under it (a restart or an upgrade otherwise fails
+/// the next request of every idle client).
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 enum Head {
     Request(Box<RequestHead>),
@@ -185,16 +237,16 @@ impl Conn {
         let mut deadline: Option<Instant> = None;
         loop {
             if *stop.borrow() && self.buf.is_empty() {
-                // Shutting down: an idle keep-alive connection is closed between requests. But a
-                // request already in the socket was sent before the client could know, and is
-                // served; and a connection accepted just before the stop gets a moment for its
-                // first request (a client writes it just after connecting), or a restart or an
-                // upgrade would close connections that never saw an answer.
-                let wait = if first {
-                    FIRST_REQUEST_GRACE.min(self.ctx.client.header_timeout)
+                // Shutting down: an idle connection is closed between requests, after a grace
+                // for the request its client may be sending just now (one already in the socket
+                // was sent before the client could know), answered with `Connection: close`: a
+                // new connection's first request, or the next on a keep-alive one. Without it a
+                // restart or an upgrade would fail the next request of every idle client.
+                let wait = DRAIN_GRACE.min(if first {
+                    self.ctx.client.header_timeout
                 } else {
-                    Duration::ZERO
-                };
+                    self.ctx.client.idle_timeout
+                });
                 match tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)).await {
                     Ok(Ok(0)) | Err(_) => return Ok(Head::Closed),
                     Ok(Ok(_)) => continue,
@@ -222,8 +274,9 @@ impl Conn {
                 Some(d) => d.saturating_duration_since(Instant::now()),
                 None => self.ctx.client.idle_timeout,
             };
-            if self.buf.capacity() - self.buf.len() < 4096 {
-                self.buf.reserve(8192);
+            let room = if self.sock.is_h2() { 512 } else { 4096 };
+            if self.buf.capacity() - self.buf.len() < room {
+                self.buf.reserve(2 * room);
             }
             let read = tokio::select! {
                 r = tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)) => r,

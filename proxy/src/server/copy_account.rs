@@ -48,6 +48,8 @@ impl Conn {
         }
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);
+            self.recorded
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

@@ -70,6 +70,9 @@ impl Conn {
         if route.upgrade && super::tunnel::wants_tunnel(&req) {
             return Box::pin(self.tunnel(&req, route.upstream.clone(), started)).await;
         }
+        if req.upgrade.is_some() {
+            super::tunnel::drop_handshake_fields(&mut req);
+        }
         // A request the cache may answer is one request from here on: its key and its upstream
         // request both see the route's Accept-Encoding. One that goes past the cache keeps the
         // client's field (a zstd-capable client of an uncached API loses nothing).
@@ -186,6 +189,15 @@ impl Conn {
                 &self.ctx.forwarding.request_id_header,
             );
             self.log_info = crate::accesslog::RequestInfo::of(req);
+            if self.sock.is_h2() {
+                self.unanswered = Some(Box::new(super::conn::Unanswered {
+                    method: req.method.to_string(),
+                    target: req.target.clone(),
+                    started,
+                }));
+                self.recorded
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         let Some(body) = self.read_body(req).await? else {
             return Ok(Err(false));

@@ -38,6 +38,17 @@ pub(super) fn wants_tunnel(req: &RequestHead) -> bool {
             .is_some_and(|u| !protocols(u).any(|p| p.eq_ignore_ascii_case("h2c")))
 }
 
+/// Removes a WebSocket handshake's own fields from a request that will not be tunnelled (its
+/// route has no `upgrade: true`): it goes on as the plain GET it also is, and neither the origin
+/// nor the stored response sees a per-connection key that belongs to a switch never made.
+pub(super) fn drop_handshake_fields(req: &mut RequestHead) {
+    req.fields.retain(|(k, _)| {
+        !k.as_bytes()
+            .get(..14)
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"sec-websocket-"))
+    });
+}
+
 /// The protocol names of an `Upgrade` list (`websocket`, `foo/2` → `foo`), trimmed.
 fn protocols(list: &str) -> impl Iterator<Item = &str> {
     list.split(',')
@@ -131,7 +142,10 @@ impl Conn {
         };
         ctx.accounting.upgrade("switched");
         let mut h = Head::new(&mut self.head, 101, &head.reason);
-        h.end_to_end(&head.fields, proxy_owned)
+        // What clients never see on any other response (the tag field, targeted fields the
+        // proxy consumes) is hidden on a 101 too.
+        let hidden = |k: &str| proxy_owned(k) || ctx.store.targeted().hides(k);
+        h.end_to_end(&head.fields, hidden)
             .field("Connection", b"upgrade")
             .field("Upgrade", switched.as_bytes());
         h.end(false);

@@ -42,7 +42,7 @@ fn ws_origin() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
                     return;
                 }
                 let reply = format!(
-                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {ACCEPT}\r\n\r\n"
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {ACCEPT}\r\nSurrogate-Key: ws-tag\r\n\r\n"
                 );
                 if sock.write_all(reply.as_bytes()).is_err() {
                     return;
@@ -139,6 +139,11 @@ fn a_websocket_handshake_gets_the_origins_101_and_its_echo() {
     ] {
         assert!(head.contains(line), "{line} in {head}");
     }
+    // The tag field is hidden from clients on a 101 as on every other response.
+    assert!(
+        !head.to_ascii_lowercase().contains("surrogate-key"),
+        "{head}"
+    );
     assert_eq!(echoed, b"ping-1");
     s.write_all(b"ping-2").expect("send");
     let mut back = [0u8; 6];
@@ -207,6 +212,12 @@ fn a_declined_upgrade_is_relayed_and_without_upgrade_true_a_101_is_a_502() {
         .unwrap_or_default();
     assert!(
         !sent.to_ascii_lowercase().contains("upgrade: websocket"),
+        "{sent}"
+    );
+    // Nor the handshake's own fields: the request goes on as the plain GET it also is, so no
+    // per-connection key reaches the origin (or a stored response's request).
+    assert!(
+        !sent.to_ascii_lowercase().contains("sec-websocket-"),
         "{sent}"
     );
     assert_eq!(

@@ -41,16 +41,16 @@ const FRAME_PAYLOAD: usize = 16_384 - 9;
 const MAX_HEAD: usize = 256 * 1024;
 
 /// What the request path may send before the head is on its way: a head and the start of a
-/// small body. A stream whose client never opens its window holds this much of its body at
-/// most; the rest waits in the file.
-const HEAD_CREDIT: usize = 16 * 1024;
+/// small body (a 1 KiB hit goes out whole). A stream whose client never opens its window holds
+/// this much of its body at most; the rest waits in the file.
+const HEAD_CREDIT: usize = 4 * 1024;
 
 /// The most a stream is let read ahead at once, once its window is open: a chunk of a file.
 const BODY_CREDIT: usize = 64 * 1024;
 
 /// A connection's budget of response bytes read for its streams and not yet written to its
 /// socket (in KiB, the budget's unit): 2 MiB, 32 streams' full chunks at once. With the output
-/// buffer's 64 KiB and what each stream keeps of its own (about 15 KiB: its request path's
+/// buffer's 64 KiB and what each stream keeps of its own (about 16 KiB: its request path's
 /// buffers and tasks), it bounds what one client can make the proxy hold, and
 /// `limits.max_connections` times it what all can.
 pub(crate) const CONNECTION_BUDGET_KIB: usize = 2048;
