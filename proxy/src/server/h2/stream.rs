@@ -372,16 +372,17 @@ async fn body(
     let mut decoder = ChunkedDecoder::default();
     let mut decoded = Vec::new();
     let mut next = Some(buf.split().freeze());
+    // Whether the client took the last piece without the stream waiting for window.
+    let mut flowing = false;
     loop {
         let chunk = match next.take() {
             Some(c) => c,
             None => {
-                // More is read only for a window with room: a client that keeps it shut makes
-                // the request path wait (within send_timeout) with nothing read ahead.
-                match window(send, BODY_CREDIT, send_timeout).await {
-                    Ok(room) => top_up(credit, room.min(BODY_CREDIT)),
-                    Err(end) => return end,
-                }
+                // The next chunk may be a file's chunk while the client takes what it is sent,
+                // a head's worth while its window is shut: what a stalled stream holds stays
+                // small, and a stream reserves none of the connection's window while it waits
+                // for its request path (a slow origin must not starve its siblings).
+                top_up(credit, if flowing { BODY_CREDIT } else { HEAD_CREDIT });
                 tokio::select! {
                     r = rx.recv() => match r {
                         Some(c) => c,
@@ -410,7 +411,7 @@ async fn body(
             Framing::None => (Bytes::new(), true),
         };
         if !piece.is_empty() || last {
-            match send_data(send, piece, last, send_timeout).await {
+            match send_data(send, piece, last, send_timeout, &mut flowing).await {
                 End::Done if last => return End::Done,
                 End::Done => {}
                 other => return other,
@@ -420,13 +421,16 @@ async fn body(
 }
 
 /// Sends `data` as the client's window allows, ending the stream with it when `last`; the window
-/// must open within `send_timeout` each time it is waited for.
+/// must open within `send_timeout` each time it is waited for. `flowing` says afterwards whether
+/// it went out without a wait for window.
 async fn send_data(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
     last: bool,
     send_timeout: Duration,
+    flowing: &mut bool,
 ) -> End {
+    *flowing = true;
     if data.is_empty() {
         return match send.send_data(data, last) {
             Ok(()) => End::Done,
@@ -434,7 +438,7 @@ async fn send_data(
         };
     }
     while !data.is_empty() {
-        let granted = match window(send, data.len(), send_timeout).await {
+        let granted = match window(send, data.len(), send_timeout, flowing).await {
             Ok(n) => n,
             Err(end) => return end,
         };
@@ -448,11 +452,13 @@ async fn send_data(
 }
 
 /// Waits for room in the stream's send window for up to `want` bytes, which must open within
-/// `send_timeout`: how much there is (at least 1), or how the stream ended meanwhile.
+/// `send_timeout`: how much there is (at least 1), or how the stream ended meanwhile. A wait
+/// clears `flowing`.
 async fn window(
     send: &mut SendStream<Bytes>,
     want: usize,
     send_timeout: Duration,
+    flowing: &mut bool,
 ) -> Result<usize, End> {
     loop {
         send.reserve_capacity(want);
@@ -461,6 +467,7 @@ async fn window(
         if granted > 0 {
             return Ok(granted);
         }
+        *flowing = false;
         let wait = poll_fn(|cx| {
             if send.poll_reset(cx).is_ready() {
                 return Poll::Ready(None);
