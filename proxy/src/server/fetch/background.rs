@@ -185,6 +185,7 @@ impl Background {
             up,
             framing,
             self.upstream.clone(),
+            self.primary.hash,
             fill,
             w,
             Some(self.guard),

@@ -138,6 +138,7 @@ impl Fetch<'_> {
         }
         // Only a storable response keeps the followers waiting; for any other, let them go now
         // and fetch on their own (hit-for-miss), so an uncacheable URL never queues its clients.
+        let primary = self.fill.as_ref().map(|(key, _)| key.hash);
         let guard = self.fill.take().and_then(|(_, g)| g);
         let guard = if fill.is_some() { guard } else { None };
         let reuse = !upstream_closes(&head) && !self.no_pool;
@@ -148,7 +149,8 @@ impl Fetch<'_> {
                 // A client answered locally (304/412) reads nothing, yet asked for the object:
                 // its fill is not an abandoned one.
                 let wanted = local == Precondition::Proceed;
-                self.fill_behind(ctx, up, framing, f, guard, reuse, wanted)
+                let primary = primary.unwrap_or(f.hash());
+                self.fill_behind(ctx, up, framing, (primary, f), guard, reuse, wanted)
             }
             None => Body::Stream(up),
         };
@@ -224,14 +226,14 @@ impl Fetch<'_> {
 
     /// Starts the fill of a storable body: a task copies it from the origin into the cache file
     /// at the origin's speed, the key's followers are told where to read behind it, and so is
-    /// this client.
+    /// this client. `primary`: the request's primary key hash (see `pump`).
     #[allow(clippy::too_many_arguments)]
     fn fill_behind(
         &self,
         ctx: &Arc<crate::server::Ctx>,
         up: crate::upstream::UpstreamConn,
         framing: BodyFraming,
-        f: Fill,
+        (primary, f): (u128, Fill),
         guard: Option<crate::cache::lock::LeaderGuard>,
         reuse: bool,
         wanted: bool,
@@ -246,6 +248,7 @@ impl Fetch<'_> {
             up,
             framing,
             self.upstream.clone(),
+            primary,
             f,
             w,
             guard,

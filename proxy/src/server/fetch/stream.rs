@@ -116,13 +116,16 @@ impl Fetch<'_> {
 /// the clients reading behind it, then commits the entry, returns the connection to the pool and
 /// lets the followers go. `abandon`: a fill begun for clients stops once none has been reading for
 /// `cache.abandoned_fill_timeout` or it passes `cache.abandoned_fill_max` bytes with none, so
-/// connect-and-disconnect cannot make the origin stream huge objects for nobody.
+/// connect-and-disconnect cannot make the origin stream huge objects for nobody. `primary`: the
+/// request's primary key hash, under which a body of unknown length found too large is
+/// remembered (`Store::oversized`; the fill's own hash is a variant's under `Vary`).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn pump(
     ctx: Arc<crate::server::Ctx>,
     mut up: UpstreamConn,
     framing: BodyFraming,
     group: Arc<Group>,
+    primary: u128,
     mut fill: Fill,
     mut w: Writer,
     guard: Option<LeaderGuard>,
@@ -167,7 +170,7 @@ pub(super) async fn pump(
                 past_max = true;
                 if expected.is_none() {
                     // Its head said `stored`: the next request for the key will not.
-                    ctx.store.oversized().note(fill.hash());
+                    ctx.store.oversized().note(primary);
                 }
                 tracing::debug!(
                     bytes = fill.written(),
@@ -200,7 +203,7 @@ pub(super) async fn pump(
         // still get every byte from the open file, and dropping the fill deletes it.
         if !past_max {
             if expected.is_none() && fill.too_large().is_some() {
-                ctx.store.oversized().note(fill.hash());
+                ctx.store.oversized().note(primary);
             }
             tracing::debug!(bytes = n, why, "body outside the sizes stored; not stored");
             ctx.accounting.not_stored(why);
