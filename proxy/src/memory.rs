@@ -23,9 +23,19 @@ pub(crate) fn start_trimming() {
         let spawned = std::thread::Builder::new()
             .name("zc-memory".into())
             .spawn(|| {
+                // What the arenas held free after the last trim: `malloc_trim` gives pages back
+                // but leaves their chunks in the free lists (`fordblks` does not fall), so the
+                // next trim waits until another SLACK has been freed, or every tick after one
+                // burst would walk every arena under its lock again.
+                // It follows the free memory down as the arenas reuse it.
+                let mut after_last = 0;
                 loop {
                     std::thread::sleep(EVERY);
-                    trim_if_past(SLACK);
+                    // SAFETY: see `trim_if_past`.
+                    after_last = after_last.min(unsafe { libc::mallinfo2() }.fordblks);
+                    if let Some(free) = trim_if_past(after_last + SLACK) {
+                        after_last = free;
+                    }
                 }
             });
         if let Err(e) = spawned {
@@ -34,19 +44,22 @@ pub(crate) fn start_trimming() {
     }
 }
 
-/// Gives free memory back when the arenas hold more than `slack` of it; returns the bytes
-/// they held free before.
+/// Gives free memory back when the arenas hold more than `past` of it: the bytes they hold
+/// free after the trim, or None when it was not needed. (`mallinfo2` is glibc 2.33's: Debian
+/// 12 has 2.36.)
 #[cfg(target_env = "gnu")]
-fn trim_if_past(slack: usize) -> usize {
+fn trim_if_past(past: usize) -> Option<usize> {
     // SAFETY: mallinfo2 and malloc_trim only read and adjust the allocator's own state, under
     // its locks; neither touches memory the program owns.
     let free = unsafe { libc::mallinfo2() }.fordblks;
-    if free > slack {
-        // SAFETY: as above; a pad of 0 keeps nothing extra at the top of the heap.
-        unsafe { libc::malloc_trim(0) };
-        tracing::debug!(free_mb = free >> 20, "free memory given back to the system");
+    if free <= past {
+        return None;
     }
-    free
+    // SAFETY: as above; a pad of 0 keeps nothing extra at the top of the heap.
+    unsafe { libc::malloc_trim(0) };
+    tracing::debug!(free_mb = free >> 20, "free memory given back to the system");
+    // SAFETY: as above.
+    Some(unsafe { libc::mallinfo2() }.fordblks)
 }
 
 #[cfg(all(test, target_env = "gnu"))]
@@ -73,7 +86,12 @@ mod tests {
         let before = rss_kib();
         let free = trim_if_past(SLACK);
         let after = rss_kib();
-        assert!(free > 90 << 20, "free in the arenas: {free}");
+        assert!(
+            free.is_some(),
+            "100 MB free in the arenas is past the slack"
+        );
+        // The chunks stay in the free lists: the next look needs another SLACK freed.
+        assert_eq!(trim_if_past(free.unwrap_or(0) + SLACK), None);
         assert!(
             before.saturating_sub(after) > 80 * 1024,
             "given back: {} KiB (RSS {before} -> {after} KiB)",
