@@ -46,6 +46,8 @@ impl Conn {
                 crate::fleet::internal::answer(&fleet, &self.ctx.purger(), op, whole);
             self.head = crate::fleet::internal::response(status, &json, req.close);
             self.send_head().await?;
+            // Answered, though not recorded as a client's response: no abandoned-request line.
+            self.unanswered = None;
             return Ok(Intake::Answered(!req.close));
         }
         self.from_peer = true;

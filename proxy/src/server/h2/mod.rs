@@ -59,8 +59,9 @@ pub(crate) enum Opening {
     H2,
     /// With anything else: served as HTTP/1.1 from its first byte.
     Http1,
-    /// With a part of the preface and then nothing more within `header_timeout`, or a FIN: closed
-    /// (an HTTP/1.1 request cannot start `PRI * HTTP/2.0`, so nothing is lost by not answering).
+    /// With a part of the preface and then nothing more within `header_timeout`, or a FIN (with
+    /// or without bytes before it): closed (an HTTP/1.1 request cannot start `PRI * HTTP/2.0`,
+    /// so nothing is lost by not answering).
     Close,
 }
 
@@ -75,6 +76,9 @@ pub(crate) async fn opening(tcp: &tokio::net::TcpStream, wait: Duration) -> Open
     loop {
         n = match peek_more(tcp, &mut seen, n, deadline).await {
             Ok(n) => n,
+            // Nothing sent within header_timeout: an idle connection (a client's pre-connect
+            // or pool), which the HTTP/1.1 path keeps for idle_timeout, as on a plain listener.
+            Err(Ended::Deadline) if n == 0 => return Opening::Http1,
             Err(Ended::Closed | Ended::Deadline | Ended::Failed) => return Opening::Close,
         };
         if seen[..n] != PREFACE[..n] {
