@@ -31,7 +31,7 @@ pub struct Options {
 }
 
 /// A child process killed on drop.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -40,7 +40,11 @@ impl Drop for Proc {
     }
 }
 
-fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> anyhow::Result<()> {
+pub(crate) fn wait_listening(
+    addr: SocketAddr,
+    child: &mut Child,
+    what: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(addr).is_err() {
         if let Some(status) = child.try_wait()? {
@@ -64,7 +68,7 @@ fn sum(text: &str, family: &str, with: &[&str]) -> f64 {
         .sum()
 }
 
-fn metrics(dashboard: SocketAddr) -> anyhow::Result<String> {
+pub(crate) fn metrics(dashboard: SocketAddr) -> anyhow::Result<String> {
     let mut c = SimpleClient::connect(dashboard)?;
     let r = c.get(&dashboard.to_string(), "/metrics", true)?;
     Ok(String::from_utf8_lossy(&r.body).into_owned())

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_fleet;
 mod bench_h2;
+mod bench_index;
 mod bench_tls;
 mod bench_watch;
 mod demo;
@@ -116,9 +117,19 @@ enum Task {
         /// writes xtask/bench/results/fleet.md. Uses --duration.
         #[arg(long)]
         fleet: bool,
-        /// With --fleet: debug binaries, for a quick check of the harness (no figures to quote).
+        /// With --fleet or --index: debug binaries, for a quick check of the harness (no figures
+        /// to quote).
         #[arg(long)]
         debug: bool,
+        /// The index mode: one proxy filled with --objects one-byte objects through its front
+        /// door; RAM and disk per object, hit latency against a nearly empty cache, restart and
+        /// upgrade to the first HIT (xtask/src/bench_index.rs); writes
+        /// xtask/bench/results/index.md.
+        #[arg(long)]
+        index: bool,
+        /// With --index: how many objects.
+        #[arg(long, default_value_t = 1_000_000)]
+        objects: usize,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -214,6 +225,17 @@ fn main() -> ExitCode {
             verbose,
             libfuzzer_args,
         } => setup::setup().and_then(|_| fuzz::fuzz(time, target, verbose, &libfuzzer_args)),
+        Task::Bench {
+            index: true,
+            objects,
+            debug,
+            ..
+        } => setup::setup().and_then(|_| {
+            bench_index::bench_index(bench_index::Options {
+                objects,
+                release: !debug,
+            })
+        }),
         Task::Bench {
             duration,
             fleet: true,

@@ -1,0 +1,332 @@
+//! `cargo xtask bench --index [--objects N]`: what zerocache costs per stored object, the figures
+//! an edge node with tens of millions of objects lives by. One proxy in front of the demo origin
+//! is filled with N one-byte objects through its own front door (`/obj/1?i=<n>`, each a MISS
+//! stored), then measured:
+//!
+//! - RAM per object: RSS growth from the empty process to the full one, divided by N;
+//! - disk per object: the cache directory's allocated blocks, divided by N;
+//! - hit latency p50/p99 over random objects at N, against the same over the first 1,000 (the
+//!   cache nearly empty), one keep-alive client, one request at a time;
+//! - a restart with the page cache dropped (as root; a warm one otherwise, said so): time from
+//!   the spawn to the first HIT, and to a complete index (`/api/stats` counting N);
+//! - a SIGUSR2 upgrade: time from the signal to the successor serving (its pid in the pid file),
+//!   then a HIT from it.
+//!
+//! Writes xtask/bench/results/index.md. Times here are for the record, never asserted.
+
+use crate::bench_fleet::{Proc, metrics, wait_listening};
+use crate::{free_port, root, run};
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use zerocache_origin::client::SimpleClient;
+
+/// Index benchmark settings.
+pub struct Options {
+    /// Objects to store.
+    pub objects: usize,
+    /// Release binaries (debug ones otherwise: a quick check of the harness, no figures).
+    pub release: bool,
+}
+
+/// Objects the "nearly empty" latency is measured over.
+const SMALL: usize = 1_000;
+
+/// Hits timed for each latency figure.
+const TIMED: usize = 20_000;
+
+const HOST: &str = "bench.example";
+
+fn path(i: usize) -> String {
+    format!("/obj/1?i={i}")
+}
+
+/// Resident memory of `pid`, in bytes.
+fn rss(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmRSS")?;
+    Ok(kib * 1024)
+}
+
+/// Bytes allocated to the files under `dir`, and how many files.
+fn disk(dir: &Path) -> anyhow::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let (mut bytes, mut files) = (0, 0);
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let m = e.metadata()?;
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else {
+                bytes += m.blocks() * 512;
+                files += 1;
+            }
+        }
+    }
+    Ok((bytes, files))
+}
+
+/// Stores objects `range` through `proxy` on 4 keep-alive connections.
+fn fill(proxy: SocketAddr, range: std::ops::Range<usize>) -> anyhow::Result<()> {
+    let next = AtomicUsize::new(range.start);
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| -> anyhow::Result<()> {
+                    let mut c = SimpleClient::connect(proxy)?;
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= range.end {
+                            return Ok(());
+                        }
+                        let r = c.get(HOST, &path(i), false)?;
+                        anyhow::ensure!(r.status == 200 && r.body == b"\0", "{}", path(i));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a fill thread panicked"))??;
+        }
+        Ok(())
+    })
+}
+
+/// p50 and p99 of [`TIMED`] hits on random objects below `n`, in microseconds.
+fn latency(proxy: SocketAddr, n: usize) -> anyhow::Result<(f64, f64)> {
+    let mut c = SimpleClient::connect(proxy)?;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut took = Vec::with_capacity(TIMED);
+    for _ in 0..TIMED {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = (x % n as u64) as usize;
+        let t = Instant::now();
+        let r = c.get(HOST, &path(i), false)?;
+        took.push(t.elapsed().as_secs_f64() * 1e6);
+        anyhow::ensure!(r.header("x-cache") == Some("HIT"), "{} not a HIT", path(i));
+    }
+    took.sort_by(f64::total_cmp);
+    Ok((took[TIMED / 2], took[TIMED * 99 / 100]))
+}
+
+/// Spawns the proxy with `config`.
+fn start(bin: &Path, config: &Path) -> anyhow::Result<Child> {
+    Command::new(bin.join("zerocache"))
+        .args(["run", "--config"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting zerocache")
+}
+
+/// Polls GET `path(0)` on new connections until it is a HIT; the time since `from`.
+fn until_hit(proxy: SocketAddr, from: Instant) -> anyhow::Result<Duration> {
+    let deadline = from + Duration::from_secs(3600);
+    loop {
+        let hit = SimpleClient::connect(proxy)
+            .and_then(|mut c| c.get(HOST, &path(0), true))
+            .is_ok_and(|r| r.header("x-cache") == Some("HIT"));
+        if hit {
+            return Ok(from.elapsed());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no HIT within an hour");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls `/api/stats` until it counts `n` objects; the time since `from`.
+fn until_indexed(dashboard: SocketAddr, n: usize, from: Instant) -> anyhow::Result<Duration> {
+    loop {
+        let objects = SimpleClient::connect(dashboard)
+            .and_then(|mut c| c.get(&dashboard.to_string(), "/api/stats?history=false", true))
+            .ok()
+            .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+            .and_then(|v| v["cache"]["objects"].as_u64());
+        if objects.is_some_and(|o| o as usize >= n) {
+            return Ok(from.elapsed());
+        }
+        anyhow::ensure!(
+            from.elapsed() < Duration::from_secs(3600),
+            "not indexed within an hour"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Drops the page cache (as root): a restart then reads every entry from the disk.
+fn drop_page_cache() -> bool {
+    // SAFETY: sync(2) takes no arguments.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+fn read_pid(file: &Path) -> Option<u32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+/// Runs the index benchmark.
+pub fn bench_index(opts: Options) -> anyhow::Result<()> {
+    anyhow::ensure!(opts.objects > SMALL, "--objects must be more than {SMALL}");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(&cargo);
+    build.args(["build", "-p", "zerocache", "-p", "zerocache-origin"]);
+    if opts.release {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let bin = root().join(if opts.release {
+        "target/release"
+    } else {
+        "target/debug"
+    });
+    let base = root().join("target/bench-index");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base)?;
+
+    let origin: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mut o = Command::new(bin.join("zerocache-origin"))
+        .arg(origin.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the origin")?;
+    wait_listening(origin, &mut o, "origin")?;
+    let _origin = Proc(o);
+
+    let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let dashboard: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let cache = base.join("cache");
+    let pid_file = base.join("zerocache.pid");
+    let config = base.join("zerocache.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {proxy}\npid_file: {}\ncache:\n  path: {}\n  max_size: 100GiB\n  max_entries: {}\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nlogging:\n  level: warn\n",
+            pid_file.display(),
+            cache.display(),
+            opts.objects + 10_000,
+        ),
+    )?;
+
+    let mut p = Proc(start(&bin, &config)?);
+    wait_listening(proxy, &mut p.0, "zerocache")?;
+    wait_listening(dashboard, &mut p.0, "zerocache dashboard")?;
+    std::thread::sleep(Duration::from_millis(500));
+    let empty = rss(p.0.id())?;
+    fill(proxy, 0..SMALL)?;
+    let (small_p50, small_p99) = latency(proxy, SMALL)?;
+    let started = Instant::now();
+    fill(proxy, SMALL..opts.objects)?;
+    let fill_secs = started.elapsed().as_secs_f64();
+    let full = rss(p.0.id())?;
+    let (p50, p99) = latency(proxy, opts.objects)?;
+    let (disk_bytes, files) = disk(&cache)?;
+    let n = opts.objects as f64;
+    println!(
+        "xtask: {} objects stored in {fill_secs:.0} s; RSS {} -> {} MB",
+        opts.objects,
+        empty >> 20,
+        full >> 20
+    );
+
+    // A restart, the page cache dropped where this may.
+    // SAFETY: our own child.
+    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    let _ = p.0.wait();
+    let cold = drop_page_cache();
+    let from = Instant::now();
+    let mut p = Proc(start(&bin, &config)?);
+    let first_hit = until_hit(proxy, from)?;
+    let indexed = until_indexed(dashboard, opts.objects, from)?;
+
+    // An upgrade: from the signal to the successor serving, then a HIT from it.
+    let old = p.0.id();
+    let from = Instant::now();
+    // SAFETY: our own child.
+    unsafe { libc::kill(old as i32, libc::SIGUSR2) };
+    let new = loop {
+        if let Some(pid) = read_pid(&pid_file).filter(|p| *p != old) {
+            break pid;
+        }
+        anyhow::ensure!(from.elapsed() < Duration::from_secs(3600), "no successor");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let upgraded = from.elapsed();
+    let _ = p.0.wait();
+    let upgrade_hit = until_hit(proxy, from)?;
+    let after = metrics(dashboard)?;
+    // SAFETY: the successor this benchmark started.
+    unsafe { libc::kill(new as i32, libc::SIGTERM) };
+    anyhow::ensure!(
+        after.contains("zerocache_cache_objects"),
+        "no metrics from the successor"
+    );
+
+    let start_kind = if cold {
+        "page cache dropped"
+    } else {
+        "page cache warm (not root)"
+    };
+    let table = format!(
+        "| figure | value |\n|---|---|\n\
+         | objects | {} |\n\
+         | RAM per object (RSS {} → {} MB) | {:.0} bytes |\n\
+         | disk per object ({files} files) | {:.0} bytes |\n\
+         | hit p50 / p99, {SMALL} objects | {small_p50:.0} / {small_p99:.0} µs |\n\
+         | hit p50 / p99, {} objects | {p50:.0} / {p99:.0} µs ({:.2}× / {:.2}×) |\n\
+         | restart to the first HIT ({start_kind}) | {:.1} s |\n\
+         | restart to a complete index | {:.1} s |\n\
+         | SIGUSR2 upgrade to the successor serving | {:.1} s |\n\
+         | SIGUSR2 upgrade to its first HIT | {:.1} s |\n\
+         | fill through the proxy | {:.0} objects/s |\n",
+        opts.objects,
+        empty >> 20,
+        full >> 20,
+        full.saturating_sub(empty) as f64 / n,
+        disk_bytes as f64 / n,
+        opts.objects,
+        p50 / small_p50,
+        p99 / small_p99,
+        first_hit.as_secs_f64(),
+        indexed.as_secs_f64(),
+        upgraded.as_secs_f64(),
+        upgrade_hit.as_secs_f64(),
+        (n - SMALL as f64) / fill_secs,
+    );
+    println!("{table}");
+    if opts.release {
+        let out = root().join("xtask/bench/results/index.md");
+        let text = format!(
+            "# zerocache index at {} objects\n\n`cargo xtask bench --index --objects {}` ({} UTC; {} cores). One-byte objects filled through the proxy on 4 connections; latency from one keep-alive client, one request at a time.\n\n{table}",
+            opts.objects,
+            opts.objects,
+            utc_now(),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        );
+        std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+        println!("xtask: wrote {}", out.display());
+    }
+    let _ = std::fs::remove_dir_all(&base);
+    Ok(())
+}
+
+/// The time now, `YYYY-MM-DD HH:MM`, from `date` (the benchmark's record, not a measurement).
+fn utc_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
