@@ -6,8 +6,9 @@ use super::{Rebuilt, Store};
 use crate::cache::entry::{self, Entry};
 use std::fs::{self, File};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Store {
     /// Indexes every valid entry file and deletes the rest (temp files of fills interrupted by a
@@ -30,27 +31,9 @@ impl Store {
         }
         // Walk every directory but tmp and state: a changed `levels` still finds the old
         // entries, and the cache's own state is never taken for a foreign file.
-        let mut dirs = vec![self.layout.dir().to_path_buf()];
-        while let Some(d) = dirs.pop() {
-            for e in fs::read_dir(&d)? {
-                let e = e?;
-                let path = e.path();
-                if e.file_type()?.is_dir() {
-                    if super::layout::holds_entries(self.layout.dir(), &path) {
-                        dirs.push(path);
-                    }
-                    continue;
-                }
-                match self.index_file(&path) {
-                    Ok(()) => out.entries += 1,
-                    Err(err) => {
-                        tracing::warn!(path = %path.display(), error = %err, "discarding cache file");
-                        let _ = fs::remove_file(&path);
-                        out.discarded += 1;
-                    }
-                }
-            }
-        }
+        let (entries, discarded) = self.index_tree()?;
+        out.entries += entries;
+        out.discarded += discarded;
         self.evict_to_fit(0);
         let mut buf = Vec::new();
         for hash in self.sample(verify) {
@@ -84,6 +67,63 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Indexes every entry file under the cache directory (but `tmp/` and `state/`) on
+    /// [`READERS`] threads, deleting what is not an entry; returns (indexed, deleted). A cold
+    /// rebuild waits on the disk for every header it reads: one reader at a time left the disk's
+    /// queue empty (37 s at 100,000 entries with the page cache dropped), where many keep it
+    /// busy. Directories are the unit of work, shared through a queue, so the threads split any
+    /// layout (`levels` 1 or 2, an old one beside a new one) without listing every file first.
+    fn index_tree(&self) -> io::Result<(u64, u64)> {
+        let work = Work {
+            queue: parking_lot::Mutex::new((vec![self.layout.dir().to_path_buf()], 0)),
+            more: parking_lot::Condvar::new(),
+            entries: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+            failed: parking_lot::Mutex::new(None),
+        };
+        std::thread::scope(|s| {
+            for _ in 0..READERS {
+                s.spawn(|| {
+                    while let Some(d) = work.next() {
+                        if let Err(e) = self.index_dir(&d, &work) {
+                            work.failed.lock().get_or_insert(e);
+                        }
+                        work.done();
+                    }
+                });
+            }
+        });
+        if let Some(e) = work.failed.into_inner() {
+            return Err(e);
+        }
+        Ok((work.entries.into_inner(), work.discarded.into_inner()))
+    }
+
+    /// Indexes the files of `d` and queues its subdirectories.
+    fn index_dir(&self, d: &Path, work: &Work) -> io::Result<()> {
+        for e in fs::read_dir(d)? {
+            let e = e?;
+            let path = e.path();
+            if e.file_type()?.is_dir() {
+                if super::layout::holds_entries(self.layout.dir(), &path) {
+                    work.push(path);
+                }
+                continue;
+            }
+            match self.index_file(&path) {
+                Ok(()) => {
+                    work.entries.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(err) => {
+                    tracing::warn!(path = %path.display(), error = %err, "discarding cache file");
+                    let _ = fs::remove_file(&path);
+                    work.discarded.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// At most `n` hashes of indexed entries, chosen at random.
@@ -121,6 +161,58 @@ impl Store {
         .with_body_checksum(h.body_checksum);
         self.insert_entry(Arc::new(e));
         Ok(())
+    }
+}
+
+/// Threads reading entry headers during the rebuild (see [`Store::index_tree`]): enough reads
+/// in flight for an SSD's or a virtual disk's queue; on a warm page cache the work is CPU-bound
+/// and the extra threads only wait.
+const READERS: usize = 16;
+
+/// The rebuild's shared state: directories to read and how many are being read (the walk ends
+/// when both are none), and what was found.
+struct Work {
+    queue: parking_lot::Mutex<(Vec<PathBuf>, usize)>,
+    more: parking_lot::Condvar,
+    entries: AtomicU64,
+    discarded: AtomicU64,
+    failed: parking_lot::Mutex<Option<io::Error>>,
+}
+
+impl Work {
+    /// The next directory to read, waiting while others are read (they may find more); None
+    /// once none is left and none is being read, or after a failure.
+    fn next(&self) -> Option<PathBuf> {
+        let mut q = self.queue.lock();
+        loop {
+            if self.failed.lock().is_some() {
+                return None;
+            }
+            if let Some(d) = q.0.pop() {
+                q.1 += 1;
+                return Some(d);
+            }
+            if q.1 == 0 {
+                return None;
+            }
+            self.more.wait(&mut q);
+        }
+    }
+
+    /// A directory found: queued for a reader.
+    fn push(&self, d: PathBuf) {
+        self.queue.lock().0.push(d);
+        self.more.notify_one();
+    }
+
+    /// A directory read to its end.
+    fn done(&self) {
+        let mut q = self.queue.lock();
+        q.1 -= 1;
+        if q.1 == 0 && q.0.is_empty() || self.failed.lock().is_some() {
+            // The walk is over (or failed): every waiting reader ends.
+            self.more.notify_all();
+        }
     }
 }
 
