@@ -74,24 +74,33 @@ pub(crate) fn metrics(dashboard: SocketAddr) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&r.body).into_owned())
 }
 
-/// Runs the fleet benchmark.
-pub fn bench_fleet(opts: Options) -> anyhow::Result<()> {
+/// What a benchmark of real processes starts from: the binaries' directory, an empty work
+/// directory, and the demo origin running.
+pub(crate) struct Prepared {
+    pub(crate) bin: std::path::PathBuf,
+    pub(crate) base: std::path::PathBuf,
+    pub(crate) origin: SocketAddr,
+    pub(crate) _origin: Proc,
+}
+
+/// Builds zerocache and the origin (release unless `release` is false), empties
+/// `target/<work>`, and starts the origin on a free port.
+pub(crate) fn prepare(release: bool, work: &str) -> anyhow::Result<Prepared> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = Command::new(&cargo);
     build.args(["build", "-p", "zerocache", "-p", "zerocache-origin"]);
-    if opts.release {
+    if release {
         build.arg("--release");
     }
     run(&mut build)?;
-    let bin = root().join(if opts.release {
+    let bin = root().join(if release {
         "target/release"
     } else {
         "target/debug"
     });
-    let base = root().join("target/bench-fleet");
+    let base = root().join("target").join(work);
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
-
     let origin: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let mut o = Command::new(bin.join("zerocache-origin"))
         .arg(origin.to_string())
@@ -99,7 +108,22 @@ pub fn bench_fleet(opts: Options) -> anyhow::Result<()> {
         .spawn()
         .context("starting the origin")?;
     wait_listening(origin, &mut o, "origin")?;
-    let _origin = Proc(o);
+    Ok(Prepared {
+        bin,
+        base,
+        origin,
+        _origin: Proc(o),
+    })
+}
+
+/// Runs the fleet benchmark.
+pub fn bench_fleet(opts: Options) -> anyhow::Result<()> {
+    let Prepared {
+        bin,
+        base,
+        origin,
+        _origin,
+    } = prepare(opts.release, "bench-fleet")?;
 
     let probe = crate::is_root();
     let nodes: Vec<(SocketAddr, SocketAddr)> = (0..3)

@@ -14,8 +14,8 @@
 //!
 //! Writes xtask/bench/results/index.md. Times here are for the record, never asserted.
 
-use crate::bench_fleet::{Proc, metrics, wait_listening};
-use crate::{free_port, root, run};
+use crate::bench_fleet::{Prepared, Proc, metrics, prepare, wait_listening};
+use crate::{free_port, root};
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -179,30 +179,12 @@ fn read_pid(file: &Path) -> Option<u32> {
 /// Runs the index benchmark.
 pub fn bench_index(opts: Options) -> anyhow::Result<()> {
     anyhow::ensure!(opts.objects > SMALL, "--objects must be more than {SMALL}");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(&cargo);
-    build.args(["build", "-p", "zerocache", "-p", "zerocache-origin"]);
-    if opts.release {
-        build.arg("--release");
-    }
-    run(&mut build)?;
-    let bin = root().join(if opts.release {
-        "target/release"
-    } else {
-        "target/debug"
-    });
-    let base = root().join("target/bench-index");
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base)?;
-
-    let origin: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let mut o = Command::new(bin.join("zerocache-origin"))
-        .arg(origin.to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting the origin")?;
-    wait_listening(origin, &mut o, "origin")?;
-    let _origin = Proc(o);
+    let Prepared {
+        bin,
+        base,
+        origin,
+        _origin,
+    } = prepare(opts.release, "bench-index")?;
 
     let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let dashboard: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
