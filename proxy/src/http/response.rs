@@ -128,21 +128,53 @@ impl ResponseHead {
 
 /// Standard reason phrase for the statuses the proxy itself produces.
 pub fn reason(status: u16) -> &'static str {
+    // Every status RFC 9110 §15 defines, with 103 (RFC 8297), 429 and 431 (RFC 6585) and 451
+    // (RFC 7725): whatever zerocache answers itself, now or from an operator's rule, goes out
+    // with its own phrase, never `Unknown`.
     match status {
         100 => "Continue",
+        101 => "Switching Protocols",
+        103 => "Early Hints",
         200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        203 => "Non-Authoritative Information",
+        204 => "No Content",
+        205 => "Reset Content",
         206 => "Partial Content",
+        300 => "Multiple Choices",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
         304 => "Not Modified",
+        305 => "Use Proxy",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        407 => "Proxy Authentication Required",
         408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
         412 => "Precondition Failed",
         413 => "Content Too Large",
         414 => "URI Too Long",
+        415 => "Unsupported Media Type",
         416 => "Range Not Satisfiable",
+        417 => "Expectation Failed",
         421 => "Misdirected Request",
+        422 => "Unprocessable Content",
+        426 => "Upgrade Required",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
+        451 => "Unavailable For Legal Reasons",
         500 => "Internal Server Error",
         501 => "Not Implemented",
         502 => "Bad Gateway",
@@ -166,6 +198,30 @@ pub fn test_response(status: u16, extra: &str) -> ResponseHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused PURGE went out as `403 Unknown`: every status the proxy answers itself, and
+    /// every one RFC 9110 defines, has its phrase.
+    #[test]
+    fn every_defined_status_has_its_reason_phrase() {
+        let defined = [
+            100, 101, 103, 200, 201, 202, 203, 204, 205, 206, 300, 301, 302, 303, 304, 305, 307,
+            308, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415,
+            416, 417, 421, 422, 426, 428, 429, 431, 451, 500, 501, 502, 503, 504, 505,
+        ];
+        for s in defined {
+            assert_ne!(reason(s), "Unknown", "{s}");
+        }
+        assert_eq!(
+            [reason(301), reason(403), reason(429), reason(308)],
+            [
+                "Moved Permanently",
+                "Forbidden",
+                "Too Many Requests",
+                "Permanent Redirect"
+            ]
+        );
+        assert_eq!(reason(299), "Unknown");
+    }
 
     #[test]
     fn a_bare_lf_or_cr_in_a_response_head_is_an_error() {

@@ -78,6 +78,20 @@ fn others_need_the_token_and_get_403_without_it() {
         assert_eq!(r.status, 403, "{auth:?}");
         assert_eq!(proxy.get("/obj/100").x_cache(), "HIT", "{auth:?}");
     }
+    // With its phrase: it went out as `403 Unknown`.
+    let mut raw = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    std::io::Write::write_all(
+        &mut raw,
+        b"PURGE /obj/100 HTTP/1.1\r\nHost: test.example\r\nConnection: close\r\n\r\n",
+    )
+    .expect("send");
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut raw, &mut answer);
+    assert!(
+        answer.starts_with(b"HTTP/1.1 403 Forbidden\r\n"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
     let bearer = format!("Bearer {token}");
     let r = c.request("PURGE", "/obj/100", &[("Authorization", &bearer)]);
     assert_eq!(
