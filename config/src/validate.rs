@@ -252,7 +252,7 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             format!("{} levels: use 0 to 3", config.cache.levels),
         ));
     }
-    if config.cache.max_entries == 0 {
+    if config.cache.max_entries == Some(0) {
         errs.push(invalid("cache.max_entries", "must be positive".into()));
     }
     if config.limits.max_connections == 0 {

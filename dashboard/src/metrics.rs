@@ -244,6 +244,14 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     evictions
         .with_label_values(&[] as &[&str])
         .inc_by(cache.evictions);
+    counter_vec(
+        &r,
+        "zerocache_cache_head_reads_total",
+        "Entry heads read from their files (one pread each): hits on entries not among cache.hot_entries, purges, the scrub.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .inc_by(cache.head_reads);
     let g = IntGauge::new(
         "zerocache_cache_open_files",
         "Cache files held open so hot hits cost no open(2).",

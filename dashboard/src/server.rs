@@ -107,6 +107,8 @@ pub struct CacheStats {
     pub open_files: u64,
     /// Entries evicted to make room, since start.
     pub evictions: u64,
+    /// Entry heads read from their files (entries not kept whole), since start.
+    pub head_reads: u64,
     /// `cache.max_size`.
     pub max_size_bytes: u64,
 }

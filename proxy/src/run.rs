@@ -573,7 +573,8 @@ fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> 
             &config.cache.path,
             crate::cache::store::StoreLimits {
                 max_size: config.cache.max_size.as_u64(),
-                max_entries: config.cache.max_entries,
+                max_entries: config.cache.max_entries.unwrap_or(usize::MAX),
+                hot_entries: config.cache.hot_entries,
                 levels: config.cache.levels,
                 open_files,
             },
@@ -679,6 +680,7 @@ fn dashboard_state(
                 writable: st.is_writable(),
                 open_files: st.open_files() as u64,
                 evictions: st.evictions.load(std::sync::atomic::Ordering::Relaxed),
+                head_reads: st.head_reads.load(std::sync::atomic::Ordering::Relaxed),
                 max_size_bytes: st.max_size(),
             }
         }),

@@ -24,9 +24,16 @@ pub struct CacheConfig {
     /// directory holds millions of files.
     #[serde(default = "default_levels")]
     pub levels: u8,
-    /// Most entries in the in-memory index; beyond it the least recently used are evicted.
-    #[serde(default = "default_max_entries")]
-    pub max_entries: usize,
+    /// Most entries in the cache; beyond it the least recently used are evicted. Unset (the
+    /// default): no bound but `max_size`, since an entry costs the index about 70 bytes of RAM
+    /// (a million entries, 70 MB), so the disk fills first.
+    #[serde(default)]
+    pub max_entries: Option<usize>,
+    /// Entries kept whole in memory (their metadata and prebuilt hit head, about 1.5 KB each), so
+    /// a hot hit reads nothing; any other hit reads its file's head, one `pread` from the page
+    /// cache. Default 4096.
+    #[serde(default = "default_hot_entries")]
+    pub hot_entries: usize,
     /// Most cache files kept open, so hot hits cost no open(2): `auto` (the default) or a
     /// number. Every one is a file descriptor, so the proxy bounds it by RLIMIT_NOFILE at start-up
     /// (see [`OpenFiles`]).
@@ -144,8 +151,8 @@ fn default_heuristic_max() -> Duration {
 fn default_levels() -> u8 {
     2
 }
-fn default_max_entries() -> usize {
-    1_000_000
+fn default_hot_entries() -> usize {
+    4096
 }
 fn default_open_files() -> OpenFiles {
     OpenFiles::Auto

@@ -12,11 +12,17 @@ use std::time::{Duration, SystemTime};
 
 /// A store under `dir` with room for everything and `open_files` files kept open.
 pub(crate) fn store(dir: &Path, open_files: usize) -> Arc<Store> {
+    store_keeping(dir, open_files, 4096)
+}
+
+/// [`store`], keeping at most `hot` entries whole (the others are read from their heads).
+pub(crate) fn store_keeping(dir: &Path, open_files: usize, hot: usize) -> Arc<Store> {
     let limits = StoreLimits {
         max_size: 1 << 30,
         max_entries: 1000,
         levels: 1,
         open_files,
+        hot_entries: hot,
     };
     Arc::new(Store::open(dir, limits).expect("store"))
 }

@@ -94,6 +94,44 @@ fn shard_levels_shape_the_tree_and_a_changed_level_still_finds_old_entries() {
     );
 }
 
+/// The index keeps `hot_entries` entries whole; a hit on any other reads its file's head once
+/// (`zerocache_cache_head_reads_total`) and is byte-exact, before and after a restart, which
+/// keeps none whole.
+#[test]
+fn hits_beyond_the_hot_entries_read_one_head_each_and_are_exact() {
+    let (origin, _rt) = origin();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("cache");
+    // No scrub and no start-up sample: they read heads too.
+    let opts = || Opts {
+        cache_yaml: "  hot_entries: 2\n  scrub_rate: 0\n  verify_on_start: 0\n".into(),
+        ..Opts::default()
+    };
+    let reads = |p: &Proxy| metric(&p.metrics(), "zerocache_cache_head_reads_total");
+    let sizes = [100usize, 200, 300, 400, 5000, 6000];
+    let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), opts());
+    let mut c = proxy.client();
+    for n in sizes {
+        assert_eq!(c.get(&format!("/obj/{n}"), &[]).x_cache(), "MISS");
+    }
+    assert_eq!(reads(&proxy), 0, "fills are kept whole");
+    // /obj/100 left the two kept whole: one read, then kept.
+    for _ in 0..3 {
+        let r = c.get("/obj/100", &[]);
+        assert_eq!((r.x_cache(), &r.body), ("HIT", &body(100)));
+    }
+    assert_eq!(reads(&proxy), 1);
+    drop(c);
+    proxy.kill9();
+    let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), opts());
+    let mut c = proxy.client();
+    for n in sizes {
+        let r = c.get(&format!("/obj/{n}"), &[]);
+        assert_eq!((r.x_cache(), &r.body), ("HIT", &body(n)), "/obj/{n}");
+    }
+    assert_eq!(reads(&proxy), 6, "one head read per entry after a restart");
+}
+
 #[test]
 fn the_open_file_cache_is_bounded_and_hits_still_work_beyond_it() {
     let (origin, _rt) = origin();

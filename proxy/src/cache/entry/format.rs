@@ -262,23 +262,7 @@ pub struct Header {
 pub fn read_entry_header(file: &File) -> Result<Header, CorruptEntry> {
     let mut fixed = [0u8; FIXED];
     file.read_exact_at(&mut fixed, 0)?;
-    if &fixed[..8] != MAGIC {
-        return Err(CorruptEntry::Magic);
-    }
-    let u64_at = |at: usize| -> Result<u64, CorruptEntry> {
-        let b = fixed.get(at..at + 8).ok_or(CorruptEntry::Meta)?;
-        Ok(u64::from_le_bytes(
-            b.try_into().map_err(|_| CorruptEntry::Meta)?,
-        ))
-    };
-    let meta_len = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]) as usize;
-    let sum = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]);
-    let body_len = u64_at(16)?;
-    let offset = u64_at(24)?;
-    let body_checksum = u64_at(32)?;
-    if meta_len > 1 << 20 || offset < body_offset(meta_len) || offset % ALIGN != 0 {
-        return Err(CorruptEntry::Meta);
-    }
+    let (meta_len, sum, body_len, offset, body_checksum) = parse_fixed(&fixed)?;
     let mut meta = vec![0u8; meta_len];
     file.read_exact_at(&mut meta, FIXED as u64)?;
     if checksum(&fixed[SUMMED..FIXED], &meta) != sum {
@@ -296,6 +280,74 @@ pub fn read_entry_header(file: &File) -> Result<Header, CorruptEntry> {
         body_len,
         body_checksum,
     })
+}
+
+/// The most a hit reads of an entry's head in its one `pread`: a head is nearly always one page
+/// (the body starts at the next 4 KiB boundary), and a longer one costs a second read.
+const HEAD_READ: u64 = 16 * 1024;
+
+/// Reads and verifies an indexed entry's head (magic, header checksum, meta) with one `pread`
+/// of its first `body_offset` bytes (at most [`HEAD_READ`]; a longer head takes a second). The
+/// hit path's read: unlike [`read_entry_header`] it does not stat the file, since the caller
+/// compares the lengths and body checksum with what the index holds.
+pub fn read_entry_head(file: &File, body_offset: u64) -> Result<Header, CorruptEntry> {
+    let want = body_offset.clamp(FIXED as u64, HEAD_READ) as usize;
+    let mut buf = vec![0u8; want];
+    let mut got = 0;
+    while got < want {
+        match file.read_at(&mut buf[got..], got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    buf.truncate(got);
+    let fixed: &[u8; FIXED] =
+        buf.get(..FIXED)
+            .and_then(|f| f.try_into().ok())
+            .ok_or(CorruptEntry::Length {
+                actual: got as u64,
+                expected: FIXED as u64,
+            })?;
+    let (meta_len, sum, body_len, offset, body_checksum) = parse_fixed(fixed)?;
+    if buf.len() < FIXED + meta_len {
+        let have = buf.len();
+        buf.resize(FIXED + meta_len, 0);
+        file.read_exact_at(&mut buf[have..], have as u64)?;
+    }
+    let meta = &buf[FIXED..FIXED + meta_len];
+    if checksum(&buf[SUMMED..FIXED], meta) != sum {
+        return Err(CorruptEntry::Checksum);
+    }
+    let meta = Meta::decode(meta).ok_or(CorruptEntry::Meta)?;
+    Ok(Header {
+        meta,
+        body_offset: offset,
+        body_len,
+        body_checksum,
+    })
+}
+
+/// The fixed part's fields: (meta_len, header checksum, body_len, body_offset, body_checksum),
+/// with the magic, the meta's bound and the body's alignment checked.
+fn parse_fixed(fixed: &[u8; FIXED]) -> Result<(usize, u32, u64, u64, u64), CorruptEntry> {
+    if &fixed[..8] != MAGIC {
+        return Err(CorruptEntry::Magic);
+    }
+    let u64_at = |at: usize| -> Result<u64, CorruptEntry> {
+        let b = fixed.get(at..at + 8).ok_or(CorruptEntry::Meta)?;
+        Ok(u64::from_le_bytes(
+            b.try_into().map_err(|_| CorruptEntry::Meta)?,
+        ))
+    };
+    let meta_len = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]) as usize;
+    let sum = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]);
+    let body_len = u64_at(16)?;
+    let offset = u64_at(24)?;
+    let body_checksum = u64_at(32)?;
+    if meta_len > 1 << 20 || offset < body_offset(meta_len) || offset % ALIGN != 0 {
+        return Err(CorruptEntry::Meta);
+    }
+    Ok((meta_len, sum, body_len, offset, body_checksum))
 }
 
 #[cfg(any(test, feature = "fuzzing"))]

@@ -1,6 +1,7 @@
-//! One stored response in memory: what the index holds and a hit needs without reading the file
-//! (the prebuilt hit head, validators, the reuse rules of its directives), and its slot in the
-//! open-file cache. The file itself is [`format`].
+//! One stored response in memory: what a hit needs once the file's head is read (the prebuilt
+//! hit head, validators, the reuse rules of its directives), and its slot in the open-file
+//! cache. The index keeps only a few words per entry and the hottest entries whole
+//! (`cache::store::index`); the file itself is [`format`].
 
 mod format;
 
@@ -15,12 +16,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// A stored response as the index holds it: everything a hit needs without touching the file's
-/// header (no read(2) on the hit path).
+/// A stored response read from its file's head (or kept whole while hot): everything a hit
+/// needs, built once.
 #[derive(Debug)]
 pub struct Entry {
     /// Hash (index key and file name).
     pub hash: u128,
+    /// This entry's identity, unique in the process ([`next_id`]): the index holds an entry's
+    /// id, not the entry, so a replaced, purged or evicted entry is told from the current one
+    /// by it. A copy read back from the file takes the id the index holds.
+    pub id: u64,
     /// The stored metadata.
     pub meta: Meta,
     /// Where the file is.
@@ -107,6 +112,7 @@ impl Entry {
             stale_if_error: d.stale_if_error.map(Duration::from_secs),
             stale_while_revalidate: d.stale_while_revalidate.map(Duration::from_secs),
             hash,
+            id: next_id(),
             hit_head: Bytes::from(head),
             meta,
             path,
@@ -118,15 +124,16 @@ impl Entry {
         }
     }
 
+    /// The entry as the index knows it: read back from its file, it takes the id indexed.
+    pub fn with_id(mut self, id: u64) -> Entry {
+        self.id = id;
+        self
+    }
+
     /// The entry with the checksum of its complete body.
     pub fn with_body_checksum(mut self, body_checksum: u64) -> Entry {
         self.body_checksum = body_checksum;
         self
-    }
-
-    /// Bytes the entry occupies on disk.
-    pub fn disk_size(&self) -> u64 {
-        self.body_offset + self.body_len
     }
 
     /// Current age (§4.2.3): corrected initial age plus resident time.
@@ -135,6 +142,12 @@ impl Entry {
             .initial_age
             .saturating_add(now.duration_since(self.meta.stored_at).unwrap_or_default())
     }
+}
+
+/// A new entry identity ([`Entry::id`]).
+pub fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 #[cfg(test)]

@@ -2,58 +2,110 @@
 //! insert, use and removal, asked for the next victim. [`Lru`] (least recently used) is the one
 //! policy today; a size-aware policy or TinyLFU's admission filter would go here as a second
 //! implementation without touching the index, the disk layout or the data plane.
+//!
+//! Policies work on the index's slot numbers (`u32`, dense from 0), not on hashes, so their
+//! state is a flat array beside the slots: [`Lru`] costs 8 bytes per entry, where a linked hash
+//! map of hashes cost about 100 (a table bucket plus a heap node per entry).
 
-use lru::LruCache;
-
-/// An eviction policy over entry hashes. The index calls it under its lock, so every method must
-/// be O(1) (amortised) and never block.
+/// An eviction policy over the index's slots. The index calls it under its lock, so every method
+/// must be O(1) (amortised) and never block.
 pub(crate) trait Eviction: Send {
-    /// `hash` was indexed (or re-indexed, replacing an entry with the same hash) with `size`
-    /// bytes on disk.
-    fn inserted(&mut self, hash: u128, size: u64);
-    /// `hash` was served: a use.
-    fn used(&mut self, hash: u128);
-    /// `hash` left the index (purged, replaced by nothing, found gone or corrupt).
-    fn removed(&mut self, hash: u128);
-    /// The next entry to evict, taken out of the policy's own bookkeeping; `None` when empty.
-    fn victim(&mut self) -> Option<u128>;
-    /// Every hash the policy tracks, in no particular order.
-    fn hashes(&self) -> Vec<u128>;
+    /// `slot` was filled (or refilled, its entry replaced by one with the same hash) with an
+    /// entry of `size` bytes on disk.
+    fn inserted(&mut self, slot: u32, size: u64);
+    /// `slot`'s entry was served: a use.
+    fn used(&mut self, slot: u32);
+    /// `slot` was emptied (purged, replaced by nothing, found gone or corrupt).
+    fn removed(&mut self, slot: u32);
+    /// The next slot to evict, taken out of the policy's own bookkeeping; `None` when empty.
+    fn victim(&mut self) -> Option<u32>;
 }
 
-/// Least recently used: a hit moves its entry to the front, the back leaves first.
+/// No slot: the end of a list.
+const NIL: u32 = u32::MAX;
+
+/// Least recently used: a hit moves its entry to the front, the back leaves first. A doubly
+/// linked list threaded through an array indexed by slot.
 pub(crate) struct Lru {
-    order: LruCache<u128, ()>,
+    /// Per slot: (previous, next) towards the back and the front; (NIL, NIL) for a slot not in
+    /// the list (an unlinked slot is also told apart by not being `front`).
+    links: Vec<(u32, u32)>,
+    /// Most recently used.
+    front: u32,
+    /// Least recently used: the next victim.
+    back: u32,
 }
 
 impl Lru {
     /// An empty policy.
     pub(crate) fn new() -> Lru {
         Lru {
-            order: LruCache::unbounded(),
+            links: Vec::new(),
+            front: NIL,
+            back: NIL,
         }
+    }
+
+    fn linked(&self, slot: u32) -> bool {
+        self.links
+            .get(slot as usize)
+            .is_some_and(|&(p, n)| p != NIL || n != NIL || self.front == slot)
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        if !self.linked(slot) {
+            return;
+        }
+        let (prev, next) = self.links[slot as usize];
+        match prev {
+            NIL => self.back = next,
+            p => self.links[p as usize].1 = next,
+        }
+        match next {
+            NIL => self.front = prev,
+            n => self.links[n as usize].0 = prev,
+        }
+        self.links[slot as usize] = (NIL, NIL);
+    }
+
+    fn push_front(&mut self, slot: u32) {
+        let i = slot as usize;
+        if self.links.len() <= i {
+            self.links.resize(i + 1, (NIL, NIL));
+        }
+        self.links[i] = (self.front, NIL);
+        match self.front {
+            NIL => self.back = slot,
+            f => self.links[f as usize].1 = slot,
+        }
+        self.front = slot;
     }
 }
 
 impl Eviction for Lru {
-    fn inserted(&mut self, hash: u128, _size: u64) {
-        self.order.push(hash, ());
+    fn inserted(&mut self, slot: u32, _size: u64) {
+        self.unlink(slot);
+        self.push_front(slot);
     }
 
-    fn used(&mut self, hash: u128) {
-        self.order.promote(&hash);
+    fn used(&mut self, slot: u32) {
+        if self.linked(slot) && self.front != slot {
+            self.unlink(slot);
+            self.push_front(slot);
+        }
     }
 
-    fn removed(&mut self, hash: u128) {
-        self.order.pop(&hash);
+    fn removed(&mut self, slot: u32) {
+        self.unlink(slot);
     }
 
-    fn victim(&mut self) -> Option<u128> {
-        self.order.pop_lru().map(|(h, ())| h)
-    }
-
-    fn hashes(&self) -> Vec<u128> {
-        self.order.iter().map(|(h, ())| *h).collect()
+    fn victim(&mut self) -> Option<u32> {
+        let v = self.back;
+        if v == NIL {
+            return None;
+        }
+        self.unlink(v);
+        Some(v)
     }
 }
 
@@ -64,8 +116,8 @@ mod tests {
     #[test]
     fn the_least_recently_used_leaves_first() {
         let mut p = Lru::new();
-        for h in 1..=3 {
-            p.inserted(h, 10);
+        for s in 1..=3 {
+            p.inserted(s, 10);
         }
         p.used(1);
         assert_eq!(p.victim(), Some(2));
@@ -75,20 +127,28 @@ mod tests {
     }
 
     #[test]
-    fn a_removed_entry_is_never_a_victim_and_reinsertion_counts_as_new() {
+    fn a_removed_slot_is_never_a_victim_and_refilling_counts_as_new() {
         let mut p = Lru::new();
         p.inserted(1, 10);
         p.inserted(2, 10);
         p.removed(1);
         p.inserted(3, 10);
-        // Replacing 2 makes it the most recent.
+        // Refilling 2 makes it the most recent.
         p.inserted(2, 20);
         assert_eq!(p.victim(), Some(3));
         assert_eq!(p.victim(), Some(2));
         assert_eq!(p.victim(), None);
-        // Using or removing an unknown hash is harmless.
+        // Using or removing an unknown or emptied slot is harmless.
         p.used(9);
         p.removed(9);
-        assert!(p.hashes().is_empty());
+        p.used(2);
+        p.removed(2);
+        assert_eq!(p.victim(), None);
+        // A slot number emptied and filled again goes to the front like any other.
+        p.inserted(0, 1);
+        p.inserted(2, 1);
+        p.used(0);
+        assert_eq!(p.victim(), Some(2));
+        assert_eq!(p.victim(), Some(0));
     }
 }

@@ -1,45 +1,132 @@
-//! The in-memory index of the cache: entries by hash, the bytes they take on disk, the request
-//! fields each URL's responses vary on (RFC 9111 §4.1), each URL's entries (every variant) and
-//! each cache tag's entries ([`crate::cache::tags`]), so invalidation and purge find them
-//! without a scan. It does no I/O: whatever leaves it is
-//! returned to the caller, which deletes files outside the lock. Which entry leaves when the cache
-//! is full is the [`Eviction`] policy's choice.
+//! The in-memory index of the cache, kept to what a lookup, eviction and accounting need: per
+//! object one 56-byte [`Slot`] (the key's hash, where the body is, its size and checksum, the
+//! URL's hash, a few flags) in a slab, found through a table of 4-byte slot numbers, and the
+//! eviction policy's 8 bytes. Everything else a hit needs (the key text, the stored fields, the
+//! validators) stays in the entry file, read with one `pread` of its head when the entry is not
+//! among the bounded set of hot entries kept whole ([`Index::lookup`] says which). The index kept
+//! each whole entry once, 1.3 KB an object; an edge node holds tens of millions.
+//!
+//! Secondary indexes are by fixed-size hashes, never strings: the request fields each URL's
+//! responses vary on (RFC 9111 §4.1) by the primary key's hash, each URL's entries by the URL's
+//! hash (a second table over the same slots), each cache tag's entries by the tag's hash
+//! ([`crate::cache::tags`]). A hash names candidates; the caller that must be exact (a lookup,
+//! a purge by URL) compares the text read from the file, so a collision is a miss, never another
+//! URL's body. It does no I/O: whatever leaves it is returned to the caller, which deletes files
+//! outside the lock. Which entry leaves when the cache is full is the [`Eviction`] policy's choice.
 
 use super::eviction::Eviction;
-use crate::cache::entry::Entry;
+use crate::cache::entry::{Entry, Meta};
 use crate::cache::key::CacheKey;
 use crate::cache::tags::TagField;
 use crate::cache::variance::primary_text;
+use hashbrown::HashTable;
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::sync::Arc;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+
+/// One indexed object: 56 bytes (the hash split in two words keeps the alignment at 8).
+#[derive(Clone, Copy, Debug, Default)]
+struct Slot {
+    hash_lo: u64,
+    hash_hi: u64,
+    /// The identity of the entry this slot holds ([`Entry::id`]): a replaced, purged or evicted
+    /// entry is told from the current one by it.
+    id: u64,
+    body_len: u64,
+    body_checksum: u64,
+    /// xxh3-64 of `Meta::url`: the URL table's key.
+    url: u64,
+    body_offset: u32,
+    flags: u8,
+}
+
+/// An empty slot, on the free list.
+const FREE: u8 = 1;
+/// The file is not where the layout puts its hash (an older `levels`): its path is in
+/// `Index::foreign`.
+const FOREIGN: u8 = 2;
+/// The entry has tags (`Index::tags_of`).
+const TAGGED: u8 = 4;
+
+impl Slot {
+    fn hash(&self) -> u128 {
+        u128::from(self.hash_hi) << 64 | u128::from(self.hash_lo)
+    }
+
+    fn disk_size(&self) -> u64 {
+        u64::from(self.body_offset) + self.body_len
+    }
+}
+
+/// Where an indexed entry is and which entry it is: what a caller needs to read it (outside the
+/// lock) and to act on it later only if it is still the same one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Located {
+    pub(crate) hash: u128,
+    pub(crate) id: u64,
+    pub(crate) body_offset: u64,
+    pub(crate) body_len: u64,
+    pub(crate) body_checksum: u64,
+    /// The file's path when it is not the layout's path for the hash.
+    pub(crate) foreign: Option<PathBuf>,
+}
+
+/// What a lookup found.
+pub(crate) enum Found {
+    /// A hot entry, whole in memory: nothing to read.
+    Hot(Arc<Entry>),
+    /// An entry whose head is to be read from its file, and the key it must hold.
+    Cold(Located, CacheKey),
+}
 
 /// The index, under the store's one mutex.
 pub(crate) struct Index<E: Eviction> {
-    entries: HashMap<u128, Arc<Entry>>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Slot numbers by the entry's hash.
+    by_hash: HashTable<u32>,
+    /// Slot numbers by the URL's hash (every variant of a URL shares it).
+    by_url: HashTable<u32>,
     policy: E,
     bytes: u64,
-    /// Per primary key text: the request fields its stored responses vary on.
-    vary: HashMap<String, Vec<String>>,
-    /// Per URL (`Meta::url`): the hashes of its entries, every variant included.
-    by_url: HashMap<String, Vec<u128>>,
+    len: u64,
+    /// Files not where the layout puts them (found under an older `levels` at start-up).
+    foreign: HashMap<u128, PathBuf>,
+    /// The most recently used entries, whole: a hot hit reads nothing and keeps its file open.
+    hot: lru::LruCache<u128, Arc<Entry>>,
+    /// Per primary key (xxh3-128 of its text): the request fields its stored responses vary on.
+    /// The lists are shared: most varying URLs vary on the same few fields.
+    vary: HashMap<u128, Arc<[String]>>,
+    vary_lists: HashSet<Arc<[String]>>,
     /// Which field names an entry's tags, and how.
     tag_field: TagField,
-    /// Per tag: the hashes of its entries (a set: a popular tag may have most of the cache, and
-    /// each eviction takes one out).
-    by_tag: HashMap<String, HashSet<u128>>,
-    /// Per tagged entry: its tags (to unindex them when it goes).
-    tags_of: HashMap<u128, Box<[String]>>,
+    /// Per tag (xxh3-128 of it): its entries' slots (a set: a popular tag may have most of the
+    /// cache, and each eviction takes one out).
+    by_tag: HashMap<u128, HashSet<u32>>,
+    /// Per tagged slot: its tags' hashes (to unindex them when it goes).
+    tags_of: HashMap<u32, Box<[u128]>>,
 }
 
+/// What is indexed for an entry besides its metadata: where and which it is.
+pub(crate) type Placement = Located;
+
 impl<E: Eviction> Index<E> {
-    /// An empty index evicting by `policy`.
-    pub(crate) fn new(policy: E) -> Index<E> {
+    /// An empty index evicting by `policy`, keeping at most `hot` entries whole.
+    pub(crate) fn new(policy: E, hot: usize) -> Index<E> {
         Index {
-            entries: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_hash: HashTable::new(),
+            by_url: HashTable::new(),
             policy,
             bytes: 0,
+            len: 0,
+            foreign: HashMap::new(),
+            hot: lru::LruCache::new(NonZeroUsize::new(hot.max(1)).unwrap_or(NonZeroUsize::MIN)),
             vary: HashMap::new(),
-            by_url: HashMap::new(),
+            vary_lists: HashSet::new(),
             tag_field: TagField::default(),
             by_tag: HashMap::new(),
             tags_of: HashMap::new(),
@@ -51,94 +138,222 @@ impl<E: Eviction> Index<E> {
         self.tag_field = f;
     }
 
+    fn slot_of(&self, hash: u128) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_hash
+            .find(hash as u64, |&i| slots[i as usize].hash() == hash)
+            .copied()
+    }
+
+    fn located(&self, i: u32) -> Located {
+        let s = &self.slots[i as usize];
+        Located {
+            hash: s.hash(),
+            id: s.id,
+            body_offset: u64::from(s.body_offset),
+            body_len: s.body_len,
+            body_checksum: s.body_checksum,
+            foreign: (s.flags & FOREIGN != 0)
+                .then(|| self.foreign.get(&s.hash()).cloned())
+                .flatten(),
+        }
+    }
+
     /// The entry a request should get for `primary`: when the URL's responses vary, under the
-    /// secondary key `variant` builds from the fields they vary on. A use, for eviction. The full
-    /// key is compared, so a hash collision is a miss, never another URL's body.
-    pub(crate) fn lookup_varying(
+    /// secondary key `variant` builds from the fields they vary on. A use, for eviction. A hot
+    /// entry's full key is compared here; a cold one's is compared by the caller once read, so
+    /// a hash collision is a miss either way, never another URL's body.
+    pub(crate) fn lookup(
         &mut self,
         primary: &CacheKey,
         variant: impl FnOnce(&[String]) -> CacheKey,
-    ) -> Option<Arc<Entry>> {
-        let secondary = self.vary.get(&primary.text).map(|names| variant(names));
-        let key = secondary.as_ref().unwrap_or(primary);
-        let e = self.entries.get(&key.hash)?;
-        if e.meta.key != key.text {
-            return None;
+    ) -> Option<Found> {
+        let names = if self.vary.is_empty() {
+            None
+        } else {
+            self.vary.get(&xxh3_128(primary.text.as_bytes())).cloned()
+        };
+        let key = match names {
+            Some(names) => variant(&names),
+            None => primary.clone(),
+        };
+        let i = self.slot_of(key.hash)?;
+        self.policy.used(i);
+        let id = self.slots[i as usize].id;
+        match self.hot.get(&key.hash) {
+            Some(e) if e.id == id => {
+                return (e.meta.key == key.text).then(|| Found::Hot(e.clone()));
+            }
+            Some(_) => {
+                self.hot.pop(&key.hash);
+            }
+            None => {}
         }
-        let e = e.clone();
-        self.policy.used(key.hash);
-        Some(e)
+        Some(Found::Cold(self.located(i), key))
     }
 
-    /// The entry under `hash`, without counting a use.
-    pub(crate) fn peek(&self, hash: u128) -> Option<&Arc<Entry>> {
-        self.entries.get(&hash)
+    /// Keeps `e`, just read from its file, among the hot entries if it is still the indexed one.
+    pub(crate) fn adopt(&mut self, e: Arc<Entry>) {
+        if self.is_current(e.hash, e.id) {
+            self.hot.put(e.hash, e);
+        }
+    }
+
+    /// The entry under `hash`, without counting a use: hot, or where to read it.
+    pub(crate) fn peek(&self, hash: u128) -> Option<Result<Arc<Entry>, Located>> {
+        let i = self.slot_of(hash)?;
+        let id = self.slots[i as usize].id;
+        match self.hot.peek(&hash) {
+            Some(e) if e.id == id => Some(Ok(e.clone())),
+            _ => Some(Err(self.located(i))),
+        }
+    }
+
+    /// Where the entry under `hash` is, without counting a use.
+    pub(crate) fn locate(&self, hash: u128) -> Option<Located> {
+        self.slot_of(hash).map(|i| self.located(i))
     }
 
     /// Every indexed hash.
     pub(crate) fn hashes(&self) -> Vec<u128> {
-        self.policy.hashes()
+        self.slots
+            .iter()
+            .filter(|s| s.flags & FREE == 0)
+            .map(Slot::hash)
+            .collect()
     }
 
-    /// Whether `e` is the entry indexed under its hash (not replaced, purged or evicted).
-    pub(crate) fn is_current(&self, e: &Arc<Entry>) -> bool {
-        self.entries
-            .get(&e.hash)
-            .is_some_and(|cur| Arc::ptr_eq(cur, e))
+    /// Up to `n` indexed entries from slot number `from` on, and the slot number to go on
+    /// from (`None` at the end): a walk of the whole index a chunk at a time, without holding
+    /// the lock for a million entries.
+    pub(crate) fn chunk(&self, from: usize, n: usize) -> (Vec<Located>, Option<usize>) {
+        let end = from.saturating_add(n).min(self.slots.len());
+        let out = (from..end)
+            .filter(|&i| self.slots[i].flags & FREE == 0)
+            .map(|i| self.located(i as u32))
+            .collect();
+        (out, (end < self.slots.len()).then_some(end))
     }
 
-    /// Indexes `e`, replacing (and returning) any entry with the same hash.
-    pub(crate) fn insert(&mut self, e: Arc<Entry>) -> Option<Arc<Entry>> {
-        let primary = primary_text(&e.meta.key);
-        if !e.meta.vary.is_empty() {
-            self.vary.insert(primary.to_string(), e.meta.vary.clone());
-        } else if primary.len() == e.meta.key.len() {
+    /// Whether entry `id` is the one indexed under `hash` (not replaced, purged or evicted).
+    pub(crate) fn is_current(&self, hash: u128, id: u64) -> bool {
+        self.slot_of(hash)
+            .is_some_and(|i| self.slots[i as usize].id == id)
+    }
+
+    /// Indexes the entry `at` with metadata `meta` (and, if given, keeps it whole among the hot
+    /// entries), replacing (and returning) any entry with the same hash.
+    pub(crate) fn insert(
+        &mut self,
+        meta: &Meta,
+        at: Placement,
+        whole: Option<Arc<Entry>>,
+    ) -> Option<Located> {
+        let primary = primary_text(&meta.key);
+        let primary_hash = xxh3_128(primary.as_bytes());
+        if !meta.vary.is_empty() {
+            let names = self.intern(&meta.vary);
+            self.vary.insert(primary_hash, names);
+        } else if primary.len() == meta.key.len() {
             // A response without Vary for this URL: it no longer varies.
-            self.vary.remove(primary);
+            self.vary.remove(&primary_hash);
         }
-        self.bytes += e.disk_size();
-        self.url_add(&e.meta.url, e.hash);
-        self.tags_remove(e.hash);
-        self.tags_add(&e);
-        self.policy.inserted(e.hash, e.disk_size());
-        let old = self.entries.insert(e.hash, e.clone())?;
-        self.bytes -= old.disk_size();
-        if old.meta.url != e.meta.url {
-            self.url_remove(&old.meta.url, old.hash);
+        let old = self.take(at.hash);
+        let slot = Slot {
+            hash_lo: at.hash as u64,
+            hash_hi: (at.hash >> 64) as u64,
+            id: at.id,
+            body_len: at.body_len,
+            body_checksum: at.body_checksum,
+            url: xxh3_64(meta.url.as_bytes()),
+            // A body offset is the header's length rounded up, and a header is at most 1 MiB
+            // (`read_entry_header`), so it always fits.
+            body_offset: u32::try_from(at.body_offset).unwrap_or(u32::MAX),
+            flags: if at.foreign.is_some() { FOREIGN } else { 0 },
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slots = &self.slots;
+        self.by_hash
+            .insert_unique(at.hash as u64, i, |&j| slots[j as usize].hash_lo);
+        self.by_url
+            .insert_unique(slot.url, i, |&j| slots[j as usize].url);
+        if let Some(p) = at.foreign {
+            self.foreign.insert(at.hash, p);
         }
-        Some(old)
+        self.bytes += slot.disk_size();
+        self.len += 1;
+        self.tags_add(i, meta);
+        self.policy.inserted(i, slot.disk_size());
+        if let Some(e) = whole {
+            self.hot.put(at.hash, e);
+        }
+        old
     }
 
-    /// Puts `updated` in `old`'s place if the index still holds `old` itself.
-    pub(crate) fn replace_if_same(&mut self, old: &Arc<Entry>, updated: Arc<Entry>) {
-        if let Some(cur) = self.entries.get_mut(&old.hash)
-            && Arc::ptr_eq(cur, old)
-        {
-            self.bytes = self.bytes - cur.disk_size() + updated.disk_size();
-            *cur = updated.clone();
-            // A revalidation may bring new fields, tags among them.
-            self.tags_remove(updated.hash);
-            self.tags_add(&updated);
+    /// Puts `updated` (the same file, with new metadata) in the place of entry `old_id` if the
+    /// index still holds that entry.
+    pub(crate) fn replace_if_same(&mut self, old_id: u64, updated: Arc<Entry>) {
+        let Some(i) = self.slot_of(updated.hash) else {
+            return;
+        };
+        if self.slots[i as usize].id != old_id {
+            return;
         }
+        self.slots[i as usize].id = updated.id;
+        // A revalidation may bring new fields, tags among them.
+        self.tags_remove(i);
+        self.tags_add(i, &updated.meta);
+        self.hot.put(updated.hash, updated);
     }
 
-    /// Unindexes `hash`; returns the entry if it was there.
-    pub(crate) fn take(&mut self, hash: u128) -> Option<Arc<Entry>> {
-        let e = self.entries.remove(&hash)?;
-        self.policy.removed(hash);
-        self.bytes -= e.disk_size();
-        self.url_remove(&e.meta.url, hash);
-        self.tags_remove(hash);
-        Some(e)
+    /// Unindexes `hash`; returns where its entry was.
+    pub(crate) fn take(&mut self, hash: u128) -> Option<Located> {
+        let i = self.slot_of(hash)?;
+        self.policy.removed(i);
+        Some(self.free_slot(i))
     }
 
-    /// Unindexes `e` if the index still holds this very entry.
-    pub(crate) fn take_if_same(&mut self, e: &Arc<Entry>) -> Option<Arc<Entry>> {
-        if self.is_current(e) {
-            self.take(e.hash)
+    /// Unindexes entry `id` under `hash` if the index still holds it.
+    pub(crate) fn take_if_same(&mut self, hash: u128, id: u64) -> Option<Located> {
+        if self.is_current(hash, id) {
+            self.take(hash)
         } else {
             None
         }
+    }
+
+    /// Empties slot `i` (already out of the policy) and everything that names it.
+    fn free_slot(&mut self, i: u32) -> Located {
+        let at = self.located(i);
+        let s = self.slots[i as usize];
+        if let Ok(e) = self.by_hash.find_entry(s.hash_lo, |&j| j == i) {
+            e.remove();
+        }
+        if let Ok(e) = self.by_url.find_entry(s.url, |&j| j == i) {
+            e.remove();
+        }
+        if s.flags & FOREIGN != 0 {
+            self.foreign.remove(&s.hash());
+        }
+        self.tags_remove(i);
+        self.hot.pop(&s.hash());
+        self.bytes -= s.disk_size();
+        self.len -= 1;
+        self.slots[i as usize] = Slot {
+            flags: FREE,
+            ..Slot::default()
+        };
+        self.free.push(i);
+        at
     }
 
     /// Unindexes the policy's victims until `extra` more bytes fit under `max_size` and the
@@ -148,57 +363,63 @@ impl<E: Eviction> Index<E> {
         extra: u64,
         max_size: u64,
         max_entries: usize,
-    ) -> Vec<Arc<Entry>> {
+    ) -> Vec<Located> {
         let mut victims = Vec::new();
-        while self.bytes + extra > max_size || self.entries.len() > max_entries {
-            let Some(h) = self.policy.victim() else { break };
-            if let Some(e) = self.entries.remove(&h) {
-                self.bytes -= e.disk_size();
-                self.url_remove(&e.meta.url, h);
-                self.tags_remove(h);
-                victims.push(e);
+        while self.bytes + extra > max_size || self.len > max_entries as u64 {
+            let Some(i) = self.policy.victim() else { break };
+            if self
+                .slots
+                .get(i as usize)
+                .is_some_and(|s| s.flags & FREE == 0)
+            {
+                victims.push(self.free_slot(i));
             }
         }
         victims
     }
 
-    /// Unindexes every entry of the URL key text `url` (all its variants); returns them.
-    pub(crate) fn purge_url(&mut self, url: &str) -> Vec<Arc<Entry>> {
-        let hashes = self.by_url.get(url).cloned().unwrap_or_default();
-        let gone: Vec<Arc<Entry>> = hashes.into_iter().filter_map(|h| self.take(h)).collect();
-        // The Vary map is keyed by primary key text, which is the URL's only on routes without
-        // `cache_key.headers`: forget the fields each purged entry's primary key varied on.
-        self.vary.remove(url);
-        for e in &gone {
-            self.vary.remove(primary_text(&e.meta.key));
-        }
-        gone
-    }
-
-    /// Every entry of the URL key text `url`.
-    pub(crate) fn entries_of_url(&self, url: &str) -> Vec<Arc<Entry>> {
+    /// The entries indexed under the URL key text `url`'s hash (every variant of it, and any
+    /// other URL with the same 64-bit hash: the caller compares the URL read from each file).
+    pub(crate) fn candidates_of_url(&self, url: &str) -> Vec<Located> {
+        let slots = &self.slots;
+        let h = xxh3_64(url.as_bytes());
         self.by_url
-            .get(url)
-            .into_iter()
-            .flatten()
-            .filter_map(|h| self.entries.get(h).cloned())
+            .iter_hash(h)
+            .filter(|&&i| slots[i as usize].url == h)
+            .map(|&i| self.located(i))
             .collect()
     }
 
+    /// Forgets the fields the responses under primary key text `primary` vary on (once a purge
+    /// took them all).
+    pub(crate) fn forget_vary(&mut self, primary: &str) {
+        self.vary.remove(&xxh3_128(primary.as_bytes()));
+    }
+
     /// Every entry tagged `tag`.
-    pub(crate) fn entries_of_tag(&self, tag: &str) -> Vec<Arc<Entry>> {
+    pub(crate) fn entries_of_tag(&self, tag: &str) -> Vec<Located> {
         self.by_tag
-            .get(tag)
+            .get(&xxh3_128(tag.as_bytes()))
             .into_iter()
             .flatten()
-            .filter_map(|h| self.entries.get(h).cloned())
+            .map(|&i| self.located(i))
             .collect()
     }
 
     /// Unindexes every entry tagged `tag`; returns them.
-    pub(crate) fn purge_tag(&mut self, tag: &str) -> Vec<Arc<Entry>> {
-        let hashes = self.by_tag.remove(tag).unwrap_or_default();
-        hashes.into_iter().filter_map(|h| self.take(h)).collect()
+    pub(crate) fn purge_tag(&mut self, tag: &str) -> Vec<Located> {
+        let slots = self
+            .by_tag
+            .remove(&xxh3_128(tag.as_bytes()))
+            .unwrap_or_default();
+        let mut gone = Vec::with_capacity(slots.len());
+        for i in slots {
+            if self.slots[i as usize].flags & FREE == 0 {
+                self.policy.removed(i);
+                gone.push(self.free_slot(i));
+            }
+        }
+        gone
     }
 
     /// (distinct tags, tag-entry pairs) indexed.
@@ -210,63 +431,65 @@ impl<E: Eviction> Index<E> {
         )
     }
 
-    /// The URL key texts that start with `prefix`.
-    pub(crate) fn urls_with_prefix(&self, prefix: &str) -> Vec<String> {
-        self.by_url
-            .keys()
-            .filter(|u| u.starts_with(prefix))
-            .cloned()
-            .collect()
-    }
-
     /// (bytes on disk, entries).
     pub(crate) fn usage(&self) -> (u64, u64) {
-        (self.bytes, self.entries.len() as u64)
+        (self.bytes, self.len)
     }
 
     /// The fields the responses under primary key text `primary` vary on, if they do.
     #[cfg(test)]
-    pub(crate) fn varies_on(&self, primary: &str) -> Option<&[String]> {
-        self.vary.get(primary).map(Vec::as_slice)
+    pub(crate) fn varies_on(&self, primary: &str) -> Option<Arc<[String]>> {
+        self.vary.get(&xxh3_128(primary.as_bytes())).cloned()
     }
 
-    fn tags_add(&mut self, e: &Entry) {
-        let tags = self.tag_field.parse(&e.meta.fields);
+    /// Entries kept whole.
+    #[cfg(test)]
+    pub(crate) fn hot_len(&self) -> usize {
+        self.hot.len()
+    }
+
+    /// The shared copy of the field-name list `names`. Lists no URL uses any more are dropped
+    /// when the set has doubled since the last sweep, so hostile origins inventing lists cannot
+    /// grow it past twice what the index uses.
+    fn intern(&mut self, names: &[String]) -> Arc<[String]> {
+        if let Some(l) = self.vary_lists.get(names) {
+            return l.clone();
+        }
+        if self.vary_lists.len() >= 64 && self.vary_lists.len() >= 2 * self.vary.len() {
+            self.vary_lists.retain(|l| Arc::strong_count(l) > 1);
+        }
+        let l: Arc<[String]> = names.into();
+        self.vary_lists.insert(l.clone());
+        l
+    }
+
+    fn tags_add(&mut self, i: u32, meta: &Meta) {
+        let tags = self.tag_field.parse(&meta.fields);
         if tags.is_empty() {
             return;
         }
-        for t in &tags {
-            self.by_tag.entry(t.clone()).or_default().insert(e.hash);
+        let hashes: Box<[u128]> = tags.iter().map(|t| xxh3_128(t.as_bytes())).collect();
+        for &t in hashes.iter() {
+            self.by_tag.entry(t).or_default().insert(i);
         }
-        self.tags_of.insert(e.hash, tags.into_boxed_slice());
+        self.tags_of.insert(i, hashes);
+        self.slots[i as usize].flags |= TAGGED;
     }
 
-    fn tags_remove(&mut self, hash: u128) {
-        let Some(tags) = self.tags_of.remove(&hash) else {
+    fn tags_remove(&mut self, i: u32) {
+        if self.slots[i as usize].flags & TAGGED == 0 {
+            return;
+        }
+        self.slots[i as usize].flags &= !TAGGED;
+        let Some(tags) = self.tags_of.remove(&i) else {
             return;
         };
         for t in tags.iter() {
             if let Some(v) = self.by_tag.get_mut(t) {
-                v.remove(&hash);
+                v.remove(&i);
                 if v.is_empty() {
                     self.by_tag.remove(t);
                 }
-            }
-        }
-    }
-
-    fn url_add(&mut self, url: &str, hash: u128) {
-        let v = self.by_url.entry(url.to_string()).or_default();
-        if !v.contains(&hash) {
-            v.push(hash);
-        }
-    }
-
-    fn url_remove(&mut self, url: &str, hash: u128) {
-        if let Some(v) = self.by_url.get_mut(url) {
-            v.retain(|h| *h != hash);
-            if v.is_empty() {
-                self.by_url.remove(url);
             }
         }
     }
@@ -275,147 +498,222 @@ impl<E: Eviction> Index<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::entry::Meta;
     use crate::cache::store::eviction::Lru;
     use crate::cache::targeted::Targeted;
     use crate::cache::variance::SEPARATOR;
     use std::time::{Duration, SystemTime};
 
-    /// An entry of `body_len` body bytes (plus a 4 KiB header) for `key`, indexed under `url`; the
-    /// index never touches its file, so the path is made up.
-    fn entry(key: &str, url: &str, vary: &[&str], body_len: u64) -> Arc<Entry> {
-        let k = CacheKey::from_text(key.to_string(), 128);
-        let meta = Meta {
-            key: k.text.clone(),
+    fn meta(key: &str, url: &str, vary: &[&str], fields: &str) -> Meta {
+        Meta {
+            key: key.to_string(),
             stored_at: SystemTime::now(),
             initial_age: Duration::ZERO,
             lifetime: Duration::from_secs(60),
             status: 200,
             reason: "OK".into(),
-            fields: Vec::new(),
+            fields: fields.as_bytes().to_vec(),
             vary: vary.iter().map(|s| s.to_string()).collect(),
             url: url.to_string(),
-        };
-        Arc::new(Entry::new(
-            k.hash,
-            meta,
-            format!("/nonexistent/{key}").into(),
-            4096,
+        }
+    }
+
+    /// Indexes `key` (under `url`) with `body_len` body bytes after a 4 KiB head; the index
+    /// never touches a file. Returns the placement, whose id tells this entry from a later one.
+    fn put(ix: &mut Index<Lru>, key: &str, url: &str, vary: &[&str], body_len: u64) -> Located {
+        put_meta(ix, meta(key, url, vary, ""), body_len)
+    }
+
+    fn put_meta(ix: &mut Index<Lru>, m: Meta, body_len: u64) -> Located {
+        let at = Located {
+            hash: CacheKey::from_text(m.key.clone(), 128).hash,
+            id: crate::cache::entry::next_id(),
+            body_offset: 4096,
             body_len,
-            &Targeted::default(),
-        ))
+            body_checksum: 7,
+            foreign: None,
+        };
+        ix.insert(&m, at.clone(), None);
+        at
+    }
+
+    fn key(text: &str) -> CacheKey {
+        CacheKey::from_text(text.to_string(), 128)
+    }
+
+    #[test]
+    fn a_slot_is_56_bytes() {
+        // What an object costs the index (with the policy's 8 bytes and the tables' 4-byte slot
+        // numbers): `cargo xtask bench --index` measures the whole process's RSS per object.
+        assert_eq!(std::mem::size_of::<Slot>(), 56);
     }
 
     #[test]
     fn insert_counts_bytes_and_replacing_does_not_double_them() {
-        let mut ix = Index::new(Lru::new());
-        let a = entry("GET http://h/a", "GET http://h/a", &[], 100);
-        assert!(ix.insert(a.clone()).is_none());
+        let mut ix = Index::new(Lru::new(), 16);
+        let a = put(&mut ix, "GET http://h/a", "GET http://h/a", &[], 100);
         assert_eq!(ix.usage(), (4196, 1));
-        let a2 = entry("GET http://h/a", "GET http://h/a", &[], 10);
-        let old = ix.insert(a2.clone()).expect("replaced");
-        assert!(Arc::ptr_eq(&old, &a));
+        let a2 = put(&mut ix, "GET http://h/a", "GET http://h/a", &[], 10);
         assert_eq!(ix.usage(), (4106, 1));
-        assert!(ix.is_current(&a2) && !ix.is_current(&a));
+        assert!(ix.is_current(a2.hash, a2.id) && !ix.is_current(a.hash, a.id));
         assert!(
-            ix.take_if_same(&a).is_none(),
+            ix.take_if_same(a.hash, a.id).is_none(),
             "a replaced entry is not taken"
         );
-        assert!(ix.take_if_same(&a2).is_some());
+        assert_eq!(ix.take_if_same(a2.hash, a2.id), Some(a2));
         assert_eq!(ix.usage(), (0, 0));
+        assert!(ix.hashes().is_empty());
     }
 
     #[test]
     fn eviction_follows_use_and_both_bounds() {
-        let mut ix = Index::new(Lru::new());
+        let mut ix = Index::new(Lru::new(), 16);
         let keys = ["GET http://h/1", "GET http://h/2", "GET http://h/3"];
         for k in keys {
-            ix.insert(entry(k, k, &[], 904)); // 5,000 bytes each on disk
+            put(&mut ix, k, k, &[], 904); // 5,000 bytes each on disk
         }
-        let first = CacheKey::from_text(keys[0].to_string(), 128);
-        assert!(ix.lookup_varying(&first, |_| unreachable!()).is_some());
+        assert!(ix.lookup(&key(keys[0]), |_| unreachable!()).is_some());
         // Room for 6,000 more bytes under 20,000: one entry goes, the least recently used (/2).
         let gone = ix.evict_to_fit(6000, 20_000, 10);
         assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].meta.key, keys[1]);
+        assert_eq!(gone[0].hash, key(keys[1]).hash);
         // At most one entry: /3 (older than the used /1) goes.
         let gone = ix.evict_to_fit(0, u64::MAX, 1);
         assert_eq!(
-            gone.iter().map(|e| e.meta.key.as_str()).collect::<Vec<_>>(),
-            [keys[2]]
+            gone.iter().map(|g| g.hash).collect::<Vec<_>>(),
+            [key(keys[2]).hash]
         );
         assert_eq!(ix.usage(), (5000, 1));
-        assert_eq!(
-            ix.urls_with_prefix("GET http://h/"),
-            vec![keys[0].to_string()]
-        );
+        assert_eq!(ix.hashes(), [key(keys[0]).hash]);
+        // A freed slot is used again, and the entry in it is evicted like any other.
+        put(&mut ix, "GET http://h/4", "GET http://h/4", &[], 904);
+        assert_eq!(ix.slots.len(), 3, "a free slot is reused");
+        let gone = ix.evict_to_fit(0, 5000, 10);
+        assert_eq!(gone[0].hash, key(keys[0]).hash);
     }
 
     #[test]
-    fn a_varying_url_is_found_by_its_variant_and_purged_whole() {
-        let mut ix = Index::new(Lru::new());
+    fn a_varying_url_is_found_by_its_variant_and_its_entries_by_its_hash() {
+        let mut ix = Index::new(Lru::new(), 16);
         let url = "GET http://h/v";
         for lang in ["en", "fr"] {
-            let key = format!("{url}{SEPARATOR}accept-language={lang}");
-            ix.insert(entry(&key, url, &["accept-language"], 1));
+            let k = format!("{url}{SEPARATOR}accept-language={lang}");
+            put(&mut ix, &k, url, &["accept-language"], 1);
         }
-        let primary = CacheKey::from_text(url.to_string(), 128);
-        let fr = ix
-            .lookup_varying(&primary, |names| {
-                assert_eq!(names, ["accept-language"]);
-                CacheKey::from_text(format!("{url}{SEPARATOR}accept-language=fr"), 128)
-            })
-            .expect("the fr variant");
-        assert!(fr.meta.key.ends_with("=fr"));
+        let fr = format!("{url}{SEPARATOR}accept-language=fr");
+        let found = ix.lookup(&key(url), |names| {
+            assert_eq!(names, ["accept-language"]);
+            key(&fr)
+        });
+        match found {
+            Some(Found::Cold(at, k)) => {
+                assert_eq!(k.text, fr);
+                assert_eq!(at.hash, key(&fr).hash);
+            }
+            _ => panic!("the fr variant, to read"),
+        }
         // A variant nobody stored is a miss, not the primary.
-        let de = ix.lookup_varying(&primary, |_| {
-            CacheKey::from_text(format!("{url}{SEPARATOR}accept-language=de"), 128)
+        let de = ix.lookup(&key(url), |_| {
+            key(&format!("{url}{SEPARATOR}accept-language=de"))
         });
         assert!(de.is_none());
-        assert_eq!(ix.purge_url(url).len(), 2);
-        assert_eq!(ix.usage(), (0, 0));
+        assert_eq!(ix.candidates_of_url(url).len(), 2);
+        assert!(ix.candidates_of_url("GET http://h/w").is_empty());
+        // The two share one list of names.
+        assert_eq!(ix.vary_lists.len(), 1);
+        ix.forget_vary(url);
         assert!(ix.varies_on(url).is_none());
     }
 
     #[test]
-    fn a_hash_collision_is_a_miss() {
-        let mut ix = Index::new(Lru::new());
-        let stored = entry("GET http://h/a", "GET http://h/a", &[], 1);
-        ix.insert(stored.clone());
+    fn a_hot_entry_with_another_key_is_a_miss_and_a_stale_one_is_not_served() {
+        let mut ix = Index::new(Lru::new(), 16);
+        let m = meta("GET http://h/a", "GET http://h/a", &[], "");
+        let whole = Arc::new(Entry::new(
+            key(&m.key).hash,
+            m.clone(),
+            "/nonexistent".into(),
+            4096,
+            1,
+            &Targeted::default(),
+        ));
+        let at = Located {
+            hash: whole.hash,
+            id: whole.id,
+            body_offset: 4096,
+            body_len: 1,
+            body_checksum: 0,
+            foreign: None,
+        };
+        ix.insert(&m, at, Some(whole.clone()));
+        assert!(
+            matches!(ix.lookup(&key(&m.key), |_| unreachable!()), Some(Found::Hot(e)) if Arc::ptr_eq(&e, &whole))
+        );
         // Another key text that (as a forged collision) carries the same hash.
-        let mut other = CacheKey::from_text("GET http://h/b".to_string(), 128);
-        other.hash = stored.hash;
-        assert!(ix.lookup_varying(&other, |_| unreachable!()).is_none());
+        let mut other = key("GET http://h/b");
+        other.hash = whole.hash;
+        assert!(ix.lookup(&other, |_| unreachable!()).is_none());
+        // Replaced by a fill not kept whole: the old whole entry is never served for it.
+        put(&mut ix, &m.key, &m.url, &[], 2);
+        assert!(
+            matches!(ix.lookup(&key(&m.key), |_| unreachable!()), Some(Found::Cold(at, _)) if at.body_len == 2)
+        );
+        assert_eq!(ix.hot_len(), 0);
+        ix.adopt(whole);
+        assert_eq!(ix.hot_len(), 0, "an entry no longer indexed is not kept");
     }
 
-    fn tagged(key: &str, tags: &str) -> Arc<Entry> {
-        let e = entry(key, key, &[], 10);
-        let mut meta = e.meta.clone();
-        meta.fields = format!("Surrogate-Key: {tags}\r\n").into_bytes();
-        Arc::new(Entry::new(
-            e.hash,
-            meta,
-            e.path.clone(),
-            4096,
+    #[test]
+    fn hot_entries_are_bounded() {
+        let mut ix = Index::new(Lru::new(), 2);
+        for i in 0..5 {
+            let m = meta(
+                &format!("GET http://h/{i}"),
+                &format!("GET http://h/{i}"),
+                &[],
+                "",
+            );
+            let whole = Arc::new(Entry::new(
+                key(&m.key).hash,
+                m.clone(),
+                "/nonexistent".into(),
+                4096,
+                1,
+                &Targeted::default(),
+            ));
+            let at = Located {
+                hash: whole.hash,
+                id: whole.id,
+                body_offset: 4096,
+                body_len: 1,
+                body_checksum: 0,
+                foreign: None,
+            };
+            ix.insert(&m, at, Some(whole));
+        }
+        assert_eq!((ix.hot_len(), ix.usage().1), (2, 5));
+    }
+
+    fn tagged(ix: &mut Index<Lru>, k: &str, tags: &str) -> Located {
+        put_meta(
+            ix,
+            meta(k, k, &[], &format!("Surrogate-Key: {tags}\r\n")),
             10,
-            &Targeted::default(),
-        ))
+        )
     }
 
     #[test]
     fn tags_follow_their_entries_through_replace_purge_and_eviction() {
-        let mut ix = Index::new(Lru::new());
-        ix.insert(tagged("GET http://h/a", "product:1 shop"));
-        ix.insert(tagged("GET http://h/b", "product:2 shop"));
+        let mut ix = Index::new(Lru::new(), 16);
+        tagged(&mut ix, "GET http://h/a", "product:1 shop");
+        let b = tagged(&mut ix, "GET http://h/b", "product:2 shop");
         assert_eq!(ix.entries_of_tag("shop").len(), 2);
         assert_eq!(ix.tag_counts(), (3, 4));
         // Replaced with other tags: the old ones no longer name it.
-        ix.insert(tagged("GET http://h/a", "product:9"));
+        tagged(&mut ix, "GET http://h/a", "product:9");
         assert_eq!(ix.entries_of_tag("product:1").len(), 0);
         assert_eq!(ix.entries_of_tag("shop").len(), 1);
         let gone = ix.purge_tag("shop");
-        assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].meta.url, "GET http://h/b");
+        assert_eq!(gone, [b]);
         assert_eq!(ix.usage().1, 1);
         // Evicted: its tags go with it, nothing left behind.
         let victims = ix.evict_to_fit(0, 0, 0);
@@ -423,32 +721,21 @@ mod tests {
         assert_eq!(ix.tag_counts(), (0, 0));
     }
 
-    /// The issue asks for the cost of 100,000 tagged entries: printed (`--nocapture`), not
-    /// asserted (timing is for the bench); what is asserted is the count purged.
+    /// The cost of 100,000 tagged entries: printed (`--nocapture`), not asserted (timing is for
+    /// the bench); what is asserted is the count purged.
     #[test]
     fn a_hundred_thousand_tagged_entries() {
-        let rss_kib = || {
-            std::fs::read_to_string("/proc/self/status")
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
-                })
-                .unwrap_or(0)
-        };
-        let before = rss_kib();
-        let mut ix = Index::new(Lru::new());
+        let mut ix = Index::new(Lru::new(), 16);
         let started = std::time::Instant::now();
         for i in 0..100_000 {
             // Each in its product's tag, its category's (100 of them) and the site's.
-            ix.insert(tagged(
+            tagged(
+                &mut ix,
                 &format!("GET http://h/p/{i}"),
                 &format!("product:{i} category:{} site", i % 100),
-            ));
+            );
         }
         let built = started.elapsed();
-        let tagged_rss = rss_kib().saturating_sub(before);
         assert_eq!(ix.tag_counts(), (100_101, 300_000));
         let started = std::time::Instant::now();
         assert_eq!(ix.purge_tag("category:7").len(), 1_000);
@@ -457,7 +744,7 @@ mod tests {
         assert_eq!(ix.purge_tag("site").len(), 99_000);
         let the_site = started.elapsed();
         println!(
-            "100,000 entries with 3 tags each: indexed in {built:?}; a 1,000-entry tag purged in {one_category:?}; the 99,000 left in {the_site:?}; RSS grew {tagged_rss} KiB (the whole index, entries included)"
+            "100,000 entries with 3 tags each: indexed in {built:?}; a 1,000-entry tag purged in {one_category:?}; the 99,000 left in {the_site:?}"
         );
     }
 }

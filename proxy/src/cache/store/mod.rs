@@ -13,6 +13,7 @@
 mod eviction;
 mod index;
 mod layout;
+mod load;
 mod oversized;
 pub(crate) use layout::{holds_entries, state_dir};
 mod open_files;
@@ -26,7 +27,7 @@ use super::entry::{self, Entry};
 use super::key::CacheKey;
 use super::targeted::Targeted;
 use eviction::Lru;
-use index::Index;
+use index::{Found, Index, Located, Placement};
 use layout::Layout;
 use open_files::OpenFiles;
 use parking_lot::Mutex;
@@ -56,6 +57,9 @@ pub struct Store {
     pub write_errors: AtomicU64,
     /// Entries evicted to make room (size or entry limit), since start.
     pub evictions: AtomicU64,
+    /// Entry heads read from their files because the entry was not kept whole (a cold hit, a
+    /// purge, the scrub), since start.
+    pub head_reads: AtomicU64,
     /// Entries discarded because their body no longer had its checksum (start-up verification,
     /// scrub), since start.
     pub corrupt_entries: AtomicU64,
@@ -81,6 +85,9 @@ pub struct StoreLimits {
     pub levels: u8,
     /// Files kept open (already bounded by the fd limit: see [`open_files_budget`]).
     pub open_files: usize,
+    /// Entries kept whole in memory (`cache.hot_entries`); the others are read from their
+    /// file's head when hit.
+    pub hot_entries: usize,
 }
 
 /// Counts from a start-up rebuild.
@@ -106,13 +113,14 @@ impl Store {
             max_size: clamp_to_filesystem(dir, limits.max_size),
             layout,
             max_entries: limits.max_entries.max(1),
-            index: Mutex::new(Index::new(Lru::new())),
+            index: Mutex::new(Index::new(Lru::new(), limits.hot_entries)),
             files: OpenFiles::new(limits.open_files),
             writable: AtomicBool::new(true),
             handing_over: AtomicBool::new(false),
             hidden_tag_field: None,
             write_errors: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            head_reads: AtomicU64::new(0),
             corrupt_entries: AtomicU64::new(0),
             corrupt_sink: Mutex::new(None),
             targeted: Targeted::default(),
@@ -157,7 +165,11 @@ impl Store {
 
     /// The entry indexed under `hash`, without making it more recently used (a scrub is not a use).
     pub fn peek(&self, hash: u128) -> Option<Arc<Entry>> {
-        self.index.lock().peek(hash).cloned()
+        let at = match self.index.lock().peek(hash)? {
+            Ok(e) => return Some(e),
+            Err(at) => at,
+        };
+        self.load(&at)
     }
 
     /// Discards `e`, found corrupt, with [`Store::remove_if_same`] (a transfer in flight keeps its
@@ -165,16 +177,17 @@ impl Store {
     /// header rewritten by a revalidation): that one goes too, since its body is these bytes; an
     /// entry refilled since keeps its place. True if an entry was removed.
     pub fn remove_corrupt(&self, e: &Arc<Entry>) -> bool {
-        let Some(cur) = self.peek(e.hash) else {
+        let Some(cur) = self.index.lock().locate(e.hash) else {
             return false;
         };
-        let same_body = cur.path == e.path
+        let same_body = self.path_of(&cur) == e.path
             && cur.body_offset == e.body_offset
             && cur.body_len == e.body_len
             && cur.body_checksum == e.body_checksum;
-        if !same_body || !self.remove_if_same(&cur) {
+        if !same_body || self.index.lock().take_if_same(cur.hash, cur.id).is_none() {
             return false;
         }
+        let _ = fs::remove_file(&e.path);
         self.corrupt_found(1);
         true
     }
@@ -198,13 +211,24 @@ impl Store {
 
     /// The entry a request should get for the URL key `primary`: when the URL's responses vary,
     /// under the secondary key `variant` builds from the fields they vary on. One lock for both
-    /// steps, since this runs on every lookup.
+    /// steps, since this runs on every lookup. An entry that is not hot is read from its file's
+    /// head (one `pread`, outside the lock) and made hot; its key must be the one looked up, so
+    /// a hash collision is a miss.
     pub fn lookup_varying(
         &self,
         primary: &CacheKey,
         variant: impl FnOnce(&[String]) -> CacheKey,
     ) -> Option<Arc<Entry>> {
-        self.index.lock().lookup_varying(primary, variant)
+        let (at, key) = match self.index.lock().lookup(primary, variant)? {
+            Found::Hot(e) => return Some(e),
+            Found::Cold(at, key) => (at, key),
+        };
+        let e = self.load(&at)?;
+        if e.meta.key != key.text {
+            return None;
+        }
+        self.index.lock().adopt(e.clone());
+        Some(e)
     }
 
     /// Rewrites `e`'s metadata (after a 304 updated its header fields) and indexes the updated
@@ -247,7 +271,7 @@ impl Store {
             )
             .with_body_checksum(e.body_checksum),
         );
-        self.index.lock().replace_if_same(e, updated.clone());
+        self.index.lock().replace_if_same(e.id, updated.clone());
         updated
     }
 
@@ -282,14 +306,62 @@ impl Store {
 
     /// Indexes a committed entry, replacing any entry with the same hash, and evicts to fit.
     pub fn insert_entry(&self, e: Arc<Entry>) {
-        let replaced = self.index.lock().insert(e);
+        let at = self.placement(
+            &e.path,
+            e.hash,
+            e.id,
+            e.body_offset,
+            e.body_len,
+            e.body_checksum,
+        );
+        let meta = &e.meta;
+        self.index_at(meta, at, Some(e.clone()));
+    }
+
+    /// Indexes the file at `path`, whose head holds `meta` (the rebuild's insert: nothing kept
+    /// whole, since nothing has asked for it yet).
+    fn index_read(&self, path: PathBuf, hash: u128, h: entry::Header) {
+        let at = self.placement(
+            &path,
+            hash,
+            entry::next_id(),
+            h.body_offset,
+            h.body_len,
+            h.body_checksum,
+        );
+        self.index_at(&h.meta, at, None);
+    }
+
+    fn index_at(&self, meta: &entry::Meta, at: Placement, whole: Option<Arc<Entry>>) {
+        let new_path = self.path_of(&at);
+        let replaced = self.index.lock().insert(meta, at, whole);
         // The old entry's file was replaced by rename; nothing to delete unless paths differ.
-        if let Some(old) = replaced
-            && old.path != self.layout.entry_path_unchecked(old.hash)
-        {
-            let _ = fs::remove_file(&old.path);
+        if let Some(old) = replaced {
+            let old_path = self.path_of(&old);
+            if old_path != new_path {
+                let _ = fs::remove_file(&old_path);
+            }
         }
         self.evict_to_fit(0);
+    }
+
+    fn placement(
+        &self,
+        path: &Path,
+        hash: u128,
+        id: u64,
+        body_offset: u64,
+        body_len: u64,
+        body_checksum: u64,
+    ) -> Placement {
+        Placement {
+            hash,
+            id,
+            body_offset,
+            body_len,
+            body_checksum,
+            foreign: (path != self.layout.entry_path_unchecked(hash)).then(|| path.to_path_buf()),
+        }
     }
 
     /// Runs `write` (creating, reserving or writing a fill; idempotent, as positioned writes are)
@@ -319,9 +391,7 @@ impl Store {
             .evict_to_fit(needed, bytes, self.max_entries);
         let n = victims.len();
         self.evictions.fetch_add(n as u64, Ordering::Relaxed);
-        for v in victims {
-            let _ = fs::remove_file(&v.path);
-        }
+        self.delete(&victims);
         if n > 0 {
             tracing::info!(
                 evicted = n,
@@ -343,21 +413,26 @@ impl Store {
             .evict_to_fit(extra, self.max_size, self.max_entries);
         self.evictions
             .fetch_add(victims.len() as u64, Ordering::Relaxed);
-        for v in victims {
-            // A transfer in flight keeps its open fd; unlinking never cuts it short.
-            let _ = fs::remove_file(&v.path);
+        self.delete(&victims);
+    }
+
+    /// Deletes the files of entries that left the index. A transfer in flight keeps its open fd;
+    /// unlinking never cuts it short.
+    fn delete(&self, gone: &[Located]) {
+        for at in gone {
+            let _ = fs::remove_file(self.path_of(at));
         }
     }
 
     /// Whether `e` is the entry the index holds for its hash (not replaced, purged or evicted).
     pub fn is_current(&self, e: &Arc<Entry>) -> bool {
-        self.index.lock().is_current(e)
+        self.index.lock().is_current(e.hash, e.id)
     }
 
     /// Removes `e` from the index (and its file) if the index still holds this very entry;
     /// true if it did.
     pub fn remove_if_same(&self, e: &Arc<Entry>) -> bool {
-        let removed = self.index.lock().take_if_same(e).is_some();
+        let removed = self.index.lock().take_if_same(e.hash, e.id).is_some();
         if removed {
             let _ = fs::remove_file(&e.path);
         }
@@ -367,11 +442,23 @@ impl Store {
     /// Removes every entry of the URL key text `url` (all its variants) and deletes their files;
     /// returns how many went. Transfers in flight keep their open file and finish intact.
     pub fn purge_url(&self, url: &str) -> usize {
-        let gone = self.index.lock().purge_url(url);
-        for e in &gone {
+        let entries = self.entries_of_url(url);
+        let mut n = 0;
+        let mut ix = self.index.lock();
+        // The Vary map is keyed by primary key text, which is the URL's only on routes without
+        // `cache_key.headers`: forget the fields each purged entry's primary key varied on.
+        ix.forget_vary(url);
+        for e in &entries {
+            if ix.take_if_same(e.hash, e.id).is_some() {
+                ix.forget_vary(crate::cache::variance::primary_text(&e.meta.key));
+                n += 1;
+            }
+        }
+        drop(ix);
+        for e in &entries {
             let _ = fs::remove_file(&e.path);
         }
-        gone.len()
+        n
     }
 
     /// Whether `name` is the tag field hidden from clients (which a fleet peer still gets).
@@ -396,25 +483,48 @@ impl Store {
     /// Removes every entry tagged `tag` and deletes their files; returns how many went.
     pub fn purge_tag(&self, tag: &str) -> usize {
         let gone = self.index.lock().purge_tag(tag);
-        for e in &gone {
-            let _ = fs::remove_file(&e.path);
-        }
+        self.delete(&gone);
         gone.len()
     }
 
-    /// Every entry tagged `tag`, left in place.
+    /// Every entry tagged `tag`, left in place (each read from its file unless hot).
     pub fn entries_of_tag(&self, tag: &str) -> Vec<Arc<Entry>> {
-        self.index.lock().entries_of_tag(tag)
+        let at = self.index.lock().entries_of_tag(tag);
+        at.iter().filter_map(|a| self.entry_of(a)).collect()
     }
 
-    /// The URL key texts that start with `prefix`.
+    /// The URL key texts that start with `prefix`. The index holds no key text, so this reads
+    /// the head of every entry, [`PREFIX_SCAN_CHUNK`] at a time under the lock (a blocking walk
+    /// of the whole cache: a prefix purge costs a read per stored object, measured by
+    /// `cargo xtask bench --index`).
     pub fn urls_with_prefix(&self, prefix: &str) -> Vec<String> {
-        self.index.lock().urls_with_prefix(prefix)
+        let mut urls = std::collections::BTreeSet::new();
+        let mut from = Some(0);
+        while let Some(at) = from {
+            let (chunk, next) = self.index.lock().chunk(at, PREFIX_SCAN_CHUNK);
+            from = next;
+            for at in &chunk {
+                let Ok(f) = File::open(self.path_of(at)) else {
+                    continue;
+                };
+                if let Ok(h) = entry::read_entry_head(&f, at.body_offset)
+                    && h.meta.url.starts_with(prefix)
+                {
+                    urls.insert(h.meta.url);
+                }
+            }
+        }
+        urls.into_iter().collect()
     }
 
-    /// Every entry (variant) of the URL key text `url`, left in place.
+    /// Every entry (variant) of the URL key text `url`, left in place: the entries under the
+    /// URL's hash whose file names this very URL.
     pub fn entries_of_url(&self, url: &str) -> Vec<Arc<Entry>> {
-        self.index.lock().entries_of_url(url)
+        let at = self.index.lock().candidates_of_url(url);
+        at.iter()
+            .filter_map(|a| self.entry_of(a))
+            .filter(|e| e.meta.url == url)
+            .collect()
     }
 
     /// (bytes on disk, entries).
@@ -459,6 +569,9 @@ impl Store {
         }
     }
 }
+
+/// Entries whose heads a prefix scan reads per hold of the index lock.
+const PREFIX_SCAN_CHUNK: usize = 4096;
 
 /// ENOSPC or EDQUOT: the file system (or the quota) is full.
 pub(crate) fn is_full(e: &io::Error) -> bool {

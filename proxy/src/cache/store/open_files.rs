@@ -123,20 +123,31 @@ impl OpenFiles {
                 *slot = None;
             }
         }
-        let opened = match open_entry_file(&e.path) {
+        let f = self.open_path(&e.path, Some(e))?;
+        Ok(self.keep(e, f, now))
+    }
+
+    /// Opens the entry file at `path`; out of fds, closes the open-file cache's idle files (but
+    /// `except`'s) and tries once more.
+    pub(crate) fn open_path(&self, path: &Path, except: Option<&Arc<Entry>>) -> io::Result<File> {
+        match open_entry_file(path) {
             Err(err) if OpenFailure::of(&err) == OpenFailure::NoFds => {
                 // The idle files of the open-file cache are the only descriptors the store can
                 // give back; a file still being sent keeps its fd until the send ends.
-                let released = self.release(e);
-                let retried = open_entry_file(&e.path);
+                let released = self.release(except);
+                let retried = open_entry_file(path);
                 if let Err(err) = &retried {
                     self.warn_no_fds(err, released);
                 }
                 retried
             }
             other => other,
-        };
-        let f = Arc::new(opened?);
+        }
+    }
+
+    /// Keeps `f`, just opened for `e`, in `e`'s slot if the cache has room; returns it.
+    pub(crate) fn keep(&self, e: &Arc<Entry>, f: File, now: Instant) -> Arc<File> {
+        let f = Arc::new(f);
         // Keep it open only while the cache has room; a cold entry beyond that costs an open(2)
         // per hit rather than an fd forever.
         if self.count.fetch_add(1, Ordering::Relaxed) < self.max {
@@ -149,7 +160,7 @@ impl OpenFiles {
         } else {
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
-        Ok(f)
+        f
     }
 
     /// Records that `e` was given a slot.
@@ -168,13 +179,13 @@ impl OpenFiles {
 
     /// Closes the files held for entries other than `except`; returns how many slots were given
     /// back. Entries keep their place in the index: their next hit opens the file again.
-    fn release(&self, except: &Arc<Entry>) -> usize {
+    fn release(&self, except: Option<&Arc<Entry>>) -> usize {
         let held = std::mem::take(&mut *self.held.lock());
         let mut kept = Vec::new();
         let mut released = 0;
         for w in held {
             let Some(x) = w.upgrade() else { continue };
-            if Arc::ptr_eq(&x, except) {
+            if except.is_some_and(|e| Arc::ptr_eq(&x, e)) {
                 kept.push(w);
                 continue;
             }

@@ -3,11 +3,10 @@
 //! deleted, and a random sample of bodies is verified against their checksums.
 
 use super::{Rebuilt, Store};
-use crate::cache::entry::{self, Entry};
+use crate::cache::entry;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Store {
@@ -150,16 +149,7 @@ impl Store {
         let hash = u128::from_str_radix(name, 16).map_err(|_| entry::CorruptEntry::Magic)?;
         let file = File::open(path)?;
         let h = entry::read_entry_header(&file)?;
-        let e = Entry::new(
-            hash,
-            h.meta,
-            path.to_path_buf(),
-            h.body_offset,
-            h.body_len,
-            &self.targeted,
-        )
-        .with_body_checksum(h.body_checksum);
-        self.insert_entry(Arc::new(e));
+        self.index_read(path.to_path_buf(), hash, h);
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 
 use super::open_files::injected::{self, fail_next_opens};
 use super::*;
-use crate::cache::test_support::{fill, flip, put, store};
+use crate::cache::test_support::{fill, flip, put, store, store_keeping};
 use std::time::Duration;
 
 fn indexed(store: &Store, e: &Arc<Entry>) -> bool {
@@ -292,4 +292,96 @@ fn a_store_handed_over_commits_and_evicts_nothing() {
     s.hand_over(false);
     s.evict_to_fit(u64::MAX / 2);
     assert!(!indexed(&s, &kept), "evicted again after a failed upgrade");
+}
+
+fn reads(s: &Store) -> u64 {
+    s.head_reads.load(Ordering::Relaxed)
+}
+
+#[test]
+fn an_entry_not_kept_whole_is_read_from_its_head_once_then_kept() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store_keeping(tmp.path(), 10, 1);
+    let a = put(&s, "/a", b"aaaa");
+    let b = put(&s, "/b", b"bbbb");
+    // Only /b is kept whole now: /a is read back from its file, once.
+    let key = CacheKey::new("GET", "http", "h", "/a", 128);
+    let found = s.lookup_varying(&key, |_| unreachable!()).expect("/a");
+    assert_eq!(reads(&s), 1);
+    assert!(!Arc::ptr_eq(&found, &a), "read back, not kept");
+    // The file keeps times to the millisecond: the meta read back is the meta encoded.
+    let on_disk = entry::Meta::decode(&a.meta.encode()).expect("decodes");
+    assert_eq!(
+        (found.id, &found.meta, &found.hit_head),
+        (a.id, &on_disk, &a.hit_head)
+    );
+    assert_eq!(
+        (
+            found.body_offset,
+            found.body_len,
+            found.body_checksum,
+            &found.path
+        ),
+        (a.body_offset, a.body_len, a.body_checksum, &a.path)
+    );
+    assert!(s.is_current(&a) && s.is_current(&found), "the same entry");
+    let again = s.lookup_varying(&key, |_| unreachable!()).expect("/a");
+    assert!(Arc::ptr_eq(&again, &found));
+    assert_eq!(reads(&s), 1, "kept whole after the read");
+    // The read kept its file open for the hit's sendfile: no second open.
+    assert_eq!(s.open_files(), 1);
+    assert!(s.open_file(&again).is_ok());
+    assert_eq!(s.open_files(), 1);
+    // /b left the hot set for /a and is read when asked for.
+    assert!(indexed(&s, &b) || reads(&s) == 2);
+    assert_eq!(s.usage().1, 2);
+}
+
+#[test]
+fn a_hash_collision_with_an_entry_not_kept_whole_is_a_miss() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store_keeping(tmp.path(), 10, 1);
+    // Keys under 4-bit hashes, as a forged collision: /x and another target share one.
+    let k = |t: &str| CacheKey::new("GET", "http", "h", t, 4);
+    let x = k("/x");
+    let twin = (0..)
+        .map(|i| k(&format!("/y{i}")))
+        .find(|y| y.hash == x.hash)
+        .expect("a twin");
+    let other = (0..)
+        .map(|i| k(&format!("/z{i}")))
+        .find(|z| z.hash != x.hash)
+        .expect("another");
+    fill(&s, &x, &x.text, b"", Vec::new(), b"x's body");
+    fill(&s, &other, &other.text, b"", Vec::new(), b"other");
+    assert!(s.lookup_varying(&twin, |_| unreachable!()).is_none());
+    assert_eq!(reads(&s), 1, "the key was read and compared");
+    assert_eq!(s.usage().1, 2, "x keeps its place");
+    let got = s.lookup_varying(&x, |_| unreachable!()).expect("x");
+    assert_eq!(got.meta.key, x.text);
+}
+
+#[test]
+fn a_file_replaced_underneath_is_a_miss_and_a_corrupt_head_goes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store_keeping(tmp.path(), 10, 1);
+    let a = put(&s, "/a", b"aaaa");
+    let c = put(&s, "/c", b"cccc");
+    let key = CacheKey::new("GET", "http", "h", "/a", 128);
+    // Another body under /a's name (as a successor's refill during an upgrade would leave).
+    let original = fs::read(&a.path).expect("read");
+    fs::copy(&c.path, &a.path).expect("copy");
+    assert!(s.lookup_varying(&key, |_| unreachable!()).is_none());
+    assert_eq!(s.usage().1, 2, "not ours to drop");
+    assert!(a.path.exists());
+    // Put back, then a bit flipped in the head: the entry and its file go.
+    fs::write(&a.path, &original).expect("write");
+    assert!(s.lookup_varying(&key, |_| unreachable!()).is_some());
+    let _ = put(&s, "/c2", b"c2");
+    let mut bytes = original.clone();
+    bytes[60] ^= 0x20;
+    fs::write(&a.path, &bytes).expect("write");
+    assert!(s.lookup_varying(&key, |_| unreachable!()).is_none());
+    assert_eq!(s.usage().1, 2);
+    assert!(!a.path.exists(), "a corrupt head is deleted");
 }
