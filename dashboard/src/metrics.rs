@@ -253,6 +253,18 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     .with_label_values(&[] as &[&str])
     .inc_by(cache.head_reads);
     let g = IntGauge::new(
+        "zerocache_cache_index_loading",
+        "1 while the cache index loads in the background after a start (the proxy serves meanwhile; entries not yet indexed are found by their hash), 0 once every file is indexed.",
+    )?;
+    g.set(cache.index_loading as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new(
+        "zerocache_cache_index_loaded_entries",
+        "Entries the start-up load has indexed so far (its progress; entries stored since the start are not counted here).",
+    )?;
+    g.set(cache.index_loaded_entries as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new(
         "zerocache_cache_open_files",
         "Cache files held open so hot hits cost no open(2).",
     )?;

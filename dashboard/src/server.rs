@@ -109,6 +109,10 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Entry heads read from their files (entries not kept whole), since start.
     pub head_reads: u64,
+    /// Whether the index is still loading in the background.
+    pub index_loading: bool,
+    /// Entries the background load has indexed.
+    pub index_loaded_entries: u64,
     /// `cache.max_size`.
     pub max_size_bytes: u64,
 }

@@ -10,7 +10,7 @@
 use crate::cache::entry::Entry;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{FillLocks, Role};
-use crate::cache::store::Store;
+use crate::cache::store::{Purging, Store};
 use std::sync::Arc;
 
 /// What a purge needs of the node: its store, and for a soft purge the fill locks and the key
@@ -42,6 +42,14 @@ impl Purger<'_> {
             .into_iter()
             .flat_map(crate::cache::key::with_https_twin)
             .collect();
+        // While the index loads, the purge must also reach the files it has not indexed yet.
+        for t in &texts {
+            self.store.purging(if prefix {
+                Purging::Prefix(t)
+            } else {
+                Purging::Url(t)
+            });
+        }
         let urls: Vec<String> = if prefix {
             texts
                 .iter()
@@ -67,6 +75,9 @@ impl Purger<'_> {
     /// Removes (or, `soft`, makes stale) every entry with any of `tags`; returns how many
     /// entries, each once however many of the tags it has.
     fn purge_tags(&self, tags: &[String], soft: bool) -> usize {
+        for t in tags {
+            self.store.purging(Purging::Tag(t));
+        }
         if soft && !self.store.is_handing_over() {
             let mut seen = std::collections::HashSet::new();
             for t in tags {

@@ -580,6 +580,7 @@ fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> 
             },
         )
         .with_context(|| format!("opening cache directory {}", config.cache.path.display()))?
+        .with_hash_bits(u32::from(config.debug.key_hash_bits.unwrap_or(128)))
         .with_targeted(crate::cache::targeted::Targeted::new(
             &config.cache.targeted_fields,
             config.cache.targeted_fields_forward,
@@ -593,10 +594,15 @@ fn open_store(config: &Config, open_files: usize) -> anyhow::Result<Arc<Store>> 
             config.cache.tag_field_forward,
         )),
     );
-    let rebuilt = store
-        .rebuild_verifying(config.cache.verify_on_start)
-        .context("rebuilding the cache index")?;
-    tracing::info!(entries = rebuilt.entries, discarded = rebuilt.discarded, verified = rebuilt.verified, corrupt = rebuilt.corrupt, dir = %config.cache.path.display(), "cache index rebuilt");
+    // The proxy listens and serves while the index loads: what the load has not reached yet is
+    // found by its hash on request.
+    store
+        .load_in_background(
+            config.cache.verify_on_start,
+            config.debug.hold_index_load.clone(),
+        )
+        .context("starting the cache index load")?;
+    tracing::info!(dir = %config.cache.path.display(), "cache index loading in the background");
     Ok(store)
 }
 
@@ -681,6 +687,8 @@ fn dashboard_state(
                 open_files: st.open_files() as u64,
                 evictions: st.evictions.load(std::sync::atomic::Ordering::Relaxed),
                 head_reads: st.head_reads.load(std::sync::atomic::Ordering::Relaxed),
+                index_loading: st.is_loading(),
+                index_loaded_entries: st.loaded_entries(),
                 max_size_bytes: st.max_size(),
             }
         }),

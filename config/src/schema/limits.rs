@@ -193,4 +193,9 @@ pub struct DebugConfig {
     /// environment, so a copied test config cannot turn it on in production.
     #[serde(default)]
     pub adjustable_clock: bool,
+    /// Make the background load of the cache index wait until this file exists, so tests can
+    /// send requests while it has indexed nothing. Never set it in production: the proxy serves
+    /// meanwhile, but every entry costs a lookup by its path until the file appears.
+    #[serde(default)]
+    pub hold_index_load: Option<std::path::PathBuf>,
 }

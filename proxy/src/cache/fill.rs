@@ -163,6 +163,7 @@ impl Fill {
             .with_body_checksum(body_checksum),
         );
         self.store.insert_entry(e.clone());
+        self.store.mark_varying(&e.meta);
         self.store.write_ok();
         Ok(e)
     }

@@ -87,7 +87,10 @@ fn run_fails_fast_when_the_port_is_taken() {
     );
     assert!(err.contains("Address already in use"), "{err}");
     // stderr is a pipe here, as under systemd: log lines, and no colour codes in them.
-    assert!(err.contains("cache index rebuilt"), "{err}");
+    assert!(
+        err.contains("cache index loading in the background"),
+        "{err}"
+    );
     assert!(
         !err.contains('\x1b'),
         "ANSI escapes on a non-terminal: {err:?}"

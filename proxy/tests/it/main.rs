@@ -25,6 +25,7 @@ mod fleet_page;
 mod fleet_view;
 mod http2;
 mod image;
+mod index_load;
 mod integrity;
 mod latency;
 mod layering;

@@ -13,6 +13,9 @@ pub(crate) trait Eviction: Send {
     /// `slot` was filled (or refilled, its entry replaced by one with the same hash) with an
     /// entry of `size` bytes on disk.
     fn inserted(&mut self, slot: u32, size: u64);
+    /// `slot` was filled by the start-up load from a file stored before this process started:
+    /// older than anything stored or used since.
+    fn loaded(&mut self, slot: u32, size: u64);
     /// `slot`'s entry was served: a use.
     fn used(&mut self, slot: u32);
     /// `slot` was emptied (purged, replaced by nothing, found gone or corrupt).
@@ -68,11 +71,26 @@ impl Lru {
         self.links[slot as usize] = (NIL, NIL);
     }
 
-    fn push_front(&mut self, slot: u32) {
+    fn push_back(&mut self, slot: u32) {
+        self.grow(slot);
+        self.links[slot as usize] = (NIL, self.back);
+        match self.back {
+            NIL => self.front = slot,
+            b => self.links[b as usize].0 = slot,
+        }
+        self.back = slot;
+    }
+
+    fn grow(&mut self, slot: u32) {
         let i = slot as usize;
         if self.links.len() <= i {
             self.links.resize(i + 1, (NIL, NIL));
         }
+    }
+
+    fn push_front(&mut self, slot: u32) {
+        let i = slot as usize;
+        self.grow(slot);
         self.links[i] = (self.front, NIL);
         match self.front {
             NIL => self.back = slot,
@@ -86,6 +104,11 @@ impl Eviction for Lru {
     fn inserted(&mut self, slot: u32, _size: u64) {
         self.unlink(slot);
         self.push_front(slot);
+    }
+
+    fn loaded(&mut self, slot: u32, _size: u64) {
+        self.unlink(slot);
+        self.push_back(slot);
     }
 
     fn used(&mut self, slot: u32) {
@@ -150,5 +173,23 @@ mod tests {
         p.used(0);
         assert_eq!(p.victim(), Some(2));
         assert_eq!(p.victim(), Some(0));
+    }
+
+    #[test]
+    fn what_the_start_up_load_finds_leaves_before_anything_stored_since() {
+        let mut p = Lru::new();
+        p.inserted(1, 10);
+        p.loaded(2, 10);
+        p.loaded(3, 10);
+        p.inserted(4, 10);
+        // Used since the start: no longer the oldest.
+        p.used(2);
+        assert_eq!(p.victim(), Some(3));
+        assert_eq!(p.victim(), Some(1));
+        assert_eq!(p.victim(), Some(4));
+        assert_eq!(p.victim(), Some(2));
+        assert_eq!(p.victim(), None);
+        p.loaded(5, 1);
+        assert_eq!(p.victim(), Some(5));
     }
 }

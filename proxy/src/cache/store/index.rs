@@ -49,6 +49,9 @@ const FREE: u8 = 1;
 const FOREIGN: u8 = 2;
 /// The entry has tags (`Index::tags_of`).
 const TAGGED: u8 = 4;
+/// Not a response: the marker at a varying URL's primary hash (`store::marker`). Never served,
+/// not counted among the entries, evicted like one when its URL is no longer asked for.
+const MARKER: u8 = 8;
 
 impl Slot {
     fn hash(&self) -> u128 {
@@ -81,6 +84,31 @@ pub(crate) enum Found {
     Cold(Located, CacheKey),
 }
 
+/// What indexing a file the start-up load read did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Loaded {
+    /// Indexed.
+    Indexed,
+    /// The hash was indexed already (a fill since the start, or a request that found the file
+    /// first): the index's entry stays, and this is where it is.
+    Present(Located),
+    /// A purge made during the load names it: the file is to be deleted, not indexed.
+    Purged,
+}
+
+/// Purges made while the index loads in the background, so the loader, reaching a file one of
+/// them names later, deletes it instead of indexing it: a purge during the load wins.
+#[derive(Default)]
+struct Tombstones {
+    /// Whether the load runs (purges are recorded only then).
+    on: bool,
+    /// URL key texts' xxh3-64 (a collision deletes an unrelated file the loader has not reached:
+    /// refetched, never served wrong).
+    urls: HashSet<u64>,
+    prefixes: Vec<String>,
+    tags: HashSet<u128>,
+}
+
 /// The index, under the store's one mutex.
 pub(crate) struct Index<E: Eviction> {
     slots: Vec<Slot>,
@@ -96,8 +124,9 @@ pub(crate) struct Index<E: Eviction> {
     foreign: HashMap<u128, PathBuf>,
     /// The most recently used entries, whole: a hot hit reads nothing and keeps its file open.
     hot: lru::LruCache<u128, Arc<Entry>>,
-    /// Per primary key (xxh3-128 of its text): the request fields its stored responses vary on.
-    /// The lists are shared: most varying URLs vary on the same few fields.
+    /// Per primary key (by its hash, the name of its marker's file): the request fields its
+    /// stored responses vary on. The lists are shared: most varying URLs vary on the same few
+    /// fields.
     vary: HashMap<u128, Arc<[String]>>,
     vary_lists: HashSet<Arc<[String]>>,
     /// Which field names an entry's tags, and how.
@@ -107,6 +136,7 @@ pub(crate) struct Index<E: Eviction> {
     by_tag: HashMap<u128, HashSet<u32>>,
     /// Per tagged slot: its tags' hashes (to unindex them when it goes).
     tags_of: HashMap<u32, Box<[u128]>>,
+    tombstones: Tombstones,
 }
 
 /// What is indexed for an entry besides its metadata: where and which it is.
@@ -130,7 +160,68 @@ impl<E: Eviction> Index<E> {
             tag_field: TagField::default(),
             by_tag: HashMap::new(),
             tags_of: HashMap::new(),
+            tombstones: Tombstones::default(),
         }
+    }
+
+    /// `true` when the background load starts: purges are remembered until it ends (`false`).
+    pub(crate) fn loading(&mut self, on: bool) {
+        self.tombstones = Tombstones {
+            on,
+            ..Tombstones::default()
+        };
+    }
+
+    /// A purge of the URL key text `url` (every variant), remembered while loading.
+    pub(crate) fn tombstone_url(&mut self, url: &str) {
+        if self.tombstones.on {
+            self.tombstones.urls.insert(xxh3_64(url.as_bytes()));
+        }
+    }
+
+    /// A purge of every URL key text starting with `prefix`, remembered while loading.
+    pub(crate) fn tombstone_prefix(&mut self, prefix: &str) {
+        if self.tombstones.on && !self.tombstones.prefixes.iter().any(|p| p == prefix) {
+            self.tombstones.prefixes.push(prefix.to_string());
+        }
+    }
+
+    /// A purge of tag `tag`, remembered while loading.
+    pub(crate) fn tombstone_tag(&mut self, tag: &str) {
+        if self.tombstones.on {
+            self.tombstones.tags.insert(xxh3_128(tag.as_bytes()));
+        }
+    }
+
+    fn purged_while_loading(&self, meta: &Meta) -> bool {
+        let t = &self.tombstones;
+        t.urls.contains(&xxh3_64(meta.url.as_bytes()))
+            || t.prefixes.iter().any(|p| meta.url.starts_with(p.as_str()))
+            || (!t.tags.is_empty()
+                && self
+                    .tag_field
+                    .parse(&meta.fields)
+                    .iter()
+                    .any(|tag| t.tags.contains(&xxh3_128(tag.as_bytes()))))
+    }
+
+    /// Indexes a file the start-up load (or a request during it) read, unless its hash is
+    /// indexed already or a purge since the start names it; as older than anything stored since.
+    pub(crate) fn insert_loaded(&mut self, meta: &Meta, at: Placement, primary: u128) -> Loaded {
+        if let Some(i) = self.slot_of(at.hash) {
+            return Loaded::Present(self.located(i));
+        }
+        if self.purged_while_loading(meta) {
+            return Loaded::Purged;
+        }
+        let hash = at.hash;
+        self.insert(meta, at, primary, None);
+        if let Some(i) = self.slot_of(hash) {
+            // Read back from a file stored before the start: oldest first (`Eviction::loaded`).
+            let size = self.slots[i as usize].disk_size();
+            self.policy.loaded(i, size);
+        }
+        Loaded::Indexed
     }
 
     /// Reads tags from `f` (`cache.tag_field`); set before anything is indexed.
@@ -171,13 +262,22 @@ impl<E: Eviction> Index<E> {
         let names = if self.vary.is_empty() {
             None
         } else {
-            self.vary.get(&xxh3_128(primary.text.as_bytes())).cloned()
+            self.vary.get(&primary.hash).cloned()
         };
         let key = match names {
-            Some(names) => variant(&names),
+            Some(names) => {
+                // The marker is used while its URL is: it leaves only with a URL nobody asks for.
+                if let Some(m) = self.slot_of(primary.hash) {
+                    self.policy.used(m);
+                }
+                variant(&names)
+            }
             None => primary.clone(),
         };
         let i = self.slot_of(key.hash)?;
+        if self.slots[i as usize].flags & MARKER != 0 {
+            return None;
+        }
         self.policy.used(i);
         let id = self.slots[i as usize].id;
         match self.hot.get(&key.hash) {
@@ -214,11 +314,11 @@ impl<E: Eviction> Index<E> {
         self.slot_of(hash).map(|i| self.located(i))
     }
 
-    /// Every indexed hash.
+    /// Every indexed entry's hash (markers are not entries).
     pub(crate) fn hashes(&self) -> Vec<u128> {
         self.slots
             .iter()
-            .filter(|s| s.flags & FREE == 0)
+            .filter(|s| s.flags & (FREE | MARKER) == 0)
             .map(Slot::hash)
             .collect()
     }
@@ -229,7 +329,7 @@ impl<E: Eviction> Index<E> {
     pub(crate) fn chunk(&self, from: usize, n: usize) -> (Vec<Located>, Option<usize>) {
         let end = from.saturating_add(n).min(self.slots.len());
         let out = (from..end)
-            .filter(|&i| self.slots[i].flags & FREE == 0)
+            .filter(|&i| self.slots[i].flags & (FREE | MARKER) == 0)
             .map(|i| self.located(i as u32))
             .collect();
         (out, (end < self.slots.len()).then_some(end))
@@ -241,24 +341,26 @@ impl<E: Eviction> Index<E> {
             .is_some_and(|i| self.slots[i as usize].id == id)
     }
 
-    /// Indexes the entry `at` with metadata `meta` (and, if given, keeps it whole among the hot
-    /// entries), replacing (and returning) any entry with the same hash.
+    /// Indexes the entry `at` with metadata `meta` under the primary key hash `primary` (the
+    /// entry's own hash unless it is a variant), and, if given, keeps it whole among the hot
+    /// entries; replaces (and returns) any entry with the same hash. A marker
+    /// (`store::marker::is_marker`) is indexed as one.
     pub(crate) fn insert(
         &mut self,
         meta: &Meta,
         at: Placement,
+        primary: u128,
         whole: Option<Arc<Entry>>,
     ) -> Option<Located> {
-        let primary = primary_text(&meta.key);
-        let primary_hash = xxh3_128(primary.as_bytes());
+        let marker = super::marker::is_marker(meta);
+        let old = self.take(at.hash);
         if !meta.vary.is_empty() {
             let names = self.intern(&meta.vary);
-            self.vary.insert(primary_hash, names);
-        } else if primary.len() == meta.key.len() {
+            self.vary.insert(primary, names);
+        } else if primary_text(&meta.key).len() == meta.key.len() {
             // A response without Vary for this URL: it no longer varies.
-            self.vary.remove(&primary_hash);
+            self.vary.remove(&primary);
         }
-        let old = self.take(at.hash);
         let slot = Slot {
             hash_lo: at.hash as u64,
             hash_hi: (at.hash >> 64) as u64,
@@ -269,7 +371,7 @@ impl<E: Eviction> Index<E> {
             // A body offset is the header's length rounded up, and a header is at most 1 MiB
             // (`read_entry_header`), so it always fits.
             body_offset: u32::try_from(at.body_offset).unwrap_or(u32::MAX),
-            flags: if at.foreign.is_some() { FOREIGN } else { 0 },
+            flags: if at.foreign.is_some() { FOREIGN } else { 0 } | if marker { MARKER } else { 0 },
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -290,7 +392,7 @@ impl<E: Eviction> Index<E> {
             self.foreign.insert(at.hash, p);
         }
         self.bytes += slot.disk_size();
-        self.len += 1;
+        self.len += u64::from(!marker);
         self.tags_add(i, meta);
         self.policy.inserted(i, slot.disk_size());
         if let Some(e) = whole {
@@ -347,7 +449,12 @@ impl<E: Eviction> Index<E> {
         self.tags_remove(i);
         self.hot.pop(&s.hash());
         self.bytes -= s.disk_size();
-        self.len -= 1;
+        if s.flags & MARKER != 0 {
+            // Its URL's variants can no longer be found by it: the next response names them.
+            self.vary.remove(&s.hash());
+        } else {
+            self.len -= 1;
+        }
         self.slots[i as usize] = Slot {
             flags: FREE,
             ..Slot::default()
@@ -390,10 +497,23 @@ impl<E: Eviction> Index<E> {
             .collect()
     }
 
-    /// Forgets the fields the responses under primary key text `primary` vary on (once a purge
-    /// took them all).
-    pub(crate) fn forget_vary(&mut self, primary: &str) {
-        self.vary.remove(&xxh3_128(primary.as_bytes()));
+    /// Forgets the fields the responses under primary key hash `primary` vary on (once a purge
+    /// took them all), and unindexes its marker; returns the marker, whose file is to go.
+    pub(crate) fn forget_vary(&mut self, primary: u128) -> Option<Located> {
+        self.vary.remove(&primary);
+        let i = self.slot_of(primary)?;
+        if self.slots[i as usize].flags & MARKER == 0 {
+            return None;
+        }
+        self.policy.removed(i);
+        Some(self.free_slot(i))
+    }
+
+    /// Whether the marker under primary key hash `primary` names exactly `names`.
+    pub(crate) fn marks(&self, primary: u128, names: &[String]) -> bool {
+        self.slot_of(primary)
+            .is_some_and(|i| self.slots[i as usize].flags & MARKER != 0)
+            && self.vary.get(&primary).is_some_and(|l| **l == *names)
     }
 
     /// Every entry tagged `tag`.
@@ -436,10 +556,10 @@ impl<E: Eviction> Index<E> {
         (self.bytes, self.len)
     }
 
-    /// The fields the responses under primary key text `primary` vary on, if they do.
+    /// The fields the responses under primary key hash `primary` vary on, if they do.
     #[cfg(test)]
-    pub(crate) fn varies_on(&self, primary: &str) -> Option<Arc<[String]>> {
-        self.vary.get(&xxh3_128(primary.as_bytes())).cloned()
+    pub(crate) fn varies_on(&self, primary: u128) -> Option<Arc<[String]>> {
+        self.vary.get(&primary).cloned()
     }
 
     /// Entries kept whole.
@@ -532,7 +652,8 @@ mod tests {
             body_checksum: 7,
             foreign: None,
         };
-        ix.insert(&m, at.clone(), None);
+        let primary = key(primary_text(&m.key)).hash;
+        ix.insert(&m, at.clone(), primary, None);
         at
     }
 
@@ -620,8 +741,8 @@ mod tests {
         assert!(ix.candidates_of_url("GET http://h/w").is_empty());
         // The two share one list of names.
         assert_eq!(ix.vary_lists.len(), 1);
-        ix.forget_vary(url);
-        assert!(ix.varies_on(url).is_none());
+        assert!(ix.forget_vary(key(url).hash).is_none(), "no marker");
+        assert!(ix.varies_on(key(url).hash).is_none());
     }
 
     #[test]
@@ -644,7 +765,7 @@ mod tests {
             body_checksum: 0,
             foreign: None,
         };
-        ix.insert(&m, at, Some(whole.clone()));
+        ix.insert(&m, at, key(&m.key).hash, Some(whole.clone()));
         assert!(
             matches!(ix.lookup(&key(&m.key), |_| unreachable!()), Some(Found::Hot(e)) if Arc::ptr_eq(&e, &whole))
         );
@@ -688,7 +809,7 @@ mod tests {
                 body_checksum: 0,
                 foreign: None,
             };
-            ix.insert(&m, at, Some(whole));
+            ix.insert(&m, at, key(&m.key).hash, Some(whole));
         }
         assert_eq!((ix.hot_len(), ix.usage().1), (2, 5));
     }

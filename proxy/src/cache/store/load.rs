@@ -3,16 +3,64 @@
 //! `entry::read_entry_head`), on the hit that needs it. The file is checked against what the
 //! index holds (lengths and body checksum), so a file replaced underneath (a successor's fill
 //! during an upgrade) is never served as this entry; a file gone is unindexed, a corrupt head
-//! deleted, and anything else (EIO, out of fds) leaves the entry for the next try.
+//! deleted, and anything else (EIO, out of fds) leaves the entry for the next try. While the
+//! index loads in the background, an entry it does not hold yet is found here too, by the path
+//! its hash names.
 
-use super::Store;
-use super::index::Located;
+use super::index::{Loaded, Located};
 use super::open_files::OpenFailure;
+use super::{Store, marker};
 use crate::cache::entry::{self, CorruptEntry, Entry};
+use crate::cache::key::CacheKey;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 impl Store {
+    /// While the index loads: looks for the entry `primary` (or, when its URL varies, the
+    /// variant `variant` builds from its marker's names) by the path its hash names under the
+    /// current `levels`, and indexes what it finds (the marker too); true if it indexed the
+    /// entry, which the caller then looks up as usual. A file under an older `levels` is found
+    /// only by the load.
+    pub(super) fn find_unindexed(
+        &self,
+        primary: &CacheKey,
+        variant: &impl Fn(&[String]) -> CacheKey,
+    ) -> bool {
+        let Some((path, h)) = self.read_unindexed(primary.hash) else {
+            return false;
+        };
+        let (key, path, h) = if marker::is_marker(&h.meta) {
+            if h.meta.key != primary.text {
+                return false;
+            }
+            let key = variant(&h.meta.vary);
+            if self.index_loaded(path, primary.hash, h) == Loaded::Purged {
+                return false;
+            }
+            let Some((path, h)) = self.read_unindexed(key.hash) else {
+                return false;
+            };
+            (key, path, h)
+        } else {
+            (primary.clone(), path, h)
+        };
+        if h.meta.key != key.text || marker::is_marker(&h.meta) {
+            return false;
+        }
+        self.index_loaded(path, key.hash, h) != Loaded::Purged
+    }
+
+    /// The head of the file the current layout names for `hash`, checked whole (as the load
+    /// checks it); `None` if there is none or it does not hold.
+    fn read_unindexed(&self, hash: u128) -> Option<(PathBuf, entry::Header)> {
+        let path = self.layout.entry_path_unchecked(hash);
+        let file = std::fs::File::open(&path).ok()?;
+        self.head_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let h = entry::read_entry_header(&file).ok()?;
+        Some((path, h))
+    }
+
     /// Where the file of `at` is.
     pub(super) fn path_of(&self, at: &Located) -> PathBuf {
         at.foreign

@@ -14,6 +14,7 @@ mod eviction;
 mod index;
 mod layout;
 mod load;
+mod marker;
 mod oversized;
 pub(crate) use layout::{holds_entries, state_dir};
 mod open_files;
@@ -72,6 +73,24 @@ pub struct Store {
     targeted: Targeted,
     /// Keys whose last fill of unknown length ran past the size bound.
     oversized: oversized::Oversized,
+    /// Bits of the key hashes (`debug.key_hash_bits`; 128 but in tests that force collisions),
+    /// for the primary key hash a variant's marker is named by.
+    hash_bits: u32,
+    /// The index is loading in the background ([`Store::load_in_background`]).
+    loading: AtomicBool,
+    /// Entries the load has indexed.
+    load_progress: AtomicU64,
+}
+
+/// What a purge names ([`Store::purging`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Purging<'a> {
+    /// A URL key text, every variant.
+    Url(&'a str),
+    /// Every URL key text starting with it.
+    Prefix(&'a str),
+    /// A cache tag.
+    Tag(&'a str),
 }
 
 /// Sizes and shape of the store.
@@ -90,6 +109,7 @@ pub struct StoreLimits {
     pub hot_entries: usize,
 }
 
+#[cfg(test)]
 /// Counts from a start-up rebuild.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Rebuilt {
@@ -125,7 +145,16 @@ impl Store {
             corrupt_sink: Mutex::new(None),
             targeted: Targeted::default(),
             oversized: Default::default(),
+            hash_bits: 128,
+            loading: AtomicBool::new(false),
+            load_progress: AtomicU64::new(0),
         })
+    }
+
+    /// Key hashes of `bits` bits (`debug.key_hash_bits`); call before the rebuild.
+    pub fn with_hash_bits(mut self, bits: u32) -> Store {
+        self.hash_bits = bits.min(128);
+        self
     }
 
     /// Keys whose last fill of unknown length ran past the size bound (`oversized`).
@@ -214,12 +243,24 @@ impl Store {
     /// steps, since this runs on every lookup. An entry that is not hot is read from its file's
     /// head (one `pread`, outside the lock) and made hot; its key must be the one looked up, so
     /// a hash collision is a miss.
+    ///
+    /// While the index loads, an entry it does not hold yet is looked for by the path its hash
+    /// names (`Store::find_unindexed`).
     pub fn lookup_varying(
         &self,
         primary: &CacheKey,
-        variant: impl FnOnce(&[String]) -> CacheKey,
+        variant: impl Fn(&[String]) -> CacheKey,
     ) -> Option<Arc<Entry>> {
-        let (at, key) = match self.index.lock().lookup(primary, variant)? {
+        // Bound first: a guard in the match's scrutinee would live through its arms.
+        let indexed = self.index.lock().lookup(primary, &variant);
+        let found = match indexed {
+            Some(f) => f,
+            None if self.is_loading() && self.find_unindexed(primary, &variant) => {
+                self.index.lock().lookup(primary, &variant)?
+            }
+            None => return None,
+        };
+        let (at, key) = match found {
             Found::Hot(e) => return Some(e),
             Found::Cold(at, key) => (at, key),
         };
@@ -318,23 +359,10 @@ impl Store {
         self.index_at(meta, at, Some(e.clone()));
     }
 
-    /// Indexes the file at `path`, whose head holds `meta` (the rebuild's insert: nothing kept
-    /// whole, since nothing has asked for it yet).
-    fn index_read(&self, path: PathBuf, hash: u128, h: entry::Header) {
-        let at = self.placement(
-            &path,
-            hash,
-            entry::next_id(),
-            h.body_offset,
-            h.body_len,
-            h.body_checksum,
-        );
-        self.index_at(&h.meta, at, None);
-    }
-
     fn index_at(&self, meta: &entry::Meta, at: Placement, whole: Option<Arc<Entry>>) {
         let new_path = self.path_of(&at);
-        let replaced = self.index.lock().insert(meta, at, whole);
+        let primary = self.primary_hash(&meta.key);
+        let replaced = self.index.lock().insert(meta, at, primary, whole);
         // The old entry's file was replaced by rename; nothing to delete unless paths differ.
         if let Some(old) = replaced {
             let old_path = self.path_of(&old);
@@ -442,15 +470,18 @@ impl Store {
     /// Removes every entry of the URL key text `url` (all its variants) and deletes their files;
     /// returns how many went. Transfers in flight keep their open file and finish intact.
     pub fn purge_url(&self, url: &str) -> usize {
+        // First, so the load cannot index one of them after the entries are collected.
+        self.index.lock().tombstone_url(url);
         let entries = self.entries_of_url(url);
         let mut n = 0;
+        let mut markers = Vec::new();
         let mut ix = self.index.lock();
-        // The Vary map is keyed by primary key text, which is the URL's only on routes without
-        // `cache_key.headers`: forget the fields each purged entry's primary key varied on.
-        ix.forget_vary(url);
+        // The Vary names are kept per primary key, which is the URL's only on routes without
+        // `cache_key.headers`: forget those of each purged entry's primary key, and its marker.
+        markers.extend(ix.forget_vary(self.primary_hash(url)));
         for e in &entries {
             if ix.take_if_same(e.hash, e.id).is_some() {
-                ix.forget_vary(crate::cache::variance::primary_text(&e.meta.key));
+                markers.extend(ix.forget_vary(self.primary_hash(&e.meta.key)));
                 n += 1;
             }
         }
@@ -458,6 +489,7 @@ impl Store {
         for e in &entries {
             let _ = fs::remove_file(&e.path);
         }
+        self.delete(&markers);
         n
     }
 
@@ -482,9 +514,28 @@ impl Store {
 
     /// Removes every entry tagged `tag` and deletes their files; returns how many went.
     pub fn purge_tag(&self, tag: &str) -> usize {
-        let gone = self.index.lock().purge_tag(tag);
+        let gone = {
+            let mut ix = self.index.lock();
+            ix.tombstone_tag(tag);
+            ix.purge_tag(tag)
+        };
         self.delete(&gone);
         gone.len()
+    }
+
+    /// Marks a purge (or soft purge) of `url`, every URL under `prefix`, or `tag` about to be
+    /// made: while the index loads, the load deletes the files it names instead of indexing
+    /// them (a soft purge of an entry the load has not reached is a purge). Nothing otherwise.
+    pub fn purging(&self, what: Purging<'_>) {
+        if !self.is_loading() {
+            return;
+        }
+        let mut ix = self.index.lock();
+        match what {
+            Purging::Url(u) => ix.tombstone_url(u),
+            Purging::Prefix(p) => ix.tombstone_prefix(p),
+            Purging::Tag(t) => ix.tombstone_tag(t),
+        }
     }
 
     /// Every entry tagged `tag`, left in place (each read from its file unless hot).

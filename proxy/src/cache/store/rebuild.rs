@@ -1,23 +1,103 @@
-//! The rebuild at start-up: every file under the cache directory is read back into the index
-//! (its header checked: magic, version, lengths), temp files of fills interrupted by a crash are
-//! deleted, and a random sample of bodies is verified against their checksums.
+//! The load at start-up: every file under the cache directory is read back into the index (its
+//! header checked: magic, version, lengths), temp files of fills interrupted by a crash are
+//! deleted, and a random sample of bodies is verified against their checksums. It runs in the
+//! background while the proxy serves ([`Store::load_in_background`]); what it has not reached
+//! yet is found by hash on request (`store::load`).
 
-use super::{Rebuilt, Store};
+#[cfg(test)]
+use super::Rebuilt;
+use super::Store;
+use super::index::Loaded;
 use crate::cache::entry;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Store {
-    /// Indexes every valid entry file and deletes the rest (temp files of fills interrupted by a
-    /// crash or `kill -9`, torn or corrupt entries), then verifies the bodies of at most `verify` indexed entries, chosen at
-    /// random (`cache.verify_on_start`): an entry whose body does not have its checksum is
-    /// deleted and counted. Random rather than a fixed choice, so successive restarts cover
-    /// different entries; the scrub covers them all in time. This reads up to `verify` whole
-    /// bodies before the proxy listens, which is why it is a sample.
+    #[cfg(test)]
+    /// Indexes every valid entry file and deletes the rest, then verifies a sample of bodies, all
+    /// before returning: [`Store::load_in_background`]'s work on the caller's thread (tests,
+    /// tools).
     pub fn rebuild_verifying(&self, verify: usize) -> io::Result<Rebuilt> {
-        let mut out = Rebuilt::default();
+        let mut out = Rebuilt {
+            discarded: self.clear_tmp()?,
+            ..Rebuilt::default()
+        };
+        let walked = self.index_tree()?;
+        out.entries = walked.entries;
+        out.discarded += walked.discarded;
+        let v = self.verify_sample(verify);
+        out.entries = out.entries.saturating_sub(v.corrupt);
+        out.discarded += v.corrupt;
+        out.verified = v.verified;
+        out.corrupt = v.corrupt;
+        Ok(out)
+    }
+
+    /// Starts the index's load on a thread of its own and returns at once, so the proxy listens
+    /// and serves while it runs: a request for an entry the load has not reached opens the file
+    /// its hash names (through its URL's marker when it varies: `store::marker`), a purge made
+    /// meanwhile wins over the load reaching the same file later, and `verify` bodies are
+    /// verified once every file is indexed (`cache.verify_on_start`). Temp files of fills a crash
+    /// interrupted are deleted first, here. With `hold`, the load waits until that file exists
+    /// (`debug.hold_index_load`, for tests of requests during the load).
+    pub fn load_in_background(
+        self: &Arc<Self>,
+        verify: usize,
+        hold: Option<PathBuf>,
+    ) -> io::Result<()> {
+        let discarded = self.clear_tmp()?;
+        self.loading.store(true, Ordering::Relaxed);
+        self.index.lock().loading(true);
+        let store = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cache-load".into())
+            .spawn(move || {
+                if let Some(p) = hold {
+                    while !p.exists() {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                }
+                let started = std::time::Instant::now();
+                let walked = store.index_tree();
+                let v = store.verify_sample(verify);
+                store.index.lock().loading(false);
+                store.loading.store(false, Ordering::Relaxed);
+                match walked {
+                    Ok(w) => tracing::info!(
+                        entries = w.entries.saturating_sub(v.corrupt),
+                        discarded = discarded + w.discarded + v.corrupt,
+                        verified = v.verified,
+                        corrupt = v.corrupt,
+                        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+                        "cache index loaded"
+                    ),
+                    Err(e) => tracing::error!(error = %e, "cache index load failed: entries it did not reach are found by their hash on request"),
+                }
+            });
+        if let Err(e) = spawned {
+            self.index.lock().loading(false);
+            self.loading.store(false, Ordering::Relaxed);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Whether the index is still loading ([`Store::load_in_background`]).
+    pub fn is_loading(&self) -> bool {
+        self.loading.load(Ordering::Relaxed)
+    }
+
+    /// Entries the load has indexed so far.
+    pub fn loaded_entries(&self) -> u64 {
+        self.load_progress.load(Ordering::Relaxed)
+    }
+
+    /// Deletes the temp files of fills a crash or `kill -9` interrupted; returns how many.
+    fn clear_tmp(&self) -> io::Result<u64> {
+        let mut n = 0;
         for t in fs::read_dir(self.layout.tmp_dir())? {
             let t = t?;
             // A SIGUSR2 upgrade shares the directory: the old process's fills in flight are its
@@ -26,14 +106,16 @@ impl Store {
                 continue;
             }
             let _ = fs::remove_file(t.path());
-            out.discarded += 1;
+            n += 1;
         }
-        // Walk every directory but tmp and state: a changed `levels` still finds the old
-        // entries, and the cache's own state is never taken for a foreign file.
-        let (entries, discarded) = self.index_tree()?;
-        out.entries += entries;
-        out.discarded += discarded;
-        self.evict_to_fit(0);
+        Ok(n)
+    }
+
+    /// Verifies the bodies of at most `verify` indexed entries, chosen at random: one whose
+    /// body does not have its checksum is deleted and counted. Random rather than a fixed
+    /// choice, so successive starts cover different entries; the scrub covers them all in time.
+    fn verify_sample(&self, verify: usize) -> Verified {
+        let mut out = Verified::default();
         let mut buf = Vec::new();
         for hash in self.sample(verify) {
             let Some(e) = self.peek(hash) else { continue };
@@ -54,8 +136,6 @@ impl Store {
                 Err(err @ entry::CorruptEntry::Body { .. }) => {
                     tracing::warn!(path = %e.path.display(), key = %e.meta.key, error = %err, "discarding corrupt cache entry");
                     if self.remove_corrupt(&e) {
-                        out.entries = out.entries.saturating_sub(1);
-                        out.discarded += 1;
                         out.corrupt += 1;
                     }
                 }
@@ -65,22 +145,23 @@ impl Store {
                 }
             }
         }
-        Ok(out)
+        out
     }
 
     /// Indexes every entry file under the cache directory (but `tmp/` and `state/`) on
-    /// [`READERS`] threads, deleting what is not an entry; returns (indexed, deleted). A cold
-    /// rebuild waits on the disk for every header it reads: one reader at a time left the disk's
-    /// queue empty (37 s at 100,000 entries with the page cache dropped), where many keep it
-    /// busy. Directories are the unit of work, shared through a queue, so the threads split any
-    /// layout (`levels` 1 or 2, an old one beside a new one) without listing every file first.
-    fn index_tree(&self) -> io::Result<(u64, u64)> {
+    /// [`READERS`] threads, deleting what is not an entry. A cold load waits on the disk for
+    /// every header it reads: one reader at a time left the disk's queue empty (37 s at 100,000
+    /// entries with the page cache dropped), where many keep it busy. Directories are the unit
+    /// of work, shared through a queue, so the threads split any layout (`levels` 1 or 2, an old
+    /// one beside a new one) without listing every file first.
+    fn index_tree(&self) -> io::Result<Walked> {
         let work = Work {
             queue: parking_lot::Mutex::new((vec![self.layout.dir().to_path_buf()], 0)),
             more: parking_lot::Condvar::new(),
             entries: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             failed: parking_lot::Mutex::new(None),
+            logged: parking_lot::Mutex::new(std::time::Instant::now()),
         };
         std::thread::scope(|s| {
             for _ in 0..READERS {
@@ -97,7 +178,10 @@ impl Store {
         if let Some(e) = work.failed.into_inner() {
             return Err(e);
         }
-        Ok((work.entries.into_inner(), work.discarded.into_inner()))
+        Ok(Walked {
+            entries: work.entries.into_inner(),
+            discarded: work.discarded.into_inner(),
+        })
     }
 
     /// Indexes the files of `d` and queues its subdirectories.
@@ -112,9 +196,12 @@ impl Store {
                 continue;
             }
             match self.index_file(&path) {
-                Ok(()) => {
+                Ok(Loaded::Indexed) => {
                     work.entries.fetch_add(1, Ordering::Relaxed);
+                    let n = self.load_progress.fetch_add(1, Ordering::Relaxed) + 1;
+                    work.progress(n);
                 }
+                Ok(_) => {}
                 Err(err) => {
                     tracing::warn!(path = %path.display(), error = %err, "discarding cache file");
                     let _ = fs::remove_file(&path);
@@ -144,15 +231,57 @@ impl Store {
         hashes
     }
 
-    fn index_file(&self, path: &Path) -> Result<(), entry::CorruptEntry> {
+    fn index_file(&self, path: &Path) -> Result<Loaded, entry::CorruptEntry> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let hash = u128::from_str_radix(name, 16).map_err(|_| entry::CorruptEntry::Magic)?;
         let file = File::open(path)?;
         let h = entry::read_entry_header(&file)?;
-        self.index_read(path.to_path_buf(), hash, h);
-        Ok(())
+        Ok(self.index_loaded(path.to_path_buf(), hash, h))
+    }
+
+    /// Indexes the file at `path` (hash `hash`, head `h`) that the load or a request during it
+    /// read: unless the hash is indexed already (a second file for it, under an old `levels`,
+    /// is deleted) or a purge made during the load names it (deleted).
+    pub(super) fn index_loaded(&self, path: PathBuf, hash: u128, h: entry::Header) -> Loaded {
+        let at = self.placement(
+            &path,
+            hash,
+            entry::next_id(),
+            h.body_offset,
+            h.body_len,
+            h.body_checksum,
+        );
+        let primary = self.primary_hash(&h.meta.key);
+        let loaded = self.index.lock().insert_loaded(&h.meta, at, primary);
+        match &loaded {
+            Loaded::Indexed => self.evict_to_fit(0),
+            Loaded::Present(other) if self.path_of(other) != path => {
+                let _ = fs::remove_file(&path);
+            }
+            Loaded::Present(_) => {}
+            Loaded::Purged => {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        loaded
     }
 }
+
+/// What the walk of the tree found.
+struct Walked {
+    entries: u64,
+    discarded: u64,
+}
+
+/// What the verification of a sample found.
+#[derive(Default)]
+struct Verified {
+    verified: u64,
+    corrupt: u64,
+}
+
+/// How often the load logs its progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Threads reading entry headers during the rebuild (see [`Store::index_tree`]): enough reads
 /// in flight for an SSD's or a virtual disk's queue; on a warm page cache the work is CPU-bound
@@ -167,9 +296,22 @@ struct Work {
     entries: AtomicU64,
     discarded: AtomicU64,
     failed: parking_lot::Mutex<Option<io::Error>>,
+    /// When progress was last logged.
+    logged: parking_lot::Mutex<std::time::Instant>,
 }
 
 impl Work {
+    /// Logs the load's progress (`n` entries indexed) at most every [`PROGRESS_EVERY`].
+    fn progress(&self, n: u64) {
+        let Some(mut at) = self.logged.try_lock() else {
+            return;
+        };
+        if at.elapsed() >= PROGRESS_EVERY {
+            *at = std::time::Instant::now();
+            tracing::info!(entries = n, "cache index loading");
+        }
+    }
+
     /// The next directory to read, waiting while others are read (they may find more); None
     /// once none is left and none is being read, or after a failure.
     fn next(&self) -> Option<PathBuf> {

@@ -41,11 +41,15 @@ fn purging_a_url_forgets_what_its_keyed_primary_varied_on() {
             lang.as_bytes(),
         );
     }
-    assert!(s.index.lock().varies_on(&primary.text).is_some());
+    assert!(s.index.lock().varies_on(primary.hash).is_some());
+    assert_eq!(s.usage().1, 2, "the marker is not an entry");
+    let marker = s.layout.entry_path_unchecked(primary.hash);
+    assert!(marker.exists(), "the marker names the fields");
     assert_eq!(s.purge_url(&url.text), 2);
     assert_eq!(s.usage(), (0, 0));
+    assert!(!marker.exists(), "the marker goes with its URL");
     assert!(
-        s.index.lock().varies_on(&primary.text).is_none(),
+        s.index.lock().varies_on(primary.hash).is_none(),
         "the primary's Vary names outlived its entries"
     );
 }
