@@ -283,8 +283,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    // The index is rebuilt and both listeners are bound and accepting: systemd (Type=notify) may
-    // start what comes after this unit.
+    // Bound and accepting (the index loads meanwhile): systemd may start what comes after us.
     match ready_pipe {
         // A successor tells the process it replaces, which tells systemd our pid
         // (NotifyAccess=main would drop our READY=1 until then, and log it).
@@ -307,6 +306,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         current.limits.drain_timeout,
     );
     signals.while_draining(drained, &kept).await;
+    ending.after_drain(&kept);
     Ok(())
 }
 
@@ -314,6 +314,18 @@ impl Ending {
     /// Says why the drain that follows starts: to systemd, the dashboard and the log. Closes the
     /// socket copies kept for a successor (`upgrade`): a stopping process refuses new clients,
     /// and a replaced one has handed them over.
+    /// After the drain of a stop, the index is written for the next process to start from; a
+    /// successor has the directory already, and writes its own when it stops.
+    fn after_drain(&self, kept: &Kept) {
+        if let Ending::Stop = self {
+            // Nothing is stored or evicted from here on, so the snapshot stays true.
+            kept.store.hand_over(true);
+            if let Err(e) = kept.store.write_snapshot() {
+                tracing::warn!(error = %e, "could not write the cache index for the next start; it loads from the entries");
+            }
+        }
+    }
+
     fn announce(
         &self,
         upgrade: Option<crate::upgrade::Upgrade>,
@@ -487,6 +499,8 @@ impl Signals {
                         Ok(pid) => break Ending::Upgraded(pid),
                         Err(why) => {
                             kept.accounting.binary_upgrade(false);
+                            // This process stores again: the index it wrote would go stale.
+                            kept.store.discard_snapshot();
                             kept.store.hand_over(false);
                             upgrade_failed(&current, &why);
                         }
@@ -503,6 +517,10 @@ impl Signals {
                         None => {
                             // From now on the successor indexes the directory: store nothing here.
                             kept.store.hand_over(true);
+                            // ...and starts from this index instead of reading every entry.
+                            if let Err(e) = kept.store.write_snapshot() {
+                                tracing::warn!(error = %e, "could not write the cache index for the successor; it loads from the entries");
+                            }
                             if let Some(p) = &current.pid_file {
                                 let _ = std::fs::remove_file(crate::upgrade::failed_file(p));
                             }

@@ -7,10 +7,13 @@
 //! - disk per object: the cache directory's allocated blocks, divided by N;
 //! - hit latency p50/p99 over random objects at N, against the same over the first 1,000 (the
 //!   cache nearly empty), one keep-alive client, one request at a time;
-//! - a restart with the page cache dropped (as root; a warm one otherwise, said so): time from
-//!   the spawn to the first HIT, and to a complete index (`/api/stats` counting N);
+//! - a prefix purge that matches nothing (it reads every entry's head);
+//! - a restart after `kill -9` (no snapshot: the index loads from the entries in the
+//!   background) and one after SIGTERM (the snapshot written at the stop), each with the page
+//!   cache dropped (as root; a warm one otherwise, said so): time from the spawn to the first
+//!   HIT, and to a complete index (`/api/stats` counting N);
 //! - a SIGUSR2 upgrade: time from the signal to the successor serving (its pid in the pid file),
-//!   then a HIT from it.
+//!   then to a HIT from it and to its complete index.
 //!
 //! Writes xtask/bench/results/index.md. Times here are for the record, never asserted.
 
@@ -172,6 +175,20 @@ fn drop_page_cache() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
+/// POSTs `json` to the dashboard's purge API; the answer's body.
+fn post_purge(dashboard: SocketAddr, json: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(dashboard)?;
+    write!(
+        s,
+        "POST /api/purge HTTP/1.1\r\nHost: {dashboard}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+        json.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
 fn read_pid(file: &Path) -> Option<u32> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
@@ -194,10 +211,9 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
     std::fs::write(
         &config,
         format!(
-            "listen: {proxy}\npid_file: {}\ncache:\n  path: {}\n  max_size: 100GiB\n  max_entries: {}\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nlogging:\n  level: warn\n",
+            "listen: {proxy}\npid_file: {}\ncache:\n  path: {}\n  max_size: 100GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nlogging:\n  level: warn\n",
             pid_file.display(),
             cache.display(),
-            opts.objects + 10_000,
         ),
     )?;
 
@@ -222,15 +238,33 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
         full >> 20
     );
 
-    // A restart, the page cache dropped where this may.
-    // SAFETY: our own child.
-    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    // A prefix purge that matches nothing: the index keeps no key text, so it reads every head.
+    let from = Instant::now();
+    let purged = post_purge(
+        dashboard,
+        &format!("{{\"prefix\": \"http://{HOST}/none/\"}}"),
+    )?;
+    let prefix_purge = from.elapsed();
+    anyhow::ensure!(purged.contains("\"purged\":0"), "prefix purge: {purged}");
+
+    // A crash: no snapshot, so the restart serves while its index loads from the entries, the
+    // page cache dropped where this may.
+    let _ = p.0.kill();
     let _ = p.0.wait();
     let cold = drop_page_cache();
     let from = Instant::now();
     let mut p = Proc(start(&bin, &config)?);
     let first_hit = until_hit(proxy, from)?;
     let indexed = until_indexed(dashboard, opts.objects, from)?;
+    // A clean restart: the index written at the stop is read back.
+    // SAFETY: our own child.
+    unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+    let _ = p.0.wait();
+    drop_page_cache();
+    let from = Instant::now();
+    let mut p = Proc(start(&bin, &config)?);
+    let clean_hit = until_hit(proxy, from)?;
+    let clean_indexed = until_indexed(dashboard, opts.objects, from)?;
 
     // An upgrade: from the signal to the successor serving, then a HIT from it.
     let old = p.0.id();
@@ -247,6 +281,7 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
     let upgraded = from.elapsed();
     let _ = p.0.wait();
     let upgrade_hit = until_hit(proxy, from)?;
+    let upgrade_indexed = until_indexed(dashboard, opts.objects, from)?;
     let after = metrics(dashboard)?;
     // SAFETY: the successor this benchmark started.
     unsafe { libc::kill(new as i32, libc::SIGTERM) };
@@ -267,10 +302,14 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
          | disk per object ({files} files) | {:.0} bytes |\n\
          | hit p50 / p99, {SMALL} objects | {small_p50:.0} / {small_p99:.0} µs |\n\
          | hit p50 / p99, {} objects | {p50:.0} / {p99:.0} µs ({:.2}× / {:.2}×) |\n\
-         | restart to the first HIT ({start_kind}) | {:.1} s |\n\
-         | restart to a complete index | {:.1} s |\n\
+         | a prefix purge (reads every head) | {:.1} s |\n\
+         | restart after kill -9 to the first HIT ({start_kind}) | {:.1} s |\n\
+         | restart after kill -9 to a complete index (loaded from the entries) | {:.1} s |\n\
+         | restart after SIGTERM to the first HIT ({start_kind}) | {:.1} s |\n\
+         | restart after SIGTERM to a complete index (the snapshot) | {:.1} s |\n\
          | SIGUSR2 upgrade to the successor serving | {:.1} s |\n\
          | SIGUSR2 upgrade to its first HIT | {:.1} s |\n\
+         | SIGUSR2 upgrade to a complete index (the snapshot) | {:.1} s |\n\
          | fill through the proxy | {:.0} objects/s |\n",
         opts.objects,
         empty >> 20,
@@ -280,10 +319,14 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
         opts.objects,
         p50 / small_p50,
         p99 / small_p99,
+        prefix_purge.as_secs_f64(),
         first_hit.as_secs_f64(),
         indexed.as_secs_f64(),
+        clean_hit.as_secs_f64(),
+        clean_indexed.as_secs_f64(),
         upgraded.as_secs_f64(),
         upgrade_hit.as_secs_f64(),
+        upgrade_indexed.as_secs_f64(),
         (n - SMALL as f64) / fill_secs,
     );
     println!("{table}");

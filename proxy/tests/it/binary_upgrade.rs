@@ -273,6 +273,44 @@ fn sigusr2_hands_every_socket_to_the_new_binary_and_refuses_nothing() {
     );
 }
 
+/// The old process writes its index at the hand-over and the successor starts from it: with
+/// the successor's own load held, what it counts at once is what the snapshot named. It reads
+/// the snapshot once (deleted), and serves from it.
+#[test]
+fn the_successor_starts_from_the_index_the_old_process_wrote() {
+    let (origin, _rt) = origin();
+    let dir = tempfile::tempdir().expect("tmp");
+    let gate = dir.path().join("never");
+    let opts = Opts {
+        debug_yaml: format!("  hold_index_load: {}\n", gate.display()),
+        ..Opts::default()
+    };
+    let (mut proxy, pid_file, _successor) = upgradable(origin.addr(), dir.path(), opts);
+    let old = proxy.child.id();
+    for n in [100, 200, 300] {
+        assert_eq!(proxy.get(&format!("/obj/{n}")).x_cache(), "MISS");
+    }
+    // SAFETY: signalling the test's own child.
+    unsafe { libc::kill(old as i32, libc::SIGUSR2) };
+    assert_eq!(
+        wait_exit(&mut proxy, Duration::from_secs(60)).code(),
+        Some(0)
+    );
+    assert_ne!(read_pid(&pid_file), Some(old));
+    let m = proxy.metrics();
+    assert_eq!(
+        (
+            metric(&m, "zerocache_cache_index_loading"),
+            metric(&m, "zerocache_cache_objects")
+        ),
+        (1, 3),
+        "held, yet complete"
+    );
+    assert!(!proxy.dir.join("state/index.snap").exists(), "read once");
+    let r = proxy.get("/obj/200");
+    assert_eq!((r.x_cache(), &r.body), ("HIT", &body(200)));
+}
+
 /// A successor that cannot start (its config no longer validates, or names a port that is
 /// taken) changes nothing: the old process counts the failure, keeps its pid file and serves
 /// and stores as before. `zerocache upgrade` refuses a bad config before it signals anything,

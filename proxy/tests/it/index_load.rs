@@ -57,6 +57,13 @@ fn vary_origin(origin: &Origin) {
     );
 }
 
+/// Stops `proxy` and deletes the index it wrote for the next start, so that start loads from
+/// the entries, as after a crash (`kill -9` writes none).
+fn stop_as_after_a_crash(proxy: &mut Proxy, dir: &Path) {
+    proxy.stop();
+    std::fs::remove_file(dir.join("state/index.snap")).expect("a snapshot at the stop");
+}
+
 fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("cache");
@@ -82,7 +89,7 @@ fn before_the_load_reaches_them_entries_are_hits_by_their_hash_with_and_without_
         );
     }
     drop(c);
-    proxy.stop();
+    stop_as_after_a_crash(&mut proxy, &dir);
 
     let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
     assert_eq!(
@@ -127,7 +134,7 @@ fn a_purge_during_the_load_wins_over_the_load_reaching_the_file() {
         "MISS"
     );
     drop(c);
-    proxy.stop();
+    stop_as_after_a_crash(&mut proxy, &dir);
 
     let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
     let mut c = proxy.client();
@@ -161,7 +168,7 @@ fn during_the_load_the_cache_stays_under_max_size_and_what_was_stored_before_lea
         assert_eq!(c.get(&format!("/obj/100000?i={i}"), &[]).x_cache(), "MISS");
     }
     drop(c);
-    proxy.stop();
+    stop_as_after_a_crash(&mut proxy, &dir);
     // Room for four: one of the five stored before goes when the load reaches them, and the two
     // stored during the load stay (the load's entries are older than anything stored since).
     let proxy = Proxy::start_in(
@@ -201,7 +208,7 @@ fn a_kill_during_the_load_loses_nothing() {
         "MISS"
     );
     drop(c);
-    proxy.stop();
+    stop_as_after_a_crash(&mut proxy, &dir);
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
     assert_eq!(proxy.get("/obj/100").x_cache(), "HIT");
     proxy.kill9();
@@ -220,4 +227,35 @@ fn a_kill_during_the_load_loses_nothing() {
     }
     let r = c.get("/vary", &[("Accept-Encoding", "br")]);
     assert_eq!((r.x_cache(), &r.body[..]), ("HIT", &b"br body"[..]));
+}
+
+#[test]
+fn a_clean_stop_hands_its_index_to_the_next_start_and_a_kill_leaves_none() {
+    let (origin, _rt) = origin();
+    vary_origin(&origin);
+    let (tmp, dir, gate) = dirs();
+    let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
+    let mut c = proxy.client();
+    for n in [100, 200, 300] {
+        assert_eq!(c.get(&format!("/obj/{n}"), &[]).x_cache(), "MISS");
+    }
+    assert_eq!(
+        c.get("/vary", &[("Accept-Encoding", "br")]).x_cache(),
+        "MISS"
+    );
+    drop(c);
+    proxy.stop();
+    assert!(dir.join("state/index.snap").exists(), "written at the stop");
+    // Held, the load has read nothing: what is counted came from the snapshot.
+    let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
+    assert_eq!((loading(&proxy), objects(&proxy)), (1, 4));
+    assert!(!dir.join("state/index.snap").exists(), "read once");
+    let r = proxy.client().get("/vary", &[("Accept-Encoding", "br")]);
+    assert_eq!((r.x_cache(), &r.body[..]), ("HIT", &b"br body"[..]));
+    // A process killed writes none, and the one read is gone: the next start loads.
+    proxy.kill9();
+    let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
+    assert_eq!((loading(&proxy), objects(&proxy)), (1, 0));
+    release(&gate, &proxy);
+    assert_eq!(objects(&proxy), 4);
 }

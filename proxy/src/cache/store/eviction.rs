@@ -22,6 +22,9 @@ pub(crate) trait Eviction: Send {
     fn removed(&mut self, slot: u32);
     /// The next slot to evict, taken out of the policy's own bookkeeping; `None` when empty.
     fn victim(&mut self) -> Option<u32>;
+    /// Every slot the policy holds, the next victim first: the order a snapshot keeps, so
+    /// filling a new policy with [`Eviction::inserted`] in it rebuilds the same one.
+    fn oldest_first(&self) -> Vec<u32>;
 }
 
 /// No slot: the end of a list.
@@ -122,6 +125,16 @@ impl Eviction for Lru {
         self.unlink(slot);
     }
 
+    fn oldest_first(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = self.back;
+        while at != NIL {
+            out.push(at);
+            at = self.links[at as usize].1;
+        }
+        out
+    }
+
     fn victim(&mut self) -> Option<u32> {
         let v = self.back;
         if v == NIL {
@@ -191,5 +204,23 @@ mod tests {
         assert_eq!(p.victim(), None);
         p.loaded(5, 1);
         assert_eq!(p.victim(), Some(5));
+    }
+
+    #[test]
+    fn the_order_written_down_rebuilds_the_same_policy() {
+        let mut p = Lru::new();
+        for s in [4, 1, 7, 2] {
+            p.inserted(s, 1);
+        }
+        p.used(1);
+        p.loaded(9, 1);
+        let order = p.oldest_first();
+        assert_eq!(order, [9, 4, 7, 2, 1]);
+        let mut q = Lru::new();
+        for &s in &order {
+            q.inserted(s, 1);
+        }
+        assert_eq!(q.oldest_first(), order);
+        assert_eq!(q.victim(), Some(9));
     }
 }

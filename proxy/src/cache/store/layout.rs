@@ -69,6 +69,11 @@ impl Layout {
         &self.dir
     }
 
+    /// Shard directory levels.
+    pub(crate) fn levels(&self) -> u8 {
+        self.levels
+    }
+
     /// The directory of fills in progress.
     pub(crate) fn tmp_dir(&self) -> PathBuf {
         self.dir.join(TMP)

@@ -16,6 +16,7 @@ mod layout;
 mod load;
 mod marker;
 mod oversized;
+mod snapshot;
 pub(crate) use layout::{holds_entries, state_dir};
 mod open_files;
 mod rebuild;
@@ -113,6 +114,8 @@ pub struct StoreLimits {
 /// Counts from a start-up rebuild.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Rebuilt {
+    /// Entries restored from the previous process's snapshot.
+    pub restored: u64,
     /// Entries indexed.
     pub entries: u64,
     /// Files deleted because they were corrupt, torn or left by an interrupted fill (including

@@ -23,6 +23,7 @@ impl Store {
     pub fn rebuild_verifying(&self, verify: usize) -> io::Result<Rebuilt> {
         let mut out = Rebuilt {
             discarded: self.clear_tmp()?,
+            restored: self.restore_snapshot().unwrap_or(0),
             ..Rebuilt::default()
         };
         let walked = self.index_tree()?;
@@ -49,6 +50,14 @@ impl Store {
         hold: Option<PathBuf>,
     ) -> io::Result<()> {
         let discarded = self.clear_tmp()?;
+        // Before listening: with a snapshot the index is complete from the first request.
+        let restored = self.restore_snapshot();
+        if let Some(n) = restored {
+            tracing::info!(
+                entries = n,
+                "cache index restored from the previous process's snapshot"
+            );
+        }
         self.loading.store(true, Ordering::Relaxed);
         self.index.lock().loading(true);
         let store = self.clone();
@@ -67,6 +76,7 @@ impl Store {
                 store.loading.store(false, Ordering::Relaxed);
                 match walked {
                     Ok(w) => tracing::info!(
+                        restored = restored.unwrap_or(0),
                         entries = w.entries.saturating_sub(v.corrupt),
                         discarded = discarded + w.discarded + v.corrupt,
                         verified = v.verified,
@@ -195,6 +205,10 @@ impl Store {
                 }
                 continue;
             }
+            if self.indexed_in_place(&e.file_name(), &path) {
+                // Restored from a snapshot, or found by a request: nothing to read.
+                continue;
+            }
             match self.index_file(&path) {
                 Ok(Loaded::Indexed) => {
                     work.entries.fetch_add(1, Ordering::Relaxed);
@@ -229,6 +243,16 @@ impl Store {
             hashes.truncate(n);
         }
         hashes
+    }
+
+    /// Whether the file `name` at `path` is the one the index holds for its hash, where the
+    /// layout puts it (a file under an older `levels` for an indexed hash is a second copy: the
+    /// load reads it, and deletes it).
+    fn indexed_in_place(&self, name: &std::ffi::OsStr, path: &Path) -> bool {
+        let Some(hash) = name.to_str().and_then(|n| u128::from_str_radix(n, 16).ok()) else {
+            return false;
+        };
+        self.index.lock().contains(hash) && self.layout.entry_path_unchecked(hash) == path
     }
 
     fn index_file(&self, path: &Path) -> Result<Loaded, entry::CorruptEntry> {

@@ -181,6 +181,7 @@ fn start_up_verification_discards_a_corrupt_body() {
     assert_eq!(
         r,
         Rebuilt {
+            restored: 0,
             entries: 1,
             discarded: 1,
             verified: 2,
@@ -388,4 +389,117 @@ fn a_file_replaced_underneath_is_a_miss_and_a_corrupt_head_goes() {
     assert!(s.lookup_varying(&key, |_| unreachable!()).is_none());
     assert_eq!(s.usage().1, 2);
     assert!(!a.path.exists(), "a corrupt head is deleted");
+}
+
+/// Two plain entries, one tagged, and a URL with two variants (and so its marker).
+fn stock(s: &Arc<Store>) -> (Arc<Entry>, CacheKey) {
+    let a = put(s, "/a", b"aaaa");
+    let t = CacheKey::new("GET", "http", "h", "/t", 128);
+    fill(
+        s,
+        &t,
+        &t.text,
+        b"Surrogate-Key: shop\r\n",
+        Vec::new(),
+        b"tagged",
+    );
+    let url = CacheKey::new("GET", "http", "h", "/v", 128);
+    for lang in ["en", "fr"] {
+        let key = crate::cache::variance::variant(
+            &url,
+            &["accept-language".to_string()],
+            &crate::http::request::test_request("GET", &format!("Accept-Language: {lang}\r\n")),
+            128,
+        );
+        fill(
+            s,
+            &key,
+            &url.text,
+            b"Vary: Accept-Language\r\n",
+            vec!["accept-language".into()],
+            lang.as_bytes(),
+        );
+    }
+    (a, url)
+}
+
+#[test]
+fn a_snapshot_restores_the_whole_index_without_reading_a_head_and_is_read_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let (a, url) = stock(&s);
+    let usage = s.usage();
+    assert_eq!(usage.1, 4);
+    s.hand_over(true);
+    assert_eq!(s.write_snapshot().expect("written"), 4);
+    drop(s);
+
+    let s = store(tmp.path(), 10);
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!((r.restored, r.entries, r.discarded), (4, 0, 0));
+    assert_eq!(s.usage(), usage, "the same bytes and entries");
+    assert_eq!(reads(&s), 0, "not one head read");
+    assert!(
+        !state_dir(tmp.path()).join("index.snap").exists(),
+        "read once"
+    );
+    // Every index works as before: by key, through the Vary names, by tag.
+    let found = s
+        .lookup_varying(
+            &CacheKey::new("GET", "http", "h", "/a", 128),
+            |_| unreachable!(),
+        )
+        .expect("/a");
+    assert_eq!(
+        (found.body_checksum, &found.path),
+        (a.body_checksum, &a.path)
+    );
+    let fr = s.lookup_varying(&url, |names| {
+        crate::cache::variance::variant(
+            &url,
+            names,
+            &crate::http::request::test_request("GET", "Accept-Language: fr\r\n"),
+            128,
+        )
+    });
+    assert_eq!(fr.expect("fr").body_len, 2);
+    assert_eq!(s.purge_tag("shop"), 1);
+    assert_eq!(s.purge_url(&url.text), 2);
+    assert_eq!(s.usage().1, 1);
+}
+
+#[test]
+fn a_torn_snapshot_or_one_of_another_layout_is_ignored_and_every_head_is_read() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let snap = state_dir(tmp.path()).join("index.snap");
+    let s = store(tmp.path(), 10);
+    stock(&s);
+    s.hand_over(true);
+    s.write_snapshot().expect("written");
+    drop(s);
+    // Torn: its last byte lost.
+    let bytes = fs::read(&snap).expect("read");
+    fs::write(&snap, &bytes[..bytes.len() - 1]).expect("write");
+    let s = store(tmp.path(), 10);
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!(
+        (r.restored, r.entries),
+        (0, 5),
+        "four entries and the marker, read"
+    );
+    assert!(!snap.exists(), "a torn one is not read twice");
+    s.hand_over(true);
+    s.write_snapshot().expect("written");
+    drop(s);
+    // Whole, but written under `levels: 1`: another layout names other paths.
+    let limits = StoreLimits {
+        max_size: 1 << 30,
+        max_entries: 1000,
+        levels: 2,
+        open_files: 10,
+        hot_entries: 16,
+    };
+    let s = Store::open(tmp.path(), limits).expect("store");
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!((r.restored, r.entries), (0, 5));
 }
