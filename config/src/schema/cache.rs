@@ -96,7 +96,8 @@ pub struct CacheConfig {
     )]
     pub abandoned_fill_timeout: Duration,
     /// At start-up, verify the bodies of at most this many entries, chosen at random, against the
-    /// checksum stored with them, before listening; a corrupt one is deleted. 0 verifies none.
+    /// checksum stored with them, once the index has loaded (the proxy serves meanwhile); a
+    /// corrupt one is deleted. 0 verifies none.
     #[serde(default = "default_verify_on_start")]
     pub verify_on_start: usize,
     /// Bytes per second the background scrub reads to verify every stored body against its

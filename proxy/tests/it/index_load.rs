@@ -97,6 +97,12 @@ fn before_the_load_reaches_them_entries_are_hits_by_their_hash_with_and_without_
         (1, 0),
         "nothing indexed yet"
     );
+    let health = Client::connect(proxy.dashboard).get("/healthz", &[]);
+    assert_eq!(
+        (health.status, &health.body[..]),
+        (200, &b"ok\n"[..]),
+        "healthy while loading"
+    );
     let before = origin.received().len();
     let mut c = proxy.client();
     let r = c.get("/obj/200", &[]);
@@ -121,6 +127,25 @@ fn before_the_load_reaches_them_entries_are_hits_by_their_hash_with_and_without_
 
 #[test]
 fn a_purge_during_the_load_wins_over_the_load_reaching_the_file() {
+    purge_during_the_load(Ending::LoadEnds);
+}
+
+/// The same purges, then the process goes before its load ends: the next one's load (after a
+/// snapshot that names none of what was purged, or after a crash) must not index what they
+/// named either.
+#[test]
+fn a_purge_during_the_load_survives_a_stop_or_a_crash_before_the_load_ends() {
+    purge_during_the_load(Ending::Stop);
+    purge_during_the_load(Ending::Kill);
+}
+
+enum Ending {
+    LoadEnds,
+    Stop,
+    Kill,
+}
+
+fn purge_during_the_load(ending: Ending) {
     let (origin, _rt) = origin();
     vary_origin(&origin);
     let (tmp, dir, gate) = dirs();
@@ -136,7 +161,7 @@ fn a_purge_during_the_load_wins_over_the_load_reaching_the_file() {
     drop(c);
     stop_as_after_a_crash(&mut proxy, &dir);
 
-    let proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
+    let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
     let mut c = proxy.client();
     // One the load has not reached and nobody asked for, one found by a request first, and a
     // varying URL by its marker: all purged while the load is held.
@@ -145,7 +170,24 @@ fn a_purge_during_the_load_wins_over_the_load_reaching_the_file() {
         let r = c.request("PURGE", path, &[]);
         assert_eq!(r.status, 200, "{path}");
     }
+    drop(c);
+    match ending {
+        Ending::LoadEnds => {}
+        Ending::Stop => {
+            proxy.stop();
+            proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
+        }
+        Ending::Kill => {
+            proxy.kill9();
+            proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
+        }
+    }
     release(&gate, &proxy);
+    assert!(
+        !dir.join("state/load-purges").exists(),
+        "a load that ends forgets its purges"
+    );
+    let mut c = proxy.client();
     assert_eq!(objects(&proxy), 1, "only /obj/300 is left");
     for path in ["/obj/100", "/obj/200"] {
         assert_eq!(c.get(path, &[]).x_cache(), "MISS", "{path}");

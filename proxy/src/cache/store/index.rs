@@ -15,6 +15,7 @@
 //! outside the lock. Which entry leaves when the cache is full is the [`Eviction`] policy's choice.
 
 use super::eviction::Eviction;
+use super::tombstones::{Tombstone, Tombstones};
 use crate::cache::entry::{Entry, Meta};
 use crate::cache::key::CacheKey;
 use crate::cache::tags::TagField;
@@ -99,19 +100,6 @@ pub(crate) enum Loaded {
     Purged,
 }
 
-/// Purges made while the index loads in the background, so the loader, reaching a file one of
-/// them names later, deletes it instead of indexing it: a purge during the load wins.
-#[derive(Default)]
-struct Tombstones {
-    /// Whether the load runs (purges are recorded only then).
-    on: bool,
-    /// URL key texts' xxh3-64 (a collision deletes an unrelated file the loader has not reached:
-    /// refetched, never served wrong).
-    urls: HashSet<u64>,
-    prefixes: Vec<String>,
-    tags: HashSet<u128>,
-}
-
 /// The index, under the store's one mutex.
 pub(crate) struct Index<E: Eviction> {
     slots: Vec<Slot>,
@@ -169,43 +157,18 @@ impl<E: Eviction> Index<E> {
 
     /// `true` when the background load starts: purges are remembered until it ends (`false`).
     pub(crate) fn loading(&mut self, on: bool) {
-        self.tombstones = Tombstones {
-            on,
-            ..Tombstones::default()
-        };
+        self.tombstones = Tombstones::default();
+        self.tombstones.on = on;
     }
 
-    /// A purge of the URL key text `url` (every variant), remembered while loading.
-    pub(crate) fn tombstone_url(&mut self, url: &str) {
-        if self.tombstones.on {
-            self.tombstones.urls.insert(xxh3_64(url.as_bytes()));
-        }
-    }
-
-    /// A purge of every URL key text starting with `prefix`, remembered while loading.
-    pub(crate) fn tombstone_prefix(&mut self, prefix: &str) {
-        if self.tombstones.on && !self.tombstones.prefixes.iter().any(|p| p == prefix) {
-            self.tombstones.prefixes.push(prefix.to_string());
-        }
-    }
-
-    /// A purge of tag `tag`, remembered while loading.
-    pub(crate) fn tombstone_tag(&mut self, tag: &str) {
-        if self.tombstones.on {
-            self.tombstones.tags.insert(xxh3_128(tag.as_bytes()));
-        }
+    /// Remembers a purge while loading; true if it is new (to be persisted too).
+    pub(crate) fn tombstone(&mut self, t: Tombstone) -> bool {
+        self.tombstones.on && self.tombstones.add(t)
     }
 
     fn purged_while_loading(&self, meta: &Meta) -> bool {
-        let t = &self.tombstones;
-        t.urls.contains(&xxh3_64(meta.url.as_bytes()))
-            || t.prefixes.iter().any(|p| meta.url.starts_with(p.as_str()))
-            || (!t.tags.is_empty()
-                && self
-                    .tag_field
-                    .parse(&meta.fields)
-                    .iter()
-                    .any(|tag| t.tags.contains(&xxh3_128(tag.as_bytes()))))
+        self.tombstones
+            .names(&meta.url, || self.tag_field.parse(&meta.fields))
     }
 
     /// Indexes a file the start-up load (or a request during it) read, unless its hash is
@@ -218,7 +181,13 @@ impl<E: Eviction> Index<E> {
             return Loaded::Purged;
         }
         let hash = at.hash;
+        // Whatever a request or a fill since the start said of the URL's Vary is newer than an
+        // old file's.
+        let names = self.vary.get(&primary).cloned();
         self.insert(meta, at, primary, None);
+        if let Some(names) = names {
+            self.vary.insert(primary, names);
+        }
         if let Some(i) = self.slot_of(hash) {
             // Read back from a file stored before the start: oldest first (`Eviction::loaded`).
             let size = self.slots[i as usize].disk_size();
@@ -489,13 +458,14 @@ impl<E: Eviction> Index<E> {
     }
 
     /// The entries indexed under the URL key text `url`'s hash (every variant of it, and any
-    /// other URL with the same 64-bit hash: the caller compares the URL read from each file).
+    /// other URL with the same 64-bit hash: the caller compares the URL read from each file);
+    /// not its marker.
     pub(crate) fn candidates_of_url(&self, url: &str) -> Vec<Located> {
         let slots = &self.slots;
         let h = xxh3_64(url.as_bytes());
         self.by_url
             .iter_hash(h)
-            .filter(|&&i| slots[i as usize].url == h)
+            .filter(|&&i| slots[i as usize].url == h && slots[i as usize].flags & MARKER == 0)
             .map(|&i| self.located(i))
             .collect()
     }
@@ -883,6 +853,57 @@ mod tests {
         assert_eq!(ix.vary_lists.len(), 1);
         assert!(ix.forget_vary(key(url).hash).is_none(), "no marker");
         assert!(ix.varies_on(key(url).hash).is_none());
+    }
+
+    #[test]
+    fn an_old_file_the_load_reaches_does_not_override_the_vary_names_stored_since() {
+        let mut ix = Index::new(Lru::new(), 16);
+        let url = "GET http://h/v";
+        put(
+            &mut ix,
+            &format!("{url}{SEPARATOR}accept-encoding=br"),
+            url,
+            &["accept-encoding"],
+            1,
+        );
+        ix.loading(true);
+        let old = meta(
+            &format!("{url}{SEPARATOR}accept-language=fr"),
+            url,
+            &["accept-language"],
+            "",
+        );
+        let at = Located {
+            hash: key(&old.key).hash,
+            id: crate::cache::entry::next_id(),
+            body_offset: 4096,
+            body_len: 1,
+            body_checksum: 0,
+            foreign: None,
+        };
+        assert_eq!(ix.insert_loaded(&old, at, key(url).hash), Loaded::Indexed);
+        assert_eq!(
+            ix.varies_on(key(url).hash).as_deref(),
+            Some(&["accept-encoding".to_string()][..])
+        );
+        // A purge during the load names it: not indexed.
+        assert!(ix.tombstone(Tombstone::url(url)));
+        assert!(!ix.tombstone(Tombstone::url(url)), "once");
+        let again = meta(&format!("{url}{SEPARATOR}x"), url, &[], "");
+        let at = Located {
+            hash: key(&again.key).hash,
+            id: crate::cache::entry::next_id(),
+            body_offset: 4096,
+            body_len: 1,
+            body_checksum: 0,
+            foreign: None,
+        };
+        assert_eq!(ix.insert_loaded(&again, at, key(url).hash), Loaded::Purged);
+        ix.loading(false);
+        assert!(
+            !ix.tombstone(Tombstone::url(url)),
+            "remembered only while loading"
+        );
     }
 
     #[test]

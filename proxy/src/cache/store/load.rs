@@ -113,9 +113,10 @@ impl Store {
         };
         if (h.body_offset, h.body_len, h.body_checksum)
             != (at.body_offset, at.body_len, at.body_checksum)
+            || marker::is_marker(&h.meta)
         {
-            // Another body under this name (a successor's refill during an upgrade): not the
-            // entry indexed, so not served as it.
+            // Another body under this name (a successor's refill during an upgrade), or a
+            // marker (never a response): not the entry indexed, so not served as it.
             return None;
         }
         let e = Arc::new(

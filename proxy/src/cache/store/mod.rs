@@ -17,7 +17,9 @@ mod load;
 mod marker;
 mod oversized;
 mod snapshot;
+mod tombstones;
 pub(crate) use layout::{holds_entries, state_dir};
+use tombstones::Tombstone;
 mod open_files;
 mod rebuild;
 #[cfg(test)]
@@ -77,6 +79,8 @@ pub struct Store {
     /// Bits of the key hashes (`debug.key_hash_bits`; 128 but in tests that force collisions),
     /// for the primary key hash a variant's marker is named by.
     hash_bits: u32,
+    /// xxh3-64 of the tag field's settings, which a snapshot's tags were read under.
+    tag_settings: u64,
     /// The index is loading in the background ([`Store::load_in_background`]).
     loading: AtomicBool,
     /// Entries the load has indexed.
@@ -149,6 +153,7 @@ impl Store {
             targeted: Targeted::default(),
             oversized: Default::default(),
             hash_bits: 128,
+            tag_settings: 0,
             loading: AtomicBool::new(false),
             load_progress: AtomicU64::new(0),
         })
@@ -179,6 +184,7 @@ impl Store {
             self.targeted = self.targeted.hiding(f.name());
             self.hidden_tag_field = Some(f.name().to_string());
         }
+        self.tag_settings = xxhash_rust::xxh3::xxh3_64(format!("{f:?}").as_bytes());
         self.index.lock().set_tag_field(f);
         self
     }
@@ -472,27 +478,35 @@ impl Store {
 
     /// Removes every entry of the URL key text `url` (all its variants) and deletes their files;
     /// returns how many went. Transfers in flight keep their open file and finish intact.
+    ///
+    /// The index names candidates by the URL's 64-bit hash; each one's URL is read from its file
+    /// and decides. One that cannot be read now goes too: a purge must not leave what it names
+    /// (at worst an unrelated entry sharing the hash is fetched again).
     pub fn purge_url(&self, url: &str) -> usize {
-        // First, so the load cannot index one of them after the entries are collected.
-        self.index.lock().tombstone_url(url);
-        let entries = self.entries_of_url(url);
-        let mut n = 0;
-        let mut markers = Vec::new();
-        let mut ix = self.index.lock();
+        // First, so the load cannot index one of them after the candidates are collected.
+        self.tombstone(Tombstone::url(url));
+        let candidates = self.index.lock().candidates_of_url(url);
         // The Vary names are kept per primary key, which is the URL's only on routes without
         // `cache_key.headers`: forget those of each purged entry's primary key, and its marker.
-        markers.extend(ix.forget_vary(self.primary_hash(url)));
-        for e in &entries {
-            if ix.take_if_same(e.hash, e.id).is_some() {
-                markers.extend(ix.forget_vary(self.primary_hash(&e.meta.key)));
-                n += 1;
+        let mut primaries = vec![self.primary_hash(url)];
+        let mut gone = Vec::new();
+        for at in candidates {
+            match self.entry_of(&at) {
+                Some(e) if e.meta.url != url => continue,
+                Some(e) => primaries.push(self.primary_hash(&e.meta.key)),
+                None => {}
+            }
+            gone.extend(self.index.lock().take_if_same(at.hash, at.id));
+        }
+        let n = gone.len();
+        {
+            let mut ix = self.index.lock();
+            for p in primaries {
+                gone.extend(ix.forget_vary(p));
             }
         }
-        drop(ix);
-        for e in &entries {
-            let _ = fs::remove_file(&e.path);
-        }
-        self.delete(&markers);
+        // Only what was taken: a fill may have replaced a candidate's file since it was read.
+        self.delete(&gone);
         n
     }
 
@@ -517,11 +531,8 @@ impl Store {
 
     /// Removes every entry tagged `tag` and deletes their files; returns how many went.
     pub fn purge_tag(&self, tag: &str) -> usize {
-        let gone = {
-            let mut ix = self.index.lock();
-            ix.tombstone_tag(tag);
-            ix.purge_tag(tag)
-        };
+        self.tombstone(Tombstone::tag(tag));
+        let gone = self.index.lock().purge_tag(tag);
         self.delete(&gone);
         gone.len()
     }
@@ -530,14 +541,22 @@ impl Store {
     /// made: while the index loads, the load deletes the files it names instead of indexing
     /// them (a soft purge of an entry the load has not reached is a purge). Nothing otherwise.
     pub fn purging(&self, what: Purging<'_>) {
-        if !self.is_loading() {
+        self.tombstone(match what {
+            Purging::Url(u) => Tombstone::url(u),
+            Purging::Prefix(p) => Tombstone::Prefix(p.to_string()),
+            Purging::Tag(t) => Tombstone::tag(t),
+        });
+    }
+
+    /// Remembers a purge while the index loads, in memory (the load then deletes what it names)
+    /// and in the state directory (so does the next process's load, should this one stop, crash
+    /// or hand over before its load is done).
+    fn tombstone(&self, t: Tombstone) {
+        if !self.is_loading() || !self.index.lock().tombstone(t.clone()) {
             return;
         }
-        let mut ix = self.index.lock();
-        match what {
-            Purging::Url(u) => ix.tombstone_url(u),
-            Purging::Prefix(p) => ix.tombstone_prefix(p),
-            Purging::Tag(t) => ix.tombstone_tag(t),
+        if let Err(e) = tombstones::persist(&state_dir(self.layout.dir()), &t) {
+            tracing::warn!(error = %e, "could not keep a purge made during the index load; if this process stops before the load ends, the next may index what it purged");
         }
     }
 

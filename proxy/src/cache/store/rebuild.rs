@@ -8,6 +8,8 @@
 use super::Rebuilt;
 use super::Store;
 use super::index::Loaded;
+use super::layout::state_dir;
+use super::tombstones;
 use crate::cache::entry;
 use std::fs::{self, File};
 use std::io;
@@ -26,7 +28,9 @@ impl Store {
             restored: self.restore_snapshot().unwrap_or(0),
             ..Rebuilt::default()
         };
-        let walked = self.index_tree()?;
+        self.begin_load();
+        let walked = self.index_tree();
+        self.end_load(&walked);
         out.entries = walked.entries;
         out.discarded += walked.discarded;
         let v = self.verify_sample(verify);
@@ -58,8 +62,7 @@ impl Store {
                 "cache index restored from the previous process's snapshot"
             );
         }
-        self.loading.store(true, Ordering::Relaxed);
-        self.index.lock().loading(true);
+        self.begin_load();
         let store = self.clone();
         let spawned = std::thread::Builder::new()
             .name("cache-load".into())
@@ -70,29 +73,51 @@ impl Store {
                     }
                 }
                 let started = std::time::Instant::now();
-                let walked = store.index_tree();
+                let w = store.index_tree();
                 let v = store.verify_sample(verify);
-                store.index.lock().loading(false);
-                store.loading.store(false, Ordering::Relaxed);
-                match walked {
-                    Ok(w) => tracing::info!(
-                        restored = restored.unwrap_or(0),
-                        entries = w.entries.saturating_sub(v.corrupt),
-                        discarded = discarded + w.discarded + v.corrupt,
-                        verified = v.verified,
-                        corrupt = v.corrupt,
-                        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
-                        "cache index loaded"
-                    ),
-                    Err(e) => tracing::error!(error = %e, "cache index load failed: entries it did not reach are found by their hash on request"),
-                }
+                store.end_load(&w);
+                tracing::info!(
+                    restored = restored.unwrap_or(0),
+                    entries = w.entries.saturating_sub(v.corrupt),
+                    discarded = discarded + w.discarded + v.corrupt,
+                    unreadable = w.unreadable,
+                    verified = v.verified,
+                    corrupt = v.corrupt,
+                    seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+                    "cache index loaded"
+                );
             });
-        if let Err(e) = spawned {
-            self.index.lock().loading(false);
-            self.loading.store(false, Ordering::Relaxed);
-            return Err(e);
+        // Without its thread the load never ends: what it would have indexed is found by hash.
+        spawned.map(|_| ())
+    }
+
+    /// The load starts: purges are remembered from now on, those a load that did not finish
+    /// left first (`store::tombstones`).
+    fn begin_load(&self) {
+        let left = tombstones::left(&state_dir(self.layout.dir()));
+        let mut ix = self.index.lock();
+        ix.loading(true);
+        for t in left {
+            ix.tombstone(t);
         }
-        Ok(())
+        drop(ix);
+        self.loading.store(true, Ordering::Relaxed);
+    }
+
+    /// The load's walk is over. Complete, nothing a purge names can be left unread: the
+    /// tombstones go, and so does the lookup by hash. A directory it could not read keeps both
+    /// (its entries are found by hash, and the next start's load tries again).
+    fn end_load(&self, w: &Walked) {
+        if w.unread_dirs > 0 {
+            tracing::warn!(
+                directories = w.unread_dirs,
+                "cache directories the index load could not read: their entries are found by their hash on request until a start reads them"
+            );
+            return;
+        }
+        self.index.lock().loading(false);
+        self.loading.store(false, Ordering::Relaxed);
+        tombstones::clear(&state_dir(self.layout.dir()));
     }
 
     /// Whether the index is still loading ([`Store::load_in_background`]).
@@ -164,13 +189,14 @@ impl Store {
     /// entries with the page cache dropped), where many keep it busy. Directories are the unit
     /// of work, shared through a queue, so the threads split any layout (`levels` 1 or 2, an old
     /// one beside a new one) without listing every file first.
-    fn index_tree(&self) -> io::Result<Walked> {
+    fn index_tree(&self) -> Walked {
         let work = Work {
             queue: parking_lot::Mutex::new((vec![self.layout.dir().to_path_buf()], 0)),
             more: parking_lot::Condvar::new(),
             entries: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
-            failed: parking_lot::Mutex::new(None),
+            unreadable: AtomicU64::new(0),
+            unread_dirs: AtomicU64::new(0),
             logged: parking_lot::Mutex::new(std::time::Instant::now()),
         };
         std::thread::scope(|s| {
@@ -178,28 +204,36 @@ impl Store {
                 s.spawn(|| {
                     while let Some(d) = work.next() {
                         if let Err(e) = self.index_dir(&d, &work) {
-                            work.failed.lock().get_or_insert(e);
+                            // One directory lost (out of fds, EIO): the walk goes on.
+                            tracing::warn!(dir = %d.display(), error = %e, "could not read a cache directory");
+                            work.unread_dirs.fetch_add(1, Ordering::Relaxed);
                         }
                         work.done();
                     }
                 });
             }
         });
-        if let Some(e) = work.failed.into_inner() {
-            return Err(e);
-        }
-        Ok(Walked {
+        Walked {
             entries: work.entries.into_inner(),
             discarded: work.discarded.into_inner(),
-        })
+            unreadable: work.unreadable.into_inner(),
+            unread_dirs: work.unread_dirs.into_inner(),
+        }
     }
 
     /// Indexes the files of `d` and queues its subdirectories.
     fn index_dir(&self, d: &Path, work: &Work) -> io::Result<()> {
         for e in fs::read_dir(d)? {
             let e = e?;
+            // Handing the directory over, the successor owns it: the walk neither indexes nor
+            // deletes until the upgrade fails (and this process goes on) or this one exits.
+            while self.is_handing_over() {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
             let path = e.path();
-            if e.file_type()?.is_dir() {
+            // Gone since it was listed (evicted, purged): nothing to do.
+            let Ok(kind) = e.file_type() else { continue };
+            if kind.is_dir() {
                 if super::layout::holds_entries(self.layout.dir(), &path) {
                     work.push(path);
                 }
@@ -216,6 +250,14 @@ impl Store {
                     work.progress(n);
                 }
                 Ok(_) => {}
+                // An I/O error (out of fds, EIO, deleted meanwhile) says nothing of the bytes:
+                // the file stays, found by its hash on request and by the next start.
+                Err(entry::CorruptEntry::Io(err)) => {
+                    tracing::debug!(path = %path.display(), error = %err, "could not read a cache file");
+                    work.unreadable.fetch_add(1, Ordering::Relaxed);
+                }
+                // Refilled since it was read: the new file is the index's, not this one's.
+                Err(_) if self.indexed_in_place(&e.file_name(), &path) => {}
                 Err(err) => {
                     tracing::warn!(path = %path.display(), error = %err, "discarding cache file");
                     let _ = fs::remove_file(&path);
@@ -295,6 +337,10 @@ impl Store {
 struct Walked {
     entries: u64,
     discarded: u64,
+    /// Files it could not read (I/O errors): left as they are.
+    unreadable: u64,
+    /// Directories it could not read.
+    unread_dirs: u64,
 }
 
 /// What the verification of a sample found.
@@ -319,7 +365,8 @@ struct Work {
     more: parking_lot::Condvar,
     entries: AtomicU64,
     discarded: AtomicU64,
-    failed: parking_lot::Mutex<Option<io::Error>>,
+    unreadable: AtomicU64,
+    unread_dirs: AtomicU64,
     /// When progress was last logged.
     logged: parking_lot::Mutex<std::time::Instant>,
 }
@@ -337,13 +384,10 @@ impl Work {
     }
 
     /// The next directory to read, waiting while others are read (they may find more); None
-    /// once none is left and none is being read, or after a failure.
+    /// once none is left and none is being read.
     fn next(&self) -> Option<PathBuf> {
         let mut q = self.queue.lock();
         loop {
-            if self.failed.lock().is_some() {
-                return None;
-            }
             if let Some(d) = q.0.pop() {
                 q.1 += 1;
                 return Some(d);
@@ -365,8 +409,8 @@ impl Work {
     fn done(&self) {
         let mut q = self.queue.lock();
         q.1 -= 1;
-        if q.1 == 0 && q.0.is_empty() || self.failed.lock().is_some() {
-            // The walk is over (or failed): every waiting reader ends.
+        if q.1 == 0 && q.0.is_empty() {
+            // The walk is over: every waiting reader ends.
             self.more.notify_all();
         }
     }

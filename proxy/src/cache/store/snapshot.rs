@@ -31,12 +31,16 @@ impl Store {
         state_dir(self.layout.dir()).join(FILE)
     }
 
-    /// What a snapshot starts with: the magic, then the layout and key width it holds for.
+    /// What a snapshot starts with: the magic, then the layout, key width and tag field it holds
+    /// for.
     fn snapshot_head(&self) -> [u8; 16] {
         let mut h = [0u8; 16];
         h[..8].copy_from_slice(MAGIC);
         h[8] = self.layout.levels();
         h[9] = self.hash_bits as u8;
+        // Tags are restored as hashes read under the tag field's settings: another field, and
+        // they would name other entries.
+        h[10..].copy_from_slice(&self.tag_settings.to_le_bytes()[..6]);
         h
     }
 

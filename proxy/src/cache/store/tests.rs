@@ -502,4 +502,13 @@ fn a_torn_snapshot_or_one_of_another_layout_is_ignored_and_every_head_is_read() 
     let s = Store::open(tmp.path(), limits).expect("store");
     let r = s.rebuild_verifying(0).expect("rebuild");
     assert_eq!((r.restored, r.entries), (0, 5));
+    s.hand_over(true);
+    s.write_snapshot().expect("written");
+    drop(s);
+    // Whole and of this layout, but its tags were read from another field.
+    let s = Store::open(tmp.path(), limits).expect("store").with_tags(
+        crate::cache::tags::TagField::new("Cache-Tag", crate::cache::tags::Separator::Comma, false),
+    );
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!((r.restored, r.entries), (0, 5));
 }
