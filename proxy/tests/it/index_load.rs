@@ -64,6 +64,18 @@ fn stop_as_after_a_crash(proxy: &mut Proxy, dir: &Path) {
     std::fs::remove_file(dir.join("state/index.snap")).expect("a snapshot at the stop");
 }
 
+/// Stores /obj/100, /obj/200, /obj/300 and /vary's br variant (four entries and a marker).
+fn stock(proxy: &Proxy) {
+    let mut c = proxy.client();
+    for n in [100, 200, 300] {
+        assert_eq!(c.get(&format!("/obj/{n}"), &[]).x_cache(), "MISS");
+    }
+    assert_eq!(
+        c.get("/vary", &[("Accept-Encoding", "br")]).x_cache(),
+        "MISS"
+    );
+}
+
 fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("cache");
@@ -150,15 +162,7 @@ fn purge_during_the_load(ending: Ending) {
     vary_origin(&origin);
     let (tmp, dir, gate) = dirs();
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
-    let mut c = proxy.client();
-    for path in ["/obj/100", "/obj/200", "/obj/300"] {
-        assert_eq!(c.get(path, &[]).x_cache(), "MISS");
-    }
-    assert_eq!(
-        c.get("/vary", &[("Accept-Encoding", "br")]).x_cache(),
-        "MISS"
-    );
-    drop(c);
+    stock(&proxy);
     stop_as_after_a_crash(&mut proxy, &dir);
 
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
@@ -241,15 +245,7 @@ fn a_kill_during_the_load_loses_nothing() {
     vary_origin(&origin);
     let (tmp, dir, gate) = dirs();
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), Opts::default());
-    let mut c = proxy.client();
-    for n in [100, 200, 300] {
-        assert_eq!(c.get(&format!("/obj/{n}"), &[]).x_cache(), "MISS");
-    }
-    assert_eq!(
-        c.get("/vary", &[("Accept-Encoding", "br")]).x_cache(),
-        "MISS"
-    );
-    drop(c);
+    stock(&proxy);
     stop_as_after_a_crash(&mut proxy, &dir);
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
     assert_eq!(proxy.get("/obj/100").x_cache(), "HIT");
@@ -277,15 +273,7 @@ fn a_clean_stop_hands_its_index_to_the_next_start_and_a_kill_leaves_none() {
     vary_origin(&origin);
     let (tmp, dir, gate) = dirs();
     let mut proxy = Proxy::start_in(origin.addr(), &dir, tmp.path(), held(&gate, ""));
-    let mut c = proxy.client();
-    for n in [100, 200, 300] {
-        assert_eq!(c.get(&format!("/obj/{n}"), &[]).x_cache(), "MISS");
-    }
-    assert_eq!(
-        c.get("/vary", &[("Accept-Encoding", "br")]).x_cache(),
-        "MISS"
-    );
-    drop(c);
+    stock(&proxy);
     proxy.stop();
     assert!(dir.join("state/index.snap").exists(), "written at the stop");
     // Held, the load has read nothing: what is counted came from the snapshot.

@@ -771,6 +771,28 @@ mod tests {
         CacheKey::from_text(text.to_string(), 128)
     }
 
+    /// Indexes `m` kept whole (as a fill's entry is); returns the whole entry.
+    fn put_whole(ix: &mut Index<Lru>, m: &Meta) -> Arc<Entry> {
+        let whole = Arc::new(Entry::new(
+            key(&m.key).hash,
+            m.clone(),
+            "/nonexistent".into(),
+            4096,
+            1,
+            &Targeted::default(),
+        ));
+        let at = Located {
+            hash: whole.hash,
+            id: whole.id,
+            body_offset: 4096,
+            body_len: 1,
+            body_checksum: 0,
+            foreign: None,
+        };
+        ix.insert(m, at, key(&m.key).hash, Some(whole.clone()));
+        whole
+    }
+
     #[test]
     fn a_slot_is_56_bytes() {
         // What an object costs the index (with the policy's 8 bytes and the tables' 4-byte slot
@@ -910,23 +932,7 @@ mod tests {
     fn a_hot_entry_with_another_key_is_a_miss_and_a_stale_one_is_not_served() {
         let mut ix = Index::new(Lru::new(), 16);
         let m = meta("GET http://h/a", "GET http://h/a", &[], "");
-        let whole = Arc::new(Entry::new(
-            key(&m.key).hash,
-            m.clone(),
-            "/nonexistent".into(),
-            4096,
-            1,
-            &Targeted::default(),
-        ));
-        let at = Located {
-            hash: whole.hash,
-            id: whole.id,
-            body_offset: 4096,
-            body_len: 1,
-            body_checksum: 0,
-            foreign: None,
-        };
-        ix.insert(&m, at, key(&m.key).hash, Some(whole.clone()));
+        let whole = put_whole(&mut ix, &m);
         assert!(
             matches!(ix.lookup(&key(&m.key), |_| unreachable!()), Some(Found::Hot(e)) if Arc::ptr_eq(&e, &whole))
         );
@@ -948,29 +954,8 @@ mod tests {
     fn hot_entries_are_bounded() {
         let mut ix = Index::new(Lru::new(), 2);
         for i in 0..5 {
-            let m = meta(
-                &format!("GET http://h/{i}"),
-                &format!("GET http://h/{i}"),
-                &[],
-                "",
-            );
-            let whole = Arc::new(Entry::new(
-                key(&m.key).hash,
-                m.clone(),
-                "/nonexistent".into(),
-                4096,
-                1,
-                &Targeted::default(),
-            ));
-            let at = Located {
-                hash: whole.hash,
-                id: whole.id,
-                body_offset: 4096,
-                body_len: 1,
-                body_checksum: 0,
-                foreign: None,
-            };
-            ix.insert(&m, at, key(&m.key).hash, Some(whole));
+            let k = format!("GET http://h/{i}");
+            put_whole(&mut ix, &meta(&k, &k, &[], ""));
         }
         assert_eq!((ix.hot_len(), ix.usage().1), (2, 5));
     }
