@@ -231,21 +231,15 @@ impl<E: Eviction> Index<E> {
         primary: &CacheKey,
         variant: impl FnOnce(&[String]) -> CacheKey,
     ) -> Option<Found> {
-        let names = if self.vary.is_empty() {
-            None
-        } else {
-            self.vary.get(&primary.hash).cloned()
-        };
-        let key = match names {
-            Some(names) => {
-                // The marker is used while its URL is: it leaves only with a URL nobody asks for.
-                if let Some(m) = self.slot_of(primary.hash) {
-                    self.policy.used(m);
-                }
-                variant(&names)
-            }
-            None => primary.clone(),
-        };
+        // Borrowed, not cloned: this runs on every request, and a hot hit allocates nothing.
+        let secondary = self.vary.get(&primary.hash).map(|names| variant(names));
+        if secondary.is_some()
+            && let Some(m) = self.slot_of(primary.hash)
+        {
+            // The marker is used while its URL is: it leaves only with a URL nobody asks for.
+            self.policy.used(m);
+        }
+        let key = secondary.as_ref().unwrap_or(primary);
         let i = self.slot_of(key.hash)?;
         if self.slots[i as usize].flags & MARKER != 0 {
             return None;
@@ -261,6 +255,8 @@ impl<E: Eviction> Index<E> {
             }
             None => {}
         }
+        // A cold entry is read from its file next: the key it must hold goes with it.
+        let key = secondary.unwrap_or_else(|| primary.clone());
         Some(Found::Cold(self.located(i), key))
     }
 
