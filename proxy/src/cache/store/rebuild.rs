@@ -81,6 +81,7 @@ impl Store {
                     entries = w.entries.saturating_sub(v.corrupt),
                     discarded = discarded + w.discarded + v.corrupt,
                     unreadable = w.unreadable,
+                    foreign = w.foreign,
                     verified = v.verified,
                     corrupt = v.corrupt,
                     seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
@@ -196,6 +197,7 @@ impl Store {
             entries: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             unreadable: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
             unread_dirs: AtomicU64::new(0),
             logged: parking_lot::Mutex::new(std::time::Instant::now()),
         };
@@ -217,6 +219,7 @@ impl Store {
             entries: work.entries.into_inner(),
             discarded: work.discarded.into_inner(),
             unreadable: work.unreadable.into_inner(),
+            foreign: work.foreign.into_inner(),
             unread_dirs: work.unread_dirs.into_inner(),
         }
     }
@@ -237,6 +240,12 @@ impl Store {
                 if super::layout::holds_entries(self.layout.dir(), &path) {
                     work.push(path);
                 }
+                continue;
+            }
+            if !is_entry_name(&e.file_name()) {
+                // Not named as an entry is: not the cache's to delete (a file an operator put
+                // there, or a directory shared by mistake), and no entry either.
+                work.foreign.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             if self.indexed_in_place(&e.file_name(), &path) {
@@ -339,8 +348,17 @@ struct Walked {
     discarded: u64,
     /// Files it could not read (I/O errors): left as they are.
     unreadable: u64,
+    /// Files not named as entries are: left as they are.
+    foreign: u64,
     /// Directories it could not read.
     unread_dirs: u64,
+}
+
+/// Whether a file's name is an entry's: the hexadecimal hash `Layout::entry_path` names it by.
+/// Anything else in the cache directory is not the cache's, and the load leaves it alone.
+fn is_entry_name(name: &std::ffi::OsStr) -> bool {
+    name.to_str()
+        .is_some_and(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// What the verification of a sample found.
@@ -366,6 +384,7 @@ struct Work {
     entries: AtomicU64,
     discarded: AtomicU64,
     unreadable: AtomicU64,
+    foreign: AtomicU64,
     unread_dirs: AtomicU64,
     /// When progress was last logged.
     logged: parking_lot::Mutex<std::time::Instant>,

@@ -512,3 +512,35 @@ fn a_torn_snapshot_or_one_of_another_layout_is_ignored_and_every_head_is_read() 
     let r = s.rebuild_verifying(0).expect("rebuild");
     assert_eq!((r.restored, r.entries), (0, 5));
 }
+
+/// The load deletes a file named as an entry that is not a whole one, and nothing else: a file
+/// an operator put in the cache directory (or a directory shared by mistake) is not the
+/// cache's. Found by the full-disk test, whose filler the background load deleted when it ran
+/// late.
+#[test]
+fn the_load_leaves_files_not_named_as_entries_alone() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let s = store(tmp.path(), 10);
+    let good = put(&s, "/good", &[7u8; 100]);
+    drop(s);
+    let shard = good.path.parent().expect("shard").to_path_buf();
+    let foreign = [
+        tmp.path().join("not-the-caches"),
+        tmp.path().join("README"),
+        shard.join(format!("{:031x}", 5u8)),
+        shard.join(format!("{:032x}.bak", 5u8)),
+    ];
+    for f in &foreign {
+        std::fs::write(f, b"an operator's").expect("foreign file");
+    }
+    let corrupt = shard.join(format!("{:032x}", 5u8));
+    std::fs::write(&corrupt, vec![b'x'; 4096]).expect("corrupt");
+    let s = store(tmp.path(), 10);
+    let r = s.rebuild_verifying(0).expect("rebuild");
+    assert_eq!((r.entries, r.discarded), (1, 1));
+    assert!(!corrupt.exists());
+    for f in &foreign {
+        assert_eq!(std::fs::read(f).expect("kept"), b"an operator's", "{f:?}");
+    }
+    assert!(good.path.exists());
+}
