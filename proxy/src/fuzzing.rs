@@ -253,13 +253,15 @@ pub fn proxy_header(data: &[u8]) {
     }
 }
 
-/// An HTTP/2 request head translated for the HTTP/1.1 request path (`server::h2::request`):
-/// whatever the fields, a head it writes is exactly one request to the HTTP/1.1 parser (whole,
-/// every byte of it, never a prefix or a second request), with the method it was given and the
-/// body framing it chose. The input is split at 0xFF: method, path, authority, then name/value
-/// pairs; what the `http` crate (and so the `h2` crate) would not carry is skipped.
+/// An HTTP/2 request head converted for the request path (`server::h2::request::to_request`),
+/// against what the HTTP/1.1 parser makes of the same head written as HTTP/1.1 (method, path,
+/// the fields the conversion kept, in its order): the two agree on whether the request is taken
+/// and, when it is, on its method, target, host, fields and body framing; when it is not, on the
+/// status. So an HTTP/2 client reaches nothing an HTTP/1.1 client could not. The input is split
+/// at 0xFF: method, path, authority, then name/value pairs; what the `http` crate (and so the
+/// `h2` crate) would not carry is skipped.
 pub fn h2_request(data: &[u8]) {
-    use crate::server::h2::request::{BodyMode, to_h1};
+    use crate::server::h2::request::{Refusal, to_request};
     let mut parts = data.split(|&b| b == 0xff);
     let (Some(method), Some(path), Some(authority)) = (parts.next(), parts.next(), parts.next())
     else {
@@ -283,39 +285,86 @@ pub fn h2_request(data: &[u8]) {
         return;
     };
     let (parts, ()) = req.into_parts();
-    let Ok((head, mode)) = to_h1(&parts, ended) else {
-        return;
-    };
-    match request::parse(&head, REQUEST_LIMITS) {
-        Ok(Some((h, n))) => {
-            assert_eq!(n, head.len(), "a translated head read as a shorter request");
-            assert_eq!(h.method, parts.method.as_str());
-            // A content-length of zero (`0`, `0000`) on a stream its HEADERS did not end: the
-            // stream pipes exactly no bytes, and HTTP/1.1 reads no body; the same request.
-            let zero_length = parts
-                .headers
-                .get("content-length")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                == Some(0);
-            let want = match mode {
-                BodyMode::None => None,
-                BodyMode::Length if zero_length => None,
-                BodyMode::Length => Some("length"),
-                BodyMode::Chunked => Some("chunked"),
-            };
-            let got = match h.body {
-                request::BodyFraming::None => None,
-                request::BodyFraming::Length(0) if want.is_none() => None,
-                request::BodyFraming::Length(_) => Some("length"),
-                request::BodyFraming::Chunked => Some("chunked"),
-            };
-            assert_eq!(got, want, "body framing");
-        }
-        Ok(None) => panic!("a translated head is incomplete to the HTTP/1.1 parser"),
-        // Refused by the HTTP/1.1 parser (a 4xx): the stream gets that answer, nothing else.
-        Err(_) => {}
+    let h1 = h1_form(&parts);
+    let parsed = request::parse(&h1, REQUEST_LIMITS);
+    match to_request(&parts, ended, REQUEST_LIMITS) {
+        Ok(kept) => match parsed {
+            Ok(Some((h, n))) => {
+                assert_eq!(n, h1.len(), "the HTTP/1.1 form read as a shorter request");
+                assert_eq!(h.method, kept.method);
+                assert_eq!(h.target, kept.target);
+                assert_eq!(h.host, kept.host);
+                assert_eq!(h.fields, kept.fields);
+                assert_eq!(h.expect_continue, kept.expect_continue);
+                assert!(!kept.close && kept.upgrade.is_none() && kept.h2);
+                // A stream whose HEADERS did not end it and that announced no length: its
+                // body ends with the stream, where HTTP/1.1 reads none; a stream its HEADERS
+                // ended has none whatever it announced (zero, written long); otherwise the
+                // same framing.
+                let want = match kept.body {
+                    request::BodyFraming::EndStream => {
+                        assert!(!ended && parts.headers.get("content-length").is_none());
+                        request::BodyFraming::None
+                    }
+                    request::BodyFraming::None => request::BodyFraming::None,
+                    other => other,
+                };
+                let got = match h.body {
+                    request::BodyFraming::Length(_) if ended => request::BodyFraming::None,
+                    other => other,
+                };
+                assert_eq!(got, want, "body framing");
+            }
+            Ok(None) => panic!("the HTTP/1.1 form of a converted head is incomplete"),
+            Err(e) => panic!("converted, yet the HTTP/1.1 parser refuses its form: {e}"),
+        },
+        // The checks every request gets: the HTTP/1.1 parser refuses the same head, with the
+        // same status.
+        Err(Refusal::Invalid(e)) => match parsed {
+            Err(h1e) => assert_eq!(h1e.status(), e.status(), "{e} / {h1e}"),
+            other => panic!("refused ({e}), yet the HTTP/1.1 parser takes its form: {other:?}"),
+        },
+        // What HTTP/2 alone forbids (RFC 9113 §8.2-8.3): nothing to compare.
+        Err(Refusal::Malformed(_) | Refusal::Status(..)) => {}
     }
+}
+
+/// The HTTP/1.1 form of an HTTP/2 head, written independently of the conversion: the request
+/// line, the fields in order but `host` and `cookie`, then `host` (`:authority` when sent), then
+/// the cookies joined (RFC 9113 §8.2.3).
+fn h1_form(parts: &http::request::Parts) -> Vec<u8> {
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("");
+    let mut out = format!("{} {path} HTTP/1.1\r\n", parts.method.as_str()).into_bytes();
+    let mut line = |n: &str, v: &[u8]| {
+        out.extend_from_slice(n.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    };
+    for (n, v) in &parts.headers {
+        if n != "host" && n != "cookie" {
+            line(n.as_str(), v.as_bytes());
+        }
+    }
+    let host = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str().as_bytes())
+        .or(parts.headers.get("host").map(|h| h.as_bytes()));
+    if let Some(h) = host {
+        line("host", h);
+    }
+    let cookies: Vec<&[u8]> = parts
+        .headers
+        .get_all("cookie")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if !cookies.is_empty() {
+        line("cookie", &cookies.join(&b"; "[..]));
+    }
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 #[cfg(test)]

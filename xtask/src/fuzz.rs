@@ -14,7 +14,7 @@
 //! | `cache_fields`  | `http::date::parse` (round trip), `cache::targeted::parse`, `Vary` and Accept-Encoding normalisation (idempotent) |
 //! | `config`        | `zerocache_config::parse` on UTF-8 input                            |
 //! | `proxy_header`  | `net::proxy_protocol::parse`: within bounds, prefixes incomplete    |
-//! | `h2_request`    | `server::h2::request::to_h1`: one whole HTTP/1.1 request, or refused |
+//! | `h2_request`    | `server::h2::request::to_request` against `request::parse` of the same head as HTTP/1.1: the same request, or the same status |
 //!
 //! # Where things go
 //!

@@ -11,7 +11,7 @@
 
 use super::Fleet;
 use super::peer::PeerState;
-use crate::http::head::{Framing, Head};
+use crate::http::head::{Framing, Head, HeadBuf};
 use crate::upstream::body::BodyReader;
 use serde::Deserialize;
 
@@ -92,17 +92,16 @@ pub(crate) fn answer(
     }
 }
 
-/// An internal answer as a response: head and JSON body (`close`: the connection ends after).
-pub(crate) fn response(status: u16, json: &serde_json::Value, close: bool) -> Vec<u8> {
+/// An internal answer as a response into `out`: head and JSON body (`close`: the connection
+/// ends after).
+pub(crate) fn response(out: &mut HeadBuf, status: u16, json: &serde_json::Value, close: bool) {
     let text = json.to_string();
-    let mut out = Vec::with_capacity(160 + text.len());
-    let mut h = Head::standard(&mut out, status);
+    let mut h = Head::standard(out, status);
     h.field("Content-Type", b"application/json")
         .field("Cache-Control", b"no-store")
         .framing(Framing::Length(text.len() as u64));
     h.end(close);
-    out.extend_from_slice(text.as_bytes());
-    out
+    out.body(text.as_bytes());
 }
 
 fn purge(

@@ -33,7 +33,7 @@ pub struct RequestHead {
     /// It came in on the TLS listener: `https` in its cache key and in the `X-Forwarded-Proto`
     /// and `Forwarded: proto=` sent upstream.
     pub tls: bool,
-    /// It came on an HTTP/2 stream (see `server/h2`), translated into this HTTP/1.1 head: the
+    /// It came on an HTTP/2 stream (see `server/h2`), its fields converted into this head: the
     /// access log says `HTTP/2.0` and the upstream request's `Via` says `2`.
     pub h2: bool,
     /// The protocols an `Upgrade` field named by `Connection` asked for (trimmed, non-empty).
@@ -51,6 +51,9 @@ pub enum BodyFraming {
     Length(u64),
     /// Chunked transfer coding.
     Chunked,
+    /// The end of an HTTP/2 stream: DATA frames without a `content-length` (RFC 9113 §8.1).
+    /// Forwarded upstream chunked.
+    EndStream,
 }
 
 /// Why a request head was rejected, with the status it earns. All of them close the connection:
@@ -157,15 +160,36 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
         Some(1) => false,
         _ => return Err(RequestError::Version),
     };
+    let fields: Vec<Field> = req
+        .headers
+        .iter()
+        .map(|h| (h.name.to_string(), h.value.to_vec()))
+        .collect();
+    Ok(Some((
+        from_parts(method, raw_target, http10, fields, limits)?,
+        consumed,
+    )))
+}
+
+/// The request head of a method, a target as sent, a version and the fields in order: the
+/// checks and normalisation every request gets, whichever protocol carried it. An HTTP/1.1 head
+/// comes here from [`parse`]; an HTTP/2 one field by field from `server::h2::request`, so the
+/// two are one grammar past their framing, and nothing reaches routing, the cache key or an
+/// origin that an HTTP/1.1 client could not have sent.
+pub(crate) fn from_parts(
+    method: String,
+    raw_target: &str,
+    http10: bool,
+    mut fields: Vec<Field>,
+    limits: Limits,
+) -> Result<RequestHead, RequestError> {
+    if raw_target.len() > limits.max_uri {
+        return Err(RequestError::UriTooLong);
+    }
     // Field names with `_` are dropped, as nginx's `underscores_in_headers off` does: CGI-style
     // origins map `X_Forwarded_Host` and `X-Forwarded-Host` to the same variable, so forwarding
     // the one the proxy doesn't know would let a client set the one it strips.
-    let mut fields: Vec<Field> = req
-        .headers
-        .iter()
-        .filter(|h| !h.name.contains('_'))
-        .map(|h| (h.name.to_string(), h.value.to_vec()))
-        .collect();
+    fields.retain(|(k, _)| !k.contains('_'));
     let (target, target_host) = split_target(&method, raw_target, limits.path)?;
     let Message {
         host_field,
@@ -204,23 +228,20 @@ pub fn parse(buf: &[u8], limits: Limits) -> Result<Option<(RequestHead, usize)>,
                 || !nominated.iter().any(|t| k.eq_ignore_ascii_case(t))
         });
     }
-    Ok(Some((
-        RequestHead {
-            method,
-            target,
-            host,
-            http10,
-            fields,
-            body,
-            close,
-            expect_continue,
-            id: String::new(),
-            tls: false,
-            h2: false,
-            upgrade,
-        },
-        consumed,
-    )))
+    Ok(RequestHead {
+        method,
+        target,
+        host,
+        http10,
+        fields,
+        body,
+        close,
+        expect_continue,
+        id: String::new(),
+        tls: false,
+        h2: false,
+        upgrade,
+    })
 }
 
 /// What the fields say of the message itself: its `Host` (and how many there were), whether the

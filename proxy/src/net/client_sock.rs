@@ -65,19 +65,23 @@ pub enum ClientSock {
     /// TLS in user space (rustls).
     Tls(Box<TlsClient>),
     /// One HTTP/2 stream, which the HTTP/1.1 request path serves as a connection of its own
-    /// (see `server/h2`): an in-process pipe, so bodies are copied by design.
+    /// (see `server/h2`): heads go to the stream's driver as fields and bodies as chunks, so
+    /// bodies are copied by design.
     H2Stream(Box<H2StreamSock>),
 }
 
 /// The request path's end of an HTTP/2 stream, with what it keeps of the connection: the
-/// request arrives as bytes on a pipe, the response leaves as chunks on a channel, so a cache
-/// file's body is read once into the chunk that becomes the DATA frames' payload (no copy into
-/// and out of a pipe).
+/// request's head arrives converted (see `server::h2::request`) and its body is read from the
+/// stream's DATA frames; the response leaves as chunks on a channel, so a cache file's body is
+/// read once into the chunk that becomes the DATA frames' payload.
 pub struct H2StreamSock {
-    /// The request, written by the stream's driver.
-    pub io: tokio::io::DuplexStream,
-    /// The response, to the stream's driver (bounded: one chunk in flight).
-    pub out: tokio_util::sync::PollSender<bytes::Bytes>,
+    /// The request's body, until its stream ends (`None` once it has, or when HEADERS ended it).
+    pub body: Option<h2::RecvStream>,
+    /// DATA received and not yet read by the request path (the flow-control window is given
+    /// back only as it is).
+    pub pending: bytes::Bytes,
+    /// The response, to the stream's driver (bounded: one message in flight).
+    pub out: tokio_util::sync::PollSender<H2Out>,
     /// The connection is TLS (h2 by ALPN) rather than h2c.
     pub tls: bool,
     /// The certificate the connection was served, with `tls.strict_sni`.
@@ -90,6 +94,17 @@ pub struct H2StreamSock {
     /// The connection's budget, in KiB, of response bytes read for its streams and not yet
     /// taken by the socket's writer: each chunk holds its share until `h2` drops it.
     pub budget: Arc<tokio::sync::Semaphore>,
+}
+
+/// What the request path sends an HTTP/2 stream's driver: heads as fields, never as bytes.
+#[derive(Debug)]
+pub enum H2Out {
+    /// A response head: interim (1xx) or final.
+    Head(Box<crate::http::head::H2Head>),
+    /// Body bytes.
+    Data(bytes::Bytes),
+    /// The body whose length its head did not say has ended.
+    End,
 }
 
 /// A TLS client connection in user space.
@@ -216,6 +231,39 @@ impl ClientSock {
         }
     }
 
+    /// Sends the response head in `head`, and the body of an answer the proxy made after it:
+    /// bytes on an HTTP/1.1 connection (`more` when a file body follows: see [`Self::send_head`]),
+    /// the head's fields to an h2 stream's driver.
+    pub async fn send_response_head(
+        &mut self,
+        head: &mut crate::http::head::HeadBuf,
+        more: bool,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        match self {
+            ClientSock::H2Stream(t) => {
+                if let Some(h) = head.take_h2() {
+                    t.send(H2Out::Head(Box::new(h)), timeout).await?;
+                }
+                if !head.wire().is_empty() {
+                    t.send_body(head.wire(), timeout).await?;
+                }
+                Ok(())
+            }
+            _ if more => self.send_head(head.wire(), timeout).await,
+            _ => self.send_all(head.wire(), timeout).await,
+        }
+    }
+
+    /// Ends a body whose length its head did not say: an h2 stream's driver ends the stream;
+    /// HTTP/1.1 needs nothing here (its last chunk, or the close, says it).
+    pub async fn end_body(&mut self, timeout: Duration) -> io::Result<()> {
+        match self {
+            ClientSock::H2Stream(t) => t.send(H2Out::End, timeout).await,
+            _ => Ok(()),
+        }
+    }
+
     /// Sends a head that a file body follows: plain, one send(2) with `MSG_MORE`; TLS, queued in
     /// rustls to leave with the body's first write.
     pub async fn send_head(&mut self, head: &[u8], timeout: Duration) -> io::Result<()> {
@@ -226,7 +274,7 @@ impl ClientSock {
                 let queued = t.stream.get_mut().1.writer().write(head)?;
                 t.write_all(&head[queued..], timeout).await
             }
-            ClientSock::H2Stream(t) => t.send(bytes::Bytes::copy_from_slice(head), timeout).await,
+            ClientSock::H2Stream(t) => t.send_body(head, timeout).await,
         }
     }
 
@@ -277,6 +325,32 @@ impl AsRef<[u8]> for Held {
 }
 
 impl H2StreamSock {
+    /// Reads the request's body: what is pending of the last DATA frame, else the next one; at
+    /// the stream's end, nothing (EOF). Each byte read gives its window back to the client.
+    fn poll_body(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.remaining());
+                buf.put_slice(&self.pending.split_to(n));
+                if let Some(body) = &mut self.body {
+                    let _ = body.flow_control().release_capacity(n);
+                }
+                return Poll::Ready(Ok(()));
+            }
+            let Some(body) = &mut self.body else {
+                return Poll::Ready(Ok(()));
+            };
+            match std::task::ready!(body.poll_data(cx)) {
+                Some(Ok(data)) => self.pending = data,
+                Some(Err(e)) => return Poll::Ready(Err(io::Error::other(e))),
+                None => {
+                    self.body = None;
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
+    }
+
     /// Waits, within `timeout` each, for credit from the client's window and for the
     /// connection's budget, for at most `want` bytes: returns how many may be read (at least 1)
     /// and the budget held for them.
@@ -313,14 +387,15 @@ impl H2StreamSock {
         while !buf.is_empty() {
             let (n, held) = self.room(buf.len().min(H2_FILE_CHUNK), timeout).await?;
             let bytes = bytes::Bytes::copy_from_slice(&buf[..n]);
-            self.send(held_bytes(bytes, held), timeout).await?;
+            self.send(H2Out::Data(held_bytes(bytes, held)), timeout)
+                .await?;
             buf = &buf[n..];
         }
         Ok(())
     }
 
-    /// Sends one chunk, within `timeout` for the channel to take it.
-    async fn send(&mut self, chunk: bytes::Bytes, timeout: Duration) -> io::Result<()> {
+    /// Sends one message, within `timeout` for the channel to take it.
+    async fn send(&mut self, chunk: H2Out, timeout: Duration) -> io::Result<()> {
         let gone = || io::Error::from(io::ErrorKind::BrokenPipe);
         tokio::time::timeout(
             timeout,
@@ -350,7 +425,7 @@ impl H2StreamSock {
                 .map_err(|error| SendfileError::Io { sent, error })?;
             let mut buf = bytes::BytesMut::new();
             let n = crate::sendfile::read_piece_into(file, &mut buf, room, offset, sent, len)?;
-            self.send(held_bytes(buf.freeze(), held), timeout)
+            self.send(H2Out::Data(held_bytes(buf.freeze(), held)), timeout)
                 .await
                 .map_err(|error| SendfileError::Io { sent, error })?;
             sent += n as u64;
@@ -462,7 +537,7 @@ impl AsyncRead for ClientSock {
             ClientSock::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ClientSock::Ktls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
             ClientSock::Tls(t) => Pin::new(&mut t.stream).poll_read(cx, buf),
-            ClientSock::H2Stream(t) => Pin::new(&mut t.io).poll_read(cx, buf),
+            ClientSock::H2Stream(t) => t.poll_body(cx, buf),
         }
     }
 }
@@ -481,7 +556,7 @@ impl AsyncWrite for ClientSock {
                 std::task::ready!(t.out.poll_reserve(cx))
                     .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
                 t.out
-                    .send_item(bytes::Bytes::copy_from_slice(buf))
+                    .send_item(H2Out::Data(bytes::Bytes::copy_from_slice(buf)))
                     .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
                 Poll::Ready(Ok(buf.len()))
             }

@@ -25,6 +25,8 @@ impl Conn {
         let ctx = self.ctx.clone();
         let mut sent = 0u64;
         let mut framing = 0u64;
+        // Chunk-encoded for an HTTP/1.1 client; an h2 stream's end ends its body.
+        let encode = chunked && !self.sock.is_h2();
         // A chunk's closing CRLF travels with the next chunk's size line: one send fewer.
         let mut pending_crlf = false;
         let mut p = r.now();
@@ -32,7 +34,7 @@ impl Conn {
             let avail = p.available();
             if avail > sent {
                 let n = avail - sent;
-                if chunked {
+                if encode {
                     let line = format!("{}{n:x}\r\n", if pending_crlf { "\r\n" } else { "" });
                     if let Err(e) = self
                         .sock
@@ -72,7 +74,10 @@ impl Conn {
             }
             match p {
                 Progress::Done(_) => {
-                    if chunked {
+                    if chunked && let Err(e) = self.sock.end_body(ctx.client.send_timeout).await {
+                        return (sent, framing, Err(e.into()));
+                    }
+                    if encode {
                         let end: &[u8] = if pending_crlf {
                             b"\r\n0\r\n\r\n"
                         } else {

@@ -4,7 +4,7 @@
 
 pub use super::conn_error::ConnError;
 use super::{Ctx, Shared};
-use crate::http::head::{CacheFields, text_response};
+use crate::http::head::{CacheFields, HeadBuf, text_response};
 use crate::http::request::{self, RequestHead};
 use crate::http::response::reason;
 use crate::net::client_sock::ClientSock;
@@ -31,8 +31,8 @@ pub struct Conn {
     pub(super) id: ConnId,
     /// Bytes read and not yet consumed (pipelined requests wait here).
     pub(super) buf: BytesMut,
-    /// Reused buffer for response heads.
-    pub(super) head: Vec<u8>,
+    /// Reused buffer for response heads, in the connection's protocol.
+    pub(super) head: HeadBuf,
     /// The context current when this request started.
     pub(super) ctx: Arc<Ctx>,
     /// What outlives reloads: the current context and the shutdown signal.
@@ -142,17 +142,30 @@ pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
 }
 
 /// Serves one HTTP/2 stream (`sock`, a [`ClientSock::H2Stream`]) as a connection of its own,
-/// recording its response under its h2 connection's accounting `id`. An error means the
-/// response did not end as its head said: the stream's driver resets the stream.
+/// recording its response under its h2 connection's accounting `id`: its request `head`,
+/// converted from the stream's HEADERS (or the checks' refusal, answered with its status as an
+/// HTTP/1.1 client's is). An error means the response did not end as its head said: the
+/// stream's driver resets the stream.
 pub(crate) async fn serve_stream(
     sock: ClientSock,
+    head: Result<RequestHead, request::RequestError>,
     peer: SocketAddr,
     shared: Arc<Shared>,
     id: ConnId,
 ) -> Result<(), ConnError> {
     let ctx = shared.ctx.load_full();
     let mut conn = Conn::new(sock, peer, id, ctx, shared);
-    conn.run().await
+    match head {
+        Ok(mut head) => {
+            head.tls = conn.sock.is_tls();
+            conn.handle(head, Instant::now()).await.map(|_| ())
+        }
+        Err(e) => {
+            tracing::info!(conn = id, %peer, error = %e, "bad request on an h2 stream");
+            conn.reject(e.status().0).await;
+            Ok(())
+        }
+    }
 }
 
 impl Conn {
@@ -163,15 +176,20 @@ impl Conn {
         ctx: Arc<Ctx>,
         shared: Arc<Shared>,
     ) -> Conn {
-        // An h2 stream's request head comes off a pipe in a few hundred bytes, and 128 streams
-        // a connection each keep theirs while they wait on a shut window.
-        let buf = BytesMut::with_capacity(if sock.is_h2() { 1024 } else { 8 * 1024 });
+        // An h2 stream's request head comes converted, not as bytes: its buffer is only for a
+        // body, and 128 streams a connection each keep theirs while they wait on a shut window.
+        let buf = BytesMut::with_capacity(if sock.is_h2() { 0 } else { 8 * 1024 });
+        let head = if sock.is_h2() {
+            HeadBuf::h2()
+        } else {
+            HeadBuf::h1(1024)
+        };
         Conn {
             sock,
             peer,
             id,
             buf,
-            head: Vec::with_capacity(1024),
+            head,
             ctx,
             shared,
             must_close: false,
@@ -259,7 +277,6 @@ impl Conn {
                         let _ = self.buf.split_to(n);
                         let mut head = Box::new(head);
                         head.tls = self.sock.is_tls();
-                        head.h2 = self.sock.is_h2();
                         return Ok(Head::Request(head));
                     }
                     Ok(None) => {}
@@ -274,9 +291,8 @@ impl Conn {
                 Some(d) => d.saturating_duration_since(Instant::now()),
                 None => self.ctx.client.idle_timeout,
             };
-            let room = if self.sock.is_h2() { 512 } else { 4096 };
-            if self.buf.capacity() - self.buf.len() < room {
-                self.buf.reserve(2 * room);
+            if self.buf.capacity() - self.buf.len() < 4096 {
+                self.buf.reserve(8192);
             }
             let read = tokio::select! {
                 r = tokio::time::timeout(wait, self.sock.read_buf(&mut self.buf)) => r,
@@ -407,11 +423,12 @@ impl Conn {
         );
     }
 
-    /// Sends the response head built in `self.head`, within `limits.send_timeout` per write.
+    /// Sends the response head built in `self.head` (and the body of an answer the proxy made,
+    /// after it), within `limits.send_timeout` per write.
     pub async fn send_head(&mut self) -> Result<(), ConnError> {
         Ok(self
             .sock
-            .send_all(&self.head, self.ctx.client.send_timeout)
+            .send_response_head(&mut self.head, false, self.ctx.client.send_timeout)
             .await?)
     }
 

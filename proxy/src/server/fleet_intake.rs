@@ -44,7 +44,7 @@ impl Conn {
         if let Some(op) = hop.op.as_deref() {
             let (status, json) =
                 crate::fleet::internal::answer(&fleet, &self.ctx.purger(), op, whole);
-            self.head = crate::fleet::internal::response(status, &json, req.close);
+            crate::fleet::internal::response(&mut self.head, status, &json, req.close);
             self.send_head().await?;
             // Answered, though not recorded as a client's response: no abandoned-request line.
             self.unanswered = None;

@@ -206,8 +206,18 @@ impl Conn {
         match answer {
             RangeAnswer::Full => {
                 // The entry's prebuilt head, copied as it is; only a requester's own fields (a
-                // 304's Set-Cookie for the client that caused it) make it go line by line.
-                let h = if requester.is_empty() {
+                // 304's Set-Cookie for the client that caused it) make it go line by line. An h2
+                // stream's head is written from the entry's fields, as the prebuilt one was.
+                let h = if self.head.is_h2() {
+                    let mut h = Head::new(&mut self.head, e.meta.status, &e.meta.reason);
+                    put_stored(
+                        &mut h,
+                        &ctx.store.targeted().visible(&e.meta.fields),
+                        requester,
+                    );
+                    h.framing(Framing::Length(e.body_len));
+                    h
+                } else if requester.is_empty() {
                     Head::resume(&mut self.head, &e.hit_head)
                 } else {
                     let at = e
@@ -269,7 +279,7 @@ impl Conn {
         let body_file = file.filter(|_| len > 0);
         let head_sent = if body_file.is_some() && !ctx.sending.copy_hits {
             self.sock
-                .send_head(&self.head, ctx.client.send_timeout)
+                .send_response_head(&mut self.head, true, ctx.client.send_timeout)
                 .await
                 .map_err(ConnError::from)
         } else {

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 /// What a connection accepted only to be refused, out of file descriptors, is sent before it is
 /// closed.
 static OUT_OF_FDS_RESPONSE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
-    let mut out = Vec::new();
+    let mut out = crate::http::head::HeadBuf::h1(128);
     crate::http::head::text_response(
         &mut out,
         503,
@@ -19,7 +19,7 @@ static OUT_OF_FDS_RESPONSE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::
         true,
         b"503 Service Unavailable\n",
     );
-    out
+    out.into_wire()
 });
 
 /// How long an accept loop pauses after a failed accept. Out of fds, accept(2) fails before it

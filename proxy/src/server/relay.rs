@@ -218,7 +218,9 @@ impl Conn {
     ) -> Result<(), ConnError> {
         let mut reader = BodyReader::new(s.framing, group.read_timeout);
         let mut piece = Vec::with_capacity(64 * 1024);
-        let mut out = Vec::with_capacity(if s.chunked { 64 * 1024 + 32 } else { 0 });
+        // Chunk-encoded for an HTTP/1.1 client; an h2 stream's end ends its body.
+        let encode = s.chunked && !self.sock.is_h2();
+        let mut out = Vec::with_capacity(if encode { 64 * 1024 + 32 } else { 0 });
         let mut body_bytes = 0u64;
         while !reader.is_done() {
             if let Err(e) = reader.next(&mut up, &mut piece).await {
@@ -227,7 +229,7 @@ impl Conn {
                 account.record(self, s.head_bytes, body_bytes, DataPath::Copy, false);
                 return Err(ConnError::Aborted(e.to_string()));
             }
-            let sent = if s.chunked {
+            let sent = if encode {
                 out.clear();
                 if !piece.is_empty() {
                     out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
@@ -246,6 +248,12 @@ impl Conn {
                 return Err(e);
             }
             body_bytes += piece.len() as u64;
+        }
+        if s.chunked
+            && let Err(e) = self.sock.end_body(self.ctx.client.send_timeout).await
+        {
+            account.record(self, s.head_bytes, body_bytes, DataPath::Copy, false);
+            return Err(e.into());
         }
         if reader.reusable() && s.reuse {
             group.release(up);

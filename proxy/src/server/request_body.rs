@@ -37,6 +37,11 @@ pub enum Remaining {
         /// Decoded bytes so far, for `max_body_bytes`.
         seen: u64,
     },
+    /// The rest of an HTTP/2 body that ends with its stream.
+    EndStream {
+        /// Bytes so far, for `max_body_bytes`.
+        seen: u64,
+    },
 }
 
 /// Why a request body could not be read; each ends the connection after its answer.

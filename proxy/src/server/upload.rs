@@ -19,13 +19,6 @@ use crate::http::request::{BodyFraming, RequestHead};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
-/// The interim answer to `Expect: 100-continue`.
-static CONTINUE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
-    let mut out = Vec::new();
-    crate::http::head::Head::standard(&mut out, 100).end(false);
-    out
-});
-
 impl Conn {
     /// Reads the request body, sending `100 Continue` first when asked: whole when it is small,
     /// the start of it when it is not. `Ok(None)`: the body was refused and answered (408, 413,
@@ -41,11 +34,14 @@ impl Conn {
             return Ok(None);
         }
         if req.expect_continue && self.buf.is_empty() {
-            self.send(&CONTINUE).await?;
+            // The interim answer to `Expect: 100-continue`.
+            crate::http::head::Head::standard(&mut self.head, 100).end(false);
+            self.send_head().await?;
         }
         self.body_pace = Some((tokio::time::Instant::now(), 0));
         let mut rest = match req.body {
             BodyFraming::Length(n) => Remaining::Length { left: n, total: n },
+            BodyFraming::EndStream => Remaining::EndStream { seen: 0 },
             _ => Remaining::Chunked {
                 decoder: ChunkedDecoder::default(),
                 seen: 0,
@@ -85,18 +81,28 @@ impl Conn {
         }
     }
 
+    /// Reads more of the body into `buf`, within its deadline; the client's close mid-body is
+    /// an error.
     async fn body_read(&mut self, timeout: Duration) -> Result<(), BodyError> {
+        match self.body_read_or_end(timeout).await? {
+            0 => Err(BodyError::Gone(ConnError::Aborted(
+                "client closed mid-body".into(),
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads more of the body into `buf`, within its deadline: how many bytes, 0 at the end of
+    /// the stream (an HTTP/2 body without `content-length` ends so).
+    async fn body_read_or_end(&mut self, timeout: Duration) -> Result<usize, BodyError> {
         self.buf.reserve(16 * 1024);
         let deadline = self.body_deadline(timeout);
         match tokio::time::timeout_at(deadline, self.sock.read_buf(&mut self.buf)).await {
-            Ok(Ok(0)) => Err(BodyError::Gone(ConnError::Aborted(
-                "client closed mid-body".into(),
-            ))),
             Ok(Ok(n)) => {
                 if let Some((_, received)) = &mut self.body_pace {
                     *received += n as u64;
                 }
-                Ok(())
+                Ok(n)
             }
             Ok(Err(e)) => Err(BodyError::Gone(e.into())),
             Err(_) => Err(BodyError::Timeout),
@@ -151,6 +157,17 @@ impl BodySource for Conn {
                     self.body_read(timeout).await?;
                 }
                 Ok(done)
+            }
+            Remaining::EndStream { seen } => {
+                if self.buf.is_empty() && self.body_read_or_end(timeout).await? == 0 {
+                    return Ok(true);
+                }
+                *seen += self.buf.len() as u64;
+                if *seen > max {
+                    return Err(BodyError::TooLarge);
+                }
+                out.extend_from_slice(&self.buf.split());
+                Ok(false)
             }
         }
     }

@@ -32,7 +32,7 @@ const HANDSHAKE_RECORD: u8 = 0x16;
 
 /// What a plain-HTTP request on the TLS port is answered with.
 static PLAIN_HTTP_ON_TLS: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
-    let mut out = Vec::new();
+    let mut out = crate::http::head::HeadBuf::h1(128);
     crate::http::head::text_response(
         &mut out,
         400,
@@ -41,7 +41,7 @@ static PLAIN_HTTP_ON_TLS: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::ne
         true,
         b"A plain HTTP request was sent to the TLS port.\n",
     );
-    out
+    out.into_wire()
 });
 
 /// The loaded listener: its acceptor and handshake timeout. Replaced whole on a reload whose

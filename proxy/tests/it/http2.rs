@@ -1227,3 +1227,69 @@ fn an_answer_and_answers_ready_together_share_a_write() {
     assert!(calls <= 18, "{calls} writes for twenty answers: {conn}");
     assert_eq!(origin.hits("/obj/1000"), 1);
 }
+
+/// curl over h2c posting `body` to `path` on stdin: with `--data-binary` when `sized` (a
+/// `content-length`), with `-T -` otherwise (DATA frames until END_STREAM, no length). Returns
+/// the status.
+fn h2_upload(addr: std::net::SocketAddr, path: &str, body: &[u8], sized: bool) -> u16 {
+    use std::io::Write;
+    let url = format!("http://{addr}{path}");
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "--max-time", "20", "--http2-prior-knowledge"])
+        .args(["-o", "/dev/null", "-w", "%{http_code}"]);
+    if sized {
+        cmd.args(["--data-binary", "@-"]);
+    } else {
+        cmd.args(["-X", "POST", "-T", "-"]);
+    }
+    let mut child = cmd
+        .arg(&url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(body).expect("body to curl");
+    drop(stdin);
+    let out = child.wait_with_output().expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .parse()
+        .expect("status")
+}
+
+/// An h2 request's body reaches the origin exactly, read off the stream by the request path
+/// itself (no HTTP/1.1 bytes between): with a `content-length` it is forwarded with it; without
+/// one a small body is held and sent with the length it turned out to have, a large one is
+/// streamed chunked; one over `limits.max_body_bytes` is refused with 413 and never forwarded.
+#[test]
+fn request_bodies_over_h2_reach_the_origin_exactly() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/up",
+        Reply::ok(b"stored".to_vec()).status(201).headers(&[]),
+    );
+    let proxy = h2c_proxy(origin.addr(), "limits:\n  max_body_bytes: 1MiB\n");
+    let small: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let large: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(h2_upload(proxy.addr, "/up", &small, true), 201);
+    assert_eq!(h2_upload(proxy.addr, "/up", &small, false), 201);
+    assert_eq!(h2_upload(proxy.addr, "/up", &large, false), 201);
+    let got = origin.received();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0].header("content-length"), Some("5000"));
+    assert_eq!(got[1].header("content-length"), Some("5000"));
+    assert_eq!(got[1].header("transfer-encoding"), None);
+    assert_eq!(got[2].header("content-length"), None);
+    assert_eq!(got[2].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(got[0].body, small);
+    assert_eq!(got[1].body, small);
+    assert_eq!(got[2].body, large);
+    for r in &got {
+        assert_eq!(r.method, "POST");
+        assert_eq!(r.header("via"), Some("2 zerocache"), "{r:?}");
+    }
+    // Over the limit, without a length: refused once it is seen, nothing forwarded.
+    let too_large = vec![b'x'; (1 << 20) + 1];
+    assert_eq!(h2_upload(proxy.addr, "/up", &too_large, false), 413);
+    assert_eq!(origin.request_count(), 3);
+}

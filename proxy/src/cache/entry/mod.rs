@@ -8,7 +8,7 @@ mod format;
 pub use format::*;
 
 use crate::cache::targeted::Targeted;
-use crate::http::head::{Framing, Head};
+use crate::http::head::{Framing, Head, HeadBuf};
 use crate::http::stored_fields::StoredFields;
 use bytes::Bytes;
 use std::fs::File;
@@ -94,10 +94,11 @@ impl Entry {
         targeted: &Targeted,
     ) -> Entry {
         // The hit head's unfinished start, which a hit resumes (`http::head`).
-        let mut head = Vec::with_capacity(64 + meta.fields.len());
+        let mut head = HeadBuf::h1(64 + meta.fields.len());
         Head::new(&mut head, meta.status, &meta.reason)
             .lines(&targeted.visible(&meta.fields))
             .framing(Framing::Length(body_len));
+        let head = head.into_wire();
         let stored = StoredFields(&meta.fields);
         let field = |name: &str| stored.get(name).map(str::to_string);
         let joined = |name: &str| stored.joined(name);

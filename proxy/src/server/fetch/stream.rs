@@ -34,7 +34,8 @@ impl Fetch<'_> {
     ) -> Result<(UpstreamConn, ResponseHead), StreamError> {
         let key = self.balance_key().into_owned();
         let mut up = self.upstream.connect_fresh(&key).await?;
-        let chunked = matches!(rest, Remaining::Chunked { .. });
+        // A body of unknown length (chunked, or an HTTP/2 stream's) goes chunked.
+        let chunked = !matches!(rest, Remaining::Length { .. });
         up.stream
             .send_all(head)
             .await

@@ -4,19 +4,18 @@
 //! **Why the `h2` crate, and why streams are served by the HTTP/1.1 path.** The framing layer
 //! (HPACK, flow control, stream states, and the defences against rapid reset, MadeYouReset and
 //! CONTINUATION floods) is the `h2` crate's, as in hyper and pingora: it is where HTTP/2's attack
-//! surface is, and it has had the fixes (0.4.20 here). Each stream is then translated into an
-//! HTTP/1.1 request on an in-process pipe and served by the very code that serves HTTP/1.1
+//! surface is, and it has had the fixes (0.4.20 here). Each stream's head is then converted,
+//! field by field, into the request head an HTTP/1.1 client's becomes ([`request`]: strict, and
+//! through the same checks past its framing) and served by the very code that serves HTTP/1.1
 //! clients (`conn::serve_stream`), as Apache's mod_http2 serves each stream on a secondary
 //! connection: the route, the cache key, Vary, freshness, conditionals, Range, stale, collapsed
 //! forwarding, purge, Cache-Status and the access log are the same code, not a second copy that
-//! could drift. The translation is strict both ways ([`request`], [`response`]), and the request
-//! side is parsed again by the HTTP/1.1 parser, so an h2 client can send nothing an HTTP/1.1
-//! client could not. The cost is a copy through the pipe, on top of the copy HTTP/2 has anyway
-//! (DATA frames are written from user space): every body on an h2 connection is counted as a
-//! copy by design (`h2`), and its connection's verdict says so.
+//! could drift. The request path reads a body off the stream's DATA frames itself. HTTP/2 copies
+//! by design (DATA frames are written from user space): every body on an h2 connection is
+//! counted as a copy (`h2`), and its connection's verdict says so.
 //!
 //! **Bounds.** 128 concurrent streams per connection (as nginx), a header list no larger than
-//! `limits.max_header_bytes`, a 64 KiB request pipe per stream; of a response, a stream reads
+//! `limits.max_header_bytes`, of a request body the DATA frame being read; of a response, a stream reads
 //! ahead only what its window has room for, and a connection's streams hold at most
 //! [`stream::CONNECTION_BUDGET_KIB`] of it until the socket takes it; a connection with no stream for
 //! `idle_timeout` gets a GOAWAY, as does every connection on drain (in two steps, RFC 9113 §6.8,
@@ -30,7 +29,6 @@
 
 mod output;
 pub(crate) mod request;
-mod response;
 mod stream;
 
 use super::Shared;

@@ -1,20 +1,19 @@
-//! One HTTP/2 stream: its request translated onto an in-process pipe, served by the HTTP/1.1
-//! request path (`conn::serve_stream`, the same code as every other request), and the response
-//! read back off the pipe into HEADERS and DATA frames.
+//! One HTTP/2 stream: its request head converted field by field (`request::to_request`), served
+//! by the request path every request takes (`conn::serve_stream`), and the response read back off
+//! the channel into HEADERS and DATA frames.
 //!
-//! Three things run at once: the request path, the upload (the head, then DATA frames onto the
-//! pipe, flow control released only as the pipe takes them, so a slow origin slows the client
-//! rather than filling memory) and the download (heads and body off the pipe, sent as the client's
-//! window allows). Every wait is bounded: the request path's own timeouts, `send_timeout` for the
-//! client's window, and a client's RST_STREAM ends the stream at once.
+//! Two things run at once: the request path, which reads the request's DATA from the stream as
+//! it needs them (flow control released only as it takes them, so a slow origin slows the
+//! client rather than filling memory), and the download (heads and body off the channel, sent as
+//! the client's window allows). Every wait is bounded: the request path's own timeouts,
+//! `send_timeout` for the client's window, and a client's RST_STREAM ends the stream at once.
 
-use super::request::{self, BodyMode, Refusal};
-use super::response::{self, Framing};
-use crate::http::chunked::ChunkedDecoder;
-use crate::net::client_sock::{ClientSock, H2StreamSock};
+use super::request::{self, Refusal};
+use crate::http::head::{Framing as HeadFraming, H2Head};
+use crate::net::client_sock::{ClientSock, H2Out, H2StreamSock};
 use crate::server::Shared;
 use crate::server::conn;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use std::future::poll_fn;
@@ -23,22 +22,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::Receiver;
 use zerocache_ledger::ConnId;
-
-/// The request pipe's buffer: what one stream's upload may hold between the client's DATA frames
-/// and the request path (with 128 streams, 8 MiB per connection at most).
-const PIPE: usize = 64 * 1024;
 
 /// DATA payload per frame: a frame's 9-byte header and this fill one 16 KiB TLS record exactly.
 /// A full 16,384-byte payload (the peer's default SETTINGS_MAX_FRAME_SIZE) would make every
 /// frame two records, the second of 9 bytes: twice the records, seals and writes.
 const FRAME_PAYLOAD: usize = 16_384 - 9;
-
-/// Largest response head read off the pipe (the request path's heads are far smaller).
-const MAX_HEAD: usize = 256 * 1024;
 
 /// What the request path may send before the head is on its way: a head and the start of a
 /// small body (a 1 KiB hit goes out whole). A stream whose client never opens its window holds
@@ -78,7 +69,7 @@ enum End {
     Gone,
     /// The client's window stayed shut for `send_timeout`.
     Stalled,
-    /// The response on the pipe was cut or could not be carried: the stream is reset.
+    /// The response from the request path was cut or could not be carried: the stream is reset.
     Broken(String),
 }
 
@@ -93,59 +84,53 @@ pub(crate) async fn run(
     let (parts, mut body) = req.into_parts();
     let send_timeout = ctx.client.send_timeout;
     let read_timeout = ctx.client.read_timeout;
+    let limits = ctx.client.limits;
     drop(ctx);
     let Some((ended, first)) = first_data(&parts, &mut body, read_timeout).await else {
         respond.send_reset(Reason::CANCEL);
         return;
     };
-    let (head, mode) = match request::to_h1(&parts, ended) {
-        Ok(t) => t,
+    let head = match request::to_request(&parts, ended, limits) {
+        Ok(head) => Ok(head),
+        // Answered by the request path, with its access-log line, as an HTTP/1.1 client's.
+        Err(Refusal::Invalid(e)) => Err(e),
         Err(refusal) => {
             acc.h2_event(match refusal {
                 Refusal::Malformed(_) => "malformed",
-                Refusal::Status(..) => "refused",
+                _ => "refused",
             });
             refuse(&mut respond, refusal, &c);
             return;
         }
     };
     let head_request = parts.method == http::Method::HEAD;
-    let (ours, theirs) = tokio::io::duplex(PIPE);
     // One chunk in flight: the request path waits for the client's window, as it would on a
     // socket, and a stream holds at most a chunk and what h2 queues (64 KiB) of its response.
-    let (out, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let (out, mut rx) = tokio::sync::mpsc::channel::<H2Out>(1);
     let credit = Arc::new(tokio::sync::Semaphore::new(HEAD_CREDIT));
     let sock = ClientSock::H2Stream(Box::new(H2StreamSock {
-        io: theirs,
+        body: (!ended).then_some(body),
+        pending: first.unwrap_or_default(),
         out: tokio_util::sync::PollSender::new(out),
         tls: c.tls,
         served: c.served.clone(),
         credit: credit.clone(),
         budget: c.budget.clone(),
     }));
-    let wr = ours;
     // Boxed: inline, the request path's future (7,504 bytes when measured; 2,352 since) made
     // this one 25,184 bytes, memcpy'd whole on every move of a stream's task (7% of the proxy's
     // CPU on 1 KiB hits). Boxed, it is copied once, into its box.
-    let served = Box::pin(conn::serve_stream(sock, c.peer, c.shared.clone(), c.id));
-    let upload = upload(wr, head, mode, first, &mut body, read_timeout);
-    // The request path's result, or the upload's failure: a body the client reset, or one the
-    // `h2` crate refused (more DATA than its content-length), ends the request at once rather
-    // than leaving the request path waiting for the rest until read_timeout.
-    let work = async {
-        let mut served = served;
-        let mut upload = std::pin::pin!(upload);
-        let mut uploaded = false;
-        loop {
-            tokio::select! {
-                r = &mut served => return r.is_ok(),
-                r = &mut upload, if !uploaded => match r {
-                    Ok(()) => uploaded = true,
-                    Err(_) => return false,
-                },
-            }
-        }
-    };
+    let served = Box::pin(conn::serve_stream(
+        sock,
+        head,
+        c.peer,
+        c.shared.clone(),
+        c.id,
+    ));
+    // The request path reads the body from the stream itself, within its own timeouts: a body
+    // the client resets, or one the `h2` crate refuses (more DATA than its content-length), is
+    // an error of its next read and ends the request at once.
+    let work = async move { served.await.is_ok() };
     let mut work = std::pin::pin!(work);
     let mut served = None;
     let end = {
@@ -158,8 +143,8 @@ pub(crate) async fn run(
             }
         }
     };
-    // A stream the client reset can look cut on the pipe first (its upload failed): the reset
-    // is what happened, and it counts towards the rapid-reset guard.
+    // A stream the client reset can look cut from the request path first (its body read
+    // failed): the reset is what happened, and it counts towards the rapid-reset guard.
     let end = match end {
         End::Broken(why) => match poll_fn(|cx| Poll::Ready(respond.poll_reset(cx))).await {
             Poll::Ready(Ok(_)) => End::Reset,
@@ -239,99 +224,78 @@ fn refuse(respond: &mut SendResponse<Bytes>, refusal: Refusal, c: &Connection) {
         }
         Refusal::Status(status, why) => {
             tracing::debug!(conn = c.id, peer = %c.peer, why, status, "h2 stream refused");
-            if let Ok(mut s) = respond.send_response(request::refusal_response(status), false) {
-                let _ = s.send_data(request::refusal_body(status), true);
-            }
+            answer(respond, status);
+        }
+        Refusal::Invalid(e) => {
+            tracing::debug!(conn = c.id, peer = %c.peer, error = %e, "h2 stream refused");
+            answer(respond, e.status().0);
         }
     }
 }
 
-/// Writes the translated head, then the body's DATA frames (chunked when the client sent no
-/// length), then ends the pipe's request side: the stream's one request. Window is given back
-/// to the client only as the pipe takes its bytes.
-async fn upload<W: AsyncWrite + Unpin>(
-    mut wr: W,
-    head: Vec<u8>,
-    mode: BodyMode,
-    mut first: Option<Bytes>,
-    body: &mut RecvStream,
-    read_timeout: Duration,
-) -> std::io::Result<()> {
-    wr.write_all(&head).await?;
-    if mode != BodyMode::None {
-        loop {
-            let chunk = match first.take() {
-                Some(c) => c,
-                None => {
-                    let next = tokio::time::timeout(read_timeout, body.data())
-                        .await
-                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?;
-                    match next {
-                        Some(Ok(c)) => c,
-                        Some(Err(e)) => return Err(std::io::Error::other(e)),
-                        None => break,
-                    }
-                }
-            };
-            let n = chunk.len();
-            if mode == BodyMode::Chunked && n > 0 {
-                wr.write_all(format!("{n:x}\r\n").as_bytes()).await?;
-                wr.write_all(&chunk).await?;
-                wr.write_all(b"\r\n").await?;
-            } else {
-                wr.write_all(&chunk).await?;
-            }
-            let _ = body.flow_control().release_capacity(n);
-        }
-        if mode == BodyMode::Chunked {
-            wr.write_all(b"0\r\n\r\n").await?;
-        }
+/// A short response with `status`, the stream's last.
+fn answer(respond: &mut SendResponse<Bytes>, status: u16) {
+    if let Ok(mut s) = respond.send_response(request::refusal_response(status), false) {
+        let _ = s.send_data(request::refusal_body(status), true);
     }
-    wr.shutdown().await
 }
 
-/// Reads the response off the pipe and sends it: interim heads as informational HEADERS, the
-/// final head, then the body as DATA frames until its framing says it ended.
+/// How the body after a final head ends on the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body: HEAD, 204, 304.
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// At the request path's [`H2Out::End`]: its head said no length.
+    Open,
+}
+
+/// Reads the response off the channel and sends it: interim heads as informational HEADERS, the
+/// final head, then the body as DATA frames until it ends.
 async fn download(
-    rx: &mut Receiver<Bytes>,
+    rx: &mut Receiver<H2Out>,
     credit: &Semaphore,
     respond: &mut SendResponse<Bytes>,
     head_request: bool,
     send_timeout: Duration,
 ) -> End {
-    let mut buf = BytesMut::new();
     let head = loop {
-        match crate::http::response::parse(&buf) {
-            Ok(Some((head, n))) => {
-                buf.advance(n);
-                if head.status >= 200 {
-                    break head;
-                }
-                if head.status == 101 {
-                    return End::Broken("101 on an h2 stream".into());
-                }
-                if let Ok((interim, _)) = response::to_h2(&head, true) {
+        top_up(credit, HEAD_CREDIT);
+        let next = tokio::select! {
+            r = rx.recv() => r,
+            r = poll_fn(|cx| respond.poll_reset(cx)) => return reset_or_gone(r),
+        };
+        match next {
+            Some(H2Out::Head(h)) if h.status == 101 => {
+                return End::Broken("101 on an h2 stream".into());
+            }
+            Some(H2Out::Head(h)) if h.status < 200 => {
+                if let Ok(interim) = to_response(*h) {
                     let _ = respond.send_informational(interim);
                 }
-                continue;
             }
-            Ok(None) if buf.len() > MAX_HEAD => {
-                return End::Broken("response head too large".into());
-            }
-            Ok(None) => {}
-            Err(e) => return End::Broken(e),
-        }
-        top_up(credit, HEAD_CREDIT);
-        tokio::select! {
-            r = rx.recv() => match r {
-                Some(chunk) => buf.extend_from_slice(&chunk),
-                None => return End::Broken("no response from the request path".into()),
-            },
-            r = poll_fn(|cx| respond.poll_reset(cx)) => return reset_or_gone(r),
+            Some(H2Out::Head(h)) => break h,
+            Some(_) => return End::Broken("a body before its head".into()),
+            None => return End::Broken("no response from the request path".into()),
         }
     };
-    let (res, framing) = match response::to_h2(&head, head_request) {
-        Ok(t) => t,
+    let framing = if head_request || matches!(head.status, 204 | 304) {
+        Framing::None
+    } else {
+        match head.framing {
+            HeadFraming::Length(n) => Framing::Length(n),
+            HeadFraming::Chunked => Framing::Open,
+            // The request path never writes a close-delimited body to a request it did not
+            // read as HTTP/1.0.
+            HeadFraming::None => {
+                respond.send_reset(Reason::INTERNAL_ERROR);
+                return End::Broken("a close-delimited response".into());
+            }
+        }
+    };
+    let res = match to_response(*head) {
+        Ok(r) => r,
         Err(e) => {
             respond.send_reset(Reason::INTERNAL_ERROR);
             return End::Broken(e);
@@ -345,7 +309,7 @@ async fn download(
     if empty {
         return End::Done;
     }
-    let end = body(rx, credit, buf, &mut send, framing, send_timeout).await;
+    let end = body(rx, credit, &mut send, framing, send_timeout).await;
     if !matches!(end, End::Done | End::Reset | End::Gone) {
         send.send_reset(match end {
             End::Stalled => Reason::CANCEL,
@@ -355,12 +319,22 @@ async fn download(
     end
 }
 
-/// Sends the body that follows the head (`buf` holds what came with it). A sized body's chunks
-/// go out as they came, each the payload of its DATA frames; a chunked one is decoded.
+/// The HEADERS of a head the request path wrote, or why it cannot be sent.
+fn to_response(h: H2Head) -> Result<http::Response<()>, String> {
+    if let Some(why) = h.invalid {
+        return Err(why);
+    }
+    let mut r = http::Response::new(());
+    *r.status_mut() = http::StatusCode::from_u16(h.status).map_err(|e| e.to_string())?;
+    *r.headers_mut() = h.fields;
+    Ok(r)
+}
+
+/// Sends the body that follows the head, each chunk the payload of its DATA frames, until its
+/// length is reached or the request path says it ended.
 async fn body(
-    rx: &mut Receiver<Bytes>,
+    rx: &mut Receiver<H2Out>,
     credit: &Semaphore,
-    mut buf: BytesMut,
     send: &mut SendStream<Bytes>,
     framing: Framing,
     send_timeout: Duration,
@@ -369,46 +343,33 @@ async fn body(
         Framing::Length(n) => n,
         _ => u64::MAX,
     };
-    let mut decoder = ChunkedDecoder::default();
-    let mut decoded = Vec::new();
-    let mut next = Some(buf.split().freeze());
     // Whether the client took the last piece without the stream waiting for window.
     let mut flowing = false;
     loop {
-        let chunk = match next.take() {
-            Some(c) => c,
-            None => {
-                // The next chunk may be a file's chunk while the client takes what it is sent,
-                // a head's worth while its window is shut: what a stalled stream holds stays
-                // small, and a stream reserves none of the connection's window while it waits
-                // for its request path (a slow origin must not starve its siblings).
-                top_up(credit, if flowing { BODY_CREDIT } else { HEAD_CREDIT });
-                tokio::select! {
-                    r = rx.recv() => match r {
-                        Some(c) => c,
-                        None => return End::Broken("response cut short by the request path".into()),
-                    },
-                    r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
-                }
-            }
+        // The next chunk may be a file's chunk while the client takes what it is sent, a
+        // head's worth while its window is shut: what a stalled stream holds stays small, and
+        // a stream reserves none of the connection's window while it waits for its request
+        // path (a slow origin must not starve its siblings).
+        top_up(credit, if flowing { BODY_CREDIT } else { HEAD_CREDIT });
+        let next = tokio::select! {
+            r = rx.recv() => r,
+            r = poll_fn(|cx| send.poll_reset(cx)) => return reset_or_gone(r),
         };
-        // What of this chunk is body, and whether it is the last of it.
-        let (piece, last) = match framing {
-            Framing::Length(_) => {
-                let mut chunk = chunk;
-                let take = (chunk.len() as u64).min(left) as usize;
-                left -= take as u64;
-                (chunk.split_to(take), left == 0)
-            }
-            Framing::Chunked => {
-                buf.extend_from_slice(&chunk);
-                decoded.clear();
-                match decoder.decode(&mut buf, &mut decoded) {
-                    Ok(done) => (Bytes::copy_from_slice(&decoded), done),
-                    Err(e) => return End::Broken(e.to_string()),
+        let (piece, last) = match next {
+            Some(H2Out::Data(mut chunk)) => {
+                if framing == Framing::Open {
+                    (chunk, false)
+                } else {
+                    let take = (chunk.len() as u64).min(left) as usize;
+                    left -= take as u64;
+                    (chunk.split_to(take), left == 0)
                 }
             }
-            Framing::None => (Bytes::new(), true),
+            Some(H2Out::End) if framing == Framing::Open => (Bytes::new(), true),
+            Some(H2Out::End) | None => {
+                return End::Broken("response cut short by the request path".into());
+            }
+            Some(H2Out::Head(_)) => return End::Broken("a second head".into()),
         };
         if !piece.is_empty() || last {
             match send_data(send, piece, last, send_timeout, &mut flowing).await {
