@@ -4,6 +4,7 @@
 //! routes or the cache, so the server, the TLS listener and (later) other protocols stand on it.
 
 pub(crate) mod client_sock;
+pub(crate) mod h2_stream;
 pub(crate) mod inherit;
 pub(crate) mod listen;
 pub(crate) mod opening;

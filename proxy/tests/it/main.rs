@@ -23,6 +23,7 @@ mod fleet_deploy;
 mod fleet_nodes;
 mod fleet_page;
 mod fleet_view;
+mod house;
 mod http2;
 mod image;
 mod index_load;

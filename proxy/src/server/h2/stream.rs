@@ -10,7 +10,8 @@
 
 use super::request::{self, Refusal};
 use crate::http::head::{Framing as HeadFraming, H2Head};
-use crate::net::client_sock::{ClientSock, H2Out, H2StreamSock};
+use crate::net::client_sock::ClientSock;
+use crate::net::h2_stream::{H2Out, H2StreamSock};
 use crate::server::Shared;
 use crate::server::conn;
 use bytes::Bytes;

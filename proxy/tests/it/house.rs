@@ -1,0 +1,170 @@
+//! The house in numbers: what the docs say of the code's shape, held to the code. A count that a
+//! change moves fails here with the new number, so the README and docs/architecture.md are
+//! changed with the code instead of drifting (the README said 20 `unsafe` sites when there were
+//! 38, and "every module pub(crate)" when 7 were `pub`). And no file's code grows past 500
+//! lines: the files over it today are listed with their length, which may only shrink.
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_path_buf()
+}
+
+/// The user-space crates' sources: what the README's `unsafe` count covers.
+const USER_SPACE: [&str; 6] = [
+    "proxy/src",
+    "proxy/ledger/src",
+    "proxy/ops/src",
+    "dashboard/src",
+    "config/src",
+    "ebpf/probe/src",
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `unsafe` blocks, functions and impls in `text`, comments aside.
+fn unsafe_sites(text: &str) -> usize {
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .map(|code| {
+            ["unsafe {", "unsafe fn", "unsafe impl"]
+                .iter()
+                .map(|p| code.matches(p).count())
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// The number written just before `marker` in `text` (as in "has 42 `unsafe` blocks").
+fn number_before(text: &str, marker: &str) -> Option<usize> {
+    let at = text.find(marker)?;
+    let before = text[..at].trim_end();
+    let digits: String = before
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().ok()
+}
+
+#[test]
+fn the_readme_counts_the_unsafe_sites_there_are() {
+    let mut files = Vec::new();
+    for d in USER_SPACE {
+        rust_files(&root().join(d), &mut files);
+    }
+    let sites: usize = files
+        .iter()
+        .map(|f| unsafe_sites(&std::fs::read_to_string(f).expect("source")))
+        .sum();
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    let said = number_before(&readme, "`unsafe` blocks, impls and functions")
+        .expect("the README states the count");
+    assert_eq!(
+        said, sites,
+        "README.md says {said} `unsafe` sites in user space; the code has {sites}: update it"
+    );
+}
+
+#[test]
+fn the_architecture_doc_counts_the_public_modules_there_are() {
+    let lib = std::fs::read_to_string(root().join("proxy/src/lib.rs")).expect("lib.rs");
+    let public: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';'))
+        .collect();
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).expect("doc");
+    let said = number_before(&doc, "public modules").expect("the doc states the count");
+    assert_eq!(
+        said,
+        public.len(),
+        "docs/architecture.md says {said} public modules; proxy/src/lib.rs has {}: {public:?}",
+        public.len()
+    );
+    for m in &public {
+        assert!(
+            doc.contains(&format!("`{m}`")),
+            "docs/architecture.md does not name the public module `{m}`"
+        );
+    }
+}
+
+/// Code lines of a source file: all of it, or what comes before its `#[cfg(test)] mod tests`.
+fn code_lines(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .windows(2)
+        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim().starts_with("mod tests"))
+        .unwrap_or(lines.len())
+}
+
+/// Files whose code is over 500 lines today, and how long it may be at most: each may only
+/// shrink, and none may join them.
+const OVER: [(&str, usize); 3] = [
+    ("proxy/src/run.rs", 862),
+    ("proxy/src/cache/store/index.rs", 723),
+    ("proxy/src/server/dispatch.rs", 508),
+];
+
+#[test]
+fn no_file_grows_past_500_lines_of_code() {
+    let mut files = Vec::new();
+    for d in USER_SPACE {
+        rust_files(&root().join(d), &mut files);
+    }
+    let mut over = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(root()).expect("in the workspace");
+        let rel = rel.to_string_lossy().into_owned();
+        if rel.ends_with("/tests.rs") {
+            continue;
+        }
+        let n = code_lines(&std::fs::read_to_string(f).expect("source"));
+        let allowed = OVER
+            .iter()
+            .find(|(p, _)| *p == rel)
+            .map_or(500, |(_, n)| *n);
+        if n > allowed {
+            over.push(format!("{rel}: {n} lines of code (at most {allowed})"));
+        }
+    }
+    assert!(over.is_empty(), "{over:#?}");
+}
+
+#[test]
+fn the_counts_read_what_they_say() {
+    assert_eq!(
+        unsafe_sites("unsafe { a }\n// unsafe { b }\nunsafe fn c() {} // unsafe impl\n"),
+        2
+    );
+    assert_eq!(
+        number_before("has 42 `unsafe` blocks", "`unsafe`"),
+        Some(42)
+    );
+    assert_eq!(number_before("has `unsafe`", "`unsafe`"), None);
+    assert_eq!(
+        code_lines("a\nb\n#[cfg(test)]\nmod tests {\n}\n"),
+        2,
+        "the tests are not code lines"
+    );
+}
