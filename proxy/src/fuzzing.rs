@@ -262,8 +262,9 @@ pub fn proxy_header(data: &[u8]) {
 /// `h2` crate) would not carry is skipped.
 pub fn h2_request(data: &[u8]) {
     use crate::server::h2::request::{Refusal, to_request};
-    let mut parts = data.split(|&b| b == 0xff);
-    let (Some(method), Some(path), Some(authority)) = (parts.next(), parts.next(), parts.next())
+    let mut data_fields = data.split(|&b| b == 0xff);
+    let (Some(method), Some(path), Some(authority)) =
+        (data_fields.next(), data_fields.next(), data_fields.next())
     else {
         return;
     };
@@ -276,15 +277,22 @@ pub fn h2_request(data: &[u8]) {
     let Ok(uri) = uri.path_and_query(path).build() else {
         return;
     };
-    let mut b = http::Request::builder().method(method).uri(uri);
-    let mut rest = parts;
-    while let (Some(n), Some(v)) = (rest.next(), rest.next()) {
-        b = b.header(n, v);
-    }
-    let Ok(req) = b.body(()) else {
+    let Ok(req) = http::Request::builder().method(method).uri(uri).body(()) else {
         return;
     };
-    let (parts, ()) = req.into_parts();
+    let (mut parts, ()) = req.into_parts();
+    let mut rest = data_fields;
+    // Names as the `h2` crate makes them from HPACK (`from_lowercase`, wider than a token:
+    // it passes `"`), so the target sees what the crate hands over.
+    while let (Some(n), Some(v)) = (rest.next(), rest.next()) {
+        let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_lowercase(n),
+            http::HeaderValue::from_bytes(v),
+        ) else {
+            return;
+        };
+        parts.headers.append(n, v);
+    }
     let h1 = h1_form(&parts);
     let parsed = request::parse(&h1, REQUEST_LIMITS);
     match to_request(&parts, ended, REQUEST_LIMITS) {

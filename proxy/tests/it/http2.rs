@@ -395,6 +395,19 @@ fn hostile_heads_are_refused_never_forwarded_and_the_friendly_twin_is_served() {
             );
         }
     }
+    // A name the `h2` crate passes (its HPACK names may hold `"`) that is no token: an HTTP/1.1
+    // parser refuses it, so the request path answers 400 as to an HTTP/1.1 client. `:status
+    // 400` is the static table's entry 12 (RFC 7541 Appendix A), sent indexed: 0x8c.
+    for name in [&b"transfer-encoding\""[..], b"x-forwarded-for\""] {
+        let mut c = RawH2::connect(proxy.addr, &[]);
+        c.send(&one_request(&h2raw::get("/obj/10", &[(name, b"1")])));
+        let frames = c.until_end(1, WAIT);
+        let head = frames
+            .iter()
+            .find(|f| f.kind == h2raw::HEADERS)
+            .unwrap_or_else(|| panic!("no answer: {frames:?}"));
+        assert_eq!(head.payload.first(), Some(&0x8c), "{frames:?}");
+    }
     // Nothing reached the origin, and nothing was stored for the key the hostile heads named.
     assert_eq!(origin.request_count(), 0, "{:?}", origin.received());
     // The friendly twin: the same head without the hostile field is served.

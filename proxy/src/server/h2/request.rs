@@ -70,6 +70,19 @@ pub(crate) fn to_request(
     for (name, value) in &parts.headers {
         let name = name.as_str();
         let value = value.as_bytes();
+        // The `h2` crate takes a name with `"` in it (its table for HPACK-decoded names is
+        // wider than RFC 9110's token), which no HTTP/1.1 parser would pass: an origin that
+        // reads `transfer-encoding"` as `transfer-encoding` is a desync (the review's find).
+        // The HTTP/1.1 parser reads fields in order and stops at the first fault: past the
+        // 128th field that is "too large" (431), whatever follows (the fuzz target's find).
+        if fields.len() >= MAX_FIELDS {
+            return Err(Refusal::Invalid(RequestError::HeadTooLarge));
+        }
+        if !is_token(name) {
+            return Err(Refusal::Invalid(RequestError::Malformed(
+                "a field name that is not a token".into(),
+            )));
+        }
         check_value(value)?;
         if CONNECTION_SPECIFIC.contains(&name) {
             return Err(Refusal::Malformed("connection-specific field"));
@@ -159,6 +172,14 @@ pub(crate) fn to_request(
     Ok(head)
 }
 
+/// RFC 9110 §5.1: a field name is a token (`tchar`s).
+fn is_token(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 /// §8.2.1: no CR, LF or NUL anywhere, and no whitespace at either end of a value (HTTP/1.1
 /// would trim it, so two hops could read two values).
 fn check_value(v: &[u8]) -> Result<(), Refusal> {
@@ -195,12 +216,17 @@ pub(crate) fn refusal_body(status: u16) -> Bytes {
 mod tests {
     use super::*;
 
+    /// A request's parts with names as the `h2` crate makes them from HPACK
+    /// (`HeaderName::from_lowercase`, wider than a token).
     fn parts(method: &str, uri: &str, fields: &[(&str, &[u8])]) -> Parts {
-        let mut b = http::Request::builder().method(method).uri(uri);
+        let b = http::Request::builder().method(method).uri(uri);
+        let mut p = b.body(()).expect("request").into_parts().0;
         for (n, v) in fields {
-            b = b.header(*n, http::HeaderValue::from_bytes(v).expect("value"));
+            let name = http::HeaderName::from_lowercase(n.as_bytes()).expect("name");
+            p.headers
+                .append(name, http::HeaderValue::from_bytes(v).expect("value"));
         }
-        b.body(()).expect("request").into_parts().0
+        p
     }
 
     const LIMITS: Limits = Limits {
@@ -334,6 +360,17 @@ mod tests {
                 "missing Host".into()
             )))
         );
+        // A name the `h2` crate passes and no HTTP/1.1 parser would: refused with 400.
+        for name in ["transfer-encoding\"", "x\"y"] {
+            let p = parts("POST", "https://a.example/", &[(name, b"chunked")]);
+            assert_eq!(
+                to_h1(&p, false).err(),
+                Some(Refusal::Invalid(RequestError::Malformed(
+                    "a field name that is not a token".into()
+                ))),
+                "{name}"
+            );
+        }
         // Underscored names are dropped, as from an HTTP/1.1 client.
         let p = parts(
             "GET",

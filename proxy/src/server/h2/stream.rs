@@ -157,9 +157,23 @@ pub(crate) async fn run(
     match end {
         End::Gone => {}
         End::Done => {
-            // The request path records the response after its last byte: let it finish.
+            // The request path records the response after its last byte: let it finish. What it
+            // still sends is dropped (a generated body after a HEAD's head, which the stream
+            // ended with the head): with nothing reading, it would wait out `send_timeout`.
             if served.is_none() {
-                let _ = tokio::time::timeout(send_timeout, &mut work).await;
+                let drain = async {
+                    while rx.recv().await.is_some() {
+                        top_up(&credit, BODY_CREDIT);
+                    }
+                    std::future::pending::<()>().await
+                };
+                let finish = async {
+                    tokio::select! {
+                        _ = &mut work => {}
+                        _ = drain => {}
+                    }
+                };
+                let _ = tokio::time::timeout(send_timeout, finish).await;
             }
         }
         End::Reset => {
