@@ -4,12 +4,11 @@
 
 use crate::cache::decide::{Answer, Disposition};
 use crate::cache::entry::Entry;
-use crate::cache::fill::Fill;
 use crate::cache::growing::Growing;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::LeaderGuard;
 use crate::cache::policy;
-use crate::cache::stored_meta::{fill_meta, revalidated_meta};
+use crate::cache::stored_meta::revalidated_meta;
 use crate::http::request::RequestHead;
 use crate::server::request_body::RequestBody;
 use crate::upstream::Group;
@@ -161,19 +160,19 @@ impl Background {
             }
             return;
         }
-        let (key, meta) = fill_meta(
-            &self.primary,
-            st,
-            &self.req,
-            &head,
+        // Made as a client's fetch makes its fill: not into a directory being handed over, and
+        // with the body's room reserved, since readers may follow this fill (`publish` below).
+        let answer = super::run::Answered {
+            req: &self.req,
+            url: &self.url,
+            head: &head,
+            framing,
             response_time,
-            &self.url,
-            ctx.hash_bits,
-        );
-        let fill = match Fill::create(ctx.store.clone(), key.hash, meta) {
-            Ok(f) => f.bounded(min, max),
-            Err(e) => {
-                ctx.store.write_failed(&e);
+        };
+        let fill = match super::run::create_fill(&ctx, &self.primary, st, &answer, (min, max)) {
+            Ok(f) => f,
+            Err(why) => {
+                tracing::debug!(target = %self.req.target, why, "background fetch not stored");
                 return;
             }
         };

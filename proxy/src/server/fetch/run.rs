@@ -318,10 +318,7 @@ impl Fetch<'_> {
         }
     }
 
-    /// The fill of a storable answer, created with room reserved for a known length; else why
-    /// not (`cache-unwritable`; `upgrade` while a successor takes the directory over). An unwritable cache is retried on every storable miss (one
-    /// failed open(2)), so a freed disk or fixed permission brings the cache back without a
-    /// restart.
+    /// The fill of a storable answer ([`create_fill`]), for this fetch's request and sizes.
     fn create_fill(
         &self,
         ctx: &crate::server::Ctx,
@@ -331,31 +328,15 @@ impl Fetch<'_> {
         framing: BodyFraming,
         response_time: SystemTime,
     ) -> Result<Fill, &'static str> {
-        let (key, meta) = fill_meta(
-            primary,
-            st,
-            self.req,
+        let answer = Answered {
+            req: self.req,
+            url: &self.url,
             head,
+            framing,
             response_time,
-            &self.url,
-            ctx.hash_bits,
-        );
-        if ctx.store.is_handing_over() {
-            return Err("upgrade");
-        }
-        let len = framing.length().unwrap_or(0);
-        let (min, max) = (self.object_sizes.min, self.max_body(ctx));
-        Fill::create(ctx.store.clone(), key.hash, meta)
-            .map(|f| f.bounded(min, max))
-            .and_then(|f| {
-                ctx.store
-                    .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
-                Ok(f)
-            })
-            .map_err(|e| {
-                ctx.store.write_failed(&e);
-                "cache-unwritable"
-            })
+        };
+        let sizes = (self.object_sizes.min, self.max_body(ctx));
+        create_fill(ctx, primary, st, &answer, sizes)
     }
 
     /// The exchange with the upstream (or the key's fleet owner), retried once on a dead pooled
@@ -440,4 +421,53 @@ impl Fetch<'_> {
         }
         Ok((up, head, request_time, response_time))
     }
+}
+
+/// What a fill is made of: the request, its URL, and the origin's answer.
+pub(super) struct Answered<'a> {
+    pub req: &'a crate::http::request::RequestHead,
+    pub url: &'a str,
+    pub head: &'a ResponseHead,
+    pub framing: BodyFraming,
+    pub response_time: SystemTime,
+}
+
+/// The fill of a storable answer, bounded to `(min, max)` bytes and created with room reserved
+/// for a known length (a full disk evicts and retries once); else why not (`cache-unwritable`;
+/// `upgrade` while a successor takes the directory over). A client's fetch and the background
+/// refresh both make theirs here, so neither writes into a directory handed over nor publishes
+/// a fill that a full disk would cut off under its readers. An unwritable cache is retried on
+/// every storable miss (one failed open(2)), so a freed disk or fixed permission brings the
+/// cache back without a restart.
+pub(super) fn create_fill(
+    ctx: &crate::server::Ctx,
+    primary: &crate::cache::key::CacheKey,
+    st: policy::Storable,
+    a: &Answered<'_>,
+    (min, max): (u64, u64),
+) -> Result<Fill, &'static str> {
+    let (key, meta) = fill_meta(
+        primary,
+        st,
+        a.req,
+        a.head,
+        a.response_time,
+        a.url,
+        ctx.hash_bits,
+    );
+    if ctx.store.is_handing_over() {
+        return Err("upgrade");
+    }
+    let len = a.framing.length().unwrap_or(0);
+    Fill::create(ctx.store.clone(), key.hash, meta)
+        .map(|f| f.bounded(min, max))
+        .and_then(|f| {
+            ctx.store
+                .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
+            Ok(f)
+        })
+        .map_err(|e| {
+            ctx.store.write_failed(&e);
+            "cache-unwritable"
+        })
 }
