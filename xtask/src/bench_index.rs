@@ -347,7 +347,7 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
 }
 
 /// The time now, `YYYY-MM-DD HH:MM`, from `date` (the benchmark's record, not a measurement).
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M"])
         .output()

@@ -2,6 +2,7 @@
 //! project's own code, so CI and the next developer start from the same place with no manual step.
 
 mod bench;
+mod bench_against;
 mod bench_fleet;
 mod bench_h2;
 mod bench_index;
@@ -130,6 +131,11 @@ enum Task {
         /// With --index: how many objects.
         #[arg(long, default_value_t = 1_000_000)]
         objects: usize,
+        /// This checkout's zerocache against the one built from commit REV, both running at once
+        /// on the same objects, wrk alternating between them (1 KiB and 64 KiB unless --sizes);
+        /// writes xtask/bench/results/against.md. Uses --duration, --reps and --sizes.
+        #[arg(long, value_name = "REV")]
+        against: Option<String>,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -225,6 +231,14 @@ fn main() -> ExitCode {
             verbose,
             libfuzzer_args,
         } => setup::setup().and_then(|_| fuzz::fuzz(time, target, verbose, &libfuzzer_args)),
+        Task::Bench {
+            against: Some(rev),
+            duration,
+            reps,
+            sizes,
+            ..
+        } => setup::setup()
+            .and_then(|_| bench_against::bench_against(&rev, duration, reps, &sizes)),
         Task::Bench {
             index: true,
             objects,
