@@ -8,7 +8,9 @@
 //! directory, the probe off (what is measured is the request path, and the tracepoints would tax
 //! both); each is warmed and its warm bodies checked byte for byte. Then wrk drives one at a time,
 //! alternating which goes first, `--reps` times per size: medians of req/s and of CPU per request
-//! (from /proc schedstat), and their ratios, go to `xtask/bench/results/against.md`.
+//! (from /proc schedstat), and the median of the ratios rep by rep (two adjacent runs see the
+//! same machine, so the paired ratio cancels the drift that moves both: the figure to quote), go
+//! to `xtask/bench/results/against.md`.
 
 use crate::bench::{Server, cpu_ns, median, pids, size_name, start_origin, warm, wrk};
 use crate::{free_port, root, run};
@@ -182,7 +184,7 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
     )?;
     writeln!(
         r,
-        "| size | ours req/s | theirs req/s | req/s, ours ÷ theirs | ours CPU µs/req | theirs CPU µs/req | CPU per request, ours ÷ theirs |"
+        "| size | ours req/s | theirs req/s | req/s, ours ÷ theirs, paired | ours CPU µs/req | theirs CPU µs/req | CPU per request, ours ÷ theirs, paired |"
     )?;
     writeln!(r, "|---|---|---|---|---|---|---|")?;
     for (i, &size) in sizes.iter().enumerate() {
@@ -190,12 +192,21 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
             |w: usize, f: fn(&(f64, f64)) -> f64| median(samples[w][i].iter().map(f).collect());
         let (or, tr) = (med(0, |s| s.0), med(1, |s| s.0));
         let (oc, tc) = (med(0, |s| s.1), med(1, |s| s.1));
+        let paired = |f: fn(&(f64, f64)) -> f64| {
+            median(
+                samples[0][i]
+                    .iter()
+                    .zip(&samples[1][i])
+                    .map(|(o, t)| f(o) / f(t).max(1e-9))
+                    .collect(),
+            )
+        };
         writeln!(
             r,
             "| {} | {or:.0} | {tr:.0} | {:.2}× | {oc:.1} | {tc:.1} | {:.2}× |",
             size_name(size),
-            or / tr.max(1e-9),
-            oc / tc.max(1e-9)
+            paired(|s| s.0),
+            paired(|s| s.1)
         )?;
     }
     let out = root().join("xtask/bench/results");
