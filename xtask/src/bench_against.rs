@@ -113,15 +113,7 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
         sizes.to_vec()
     };
     let (theirs_bin, theirs) = build_rev(rev)?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(&cargo).args([
-        "build",
-        "--release",
-        "-p",
-        "zerocache",
-        "-p",
-        "zerocache-origin",
-    ]))?;
+    crate::bench::build_release()?;
     let ours = git_out(&["rev-parse", "HEAD"])?;
     let dirty = !git_out(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
     let base = root().join("target/bench-against");

@@ -16,7 +16,7 @@
 //! tls` first) the same command measures TLS hits by sendfile, and nginx's `ssl_sendfile` too.
 
 use crate::bench::{Running, cpu_ns, median, parse_bytes, pids, size_name, start_origin};
-use crate::{free_port, root, run};
+use crate::{free_port, root};
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -155,15 +155,7 @@ pub(crate) struct Prepared {
 }
 
 pub(crate) fn prepare(dir: &str) -> anyhow::Result<Prepared> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(&cargo).args([
-        "build",
-        "--release",
-        "-p",
-        "zerocache",
-        "-p",
-        "zerocache-origin",
-    ]))?;
+    crate::bench::build_release()?;
     let base = root().join("target").join(dir);
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;

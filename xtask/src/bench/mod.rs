@@ -71,6 +71,19 @@ pub struct Options {
     pub watch_cost: bool,
 }
 
+/// Builds the release binaries every benchmark runs: zerocache and the origin.
+pub(crate) fn build_release() -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo).args([
+        "build",
+        "--release",
+        "-p",
+        "zerocache",
+        "-p",
+        "zerocache-origin",
+    ]))
+}
+
 /// Runs the benchmark and writes `xtask/bench/results/latest.md` (`pinned.md`, `affinity.md`,
 /// `unpinned.md` or `cold.md` in those modes).
 pub fn bench(opts: Options) -> anyhow::Result<()> {
@@ -82,15 +95,7 @@ pub fn bench(opts: Options) -> anyhow::Result<()> {
         !((opts.cold || opts.burst) && (opts.affinity || opts.pin || opts.unpinned)),
         "--cold and --burst run with default workers; they have no --pin, --affinity or --unpinned variant"
     );
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(&cargo).args([
-        "build",
-        "--release",
-        "-p",
-        "zerocache",
-        "-p",
-        "zerocache-origin",
-    ]))?;
+    build_release()?;
     if opts.watch_cost {
         let section = crate::bench_watch::watch_cost()?;
         let out = root().join("xtask/bench/results");
