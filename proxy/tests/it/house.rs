@@ -120,9 +120,8 @@ fn code_lines(text: &str) -> usize {
 
 /// Files whose code is over 500 lines today, and how long it may be at most: each may only
 /// shrink, and none may join them.
-const OVER: [(&str, usize); 3] = [
+const OVER: [(&str, usize); 2] = [
     ("proxy/src/run.rs", 862),
-    ("proxy/src/cache/store/index.rs", 723),
     ("proxy/src/server/dispatch.rs", 508),
 ];
 
