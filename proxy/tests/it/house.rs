@@ -120,10 +120,7 @@ fn code_lines(text: &str) -> usize {
 
 /// Files whose code is over 500 lines today, and how long it may be at most: each may only
 /// shrink, and none may join them.
-const OVER: [(&str, usize); 2] = [
-    ("proxy/src/run.rs", 862),
-    ("proxy/src/server/dispatch.rs", 508),
-];
+const OVER: [(&str, usize); 1] = [("proxy/src/server/dispatch.rs", 508)];
 
 #[test]
 fn no_file_grows_past_500_lines_of_code() {
