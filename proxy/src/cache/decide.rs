@@ -45,6 +45,27 @@ pub(crate) enum Stored {
     MustRevalidate { while_revalidating: bool },
 }
 
+impl Stored {
+    /// How the freshness rules judge the stored response `e` at `now` for a request with
+    /// `directives` (RFC 9111 §4.2, §4.2.4; RFC 5861 §3).
+    pub(crate) fn of(
+        e: &crate::cache::entry::Entry,
+        now: std::time::SystemTime,
+        directives: &crate::cache::directives::RequestDirectives,
+    ) -> Stored {
+        use crate::cache::freshness::{self, Use};
+        match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, directives) {
+            Use::Fresh => Stored::Fresh,
+            Use::Stale => Stored::UsableStale,
+            // stale-while-revalidate: serve it now and refresh it in the background, once,
+            // when only its age (not the request) asks for validation.
+            Use::Revalidate => Stored::MustRevalidate {
+                while_revalidating: crate::cache::stale::while_revalidate(e, now, directives),
+            },
+        }
+    }
+}
+
 /// How a stored response is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Serve {
@@ -273,6 +294,45 @@ mod tests {
     const REVALIDATE: Stored = Stored::MustRevalidate {
         while_revalidating: false,
     };
+
+    /// How a stored response is judged, by age and by what the request asks: a 60 s lifetime
+    /// with `stale-while-revalidate=30`, at 10 s (fresh), 70 s (in the window), 100 s (past it);
+    /// a request's `no-cache` forces validation without the window, `max-stale` takes it stale.
+    #[test]
+    fn a_stored_response_is_judged_by_its_age_and_the_request() {
+        use crate::cache::directives::request;
+        use std::time::{Duration, SystemTime};
+        let stored_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+        let meta = crate::cache::entry::Meta {
+            key: "GET|http|a.example|/x".into(),
+            stored_at,
+            initial_age: Duration::ZERO,
+            lifetime: Duration::from_secs(60),
+            status: 200,
+            reason: "OK".into(),
+            fields: b"Cache-Control: max-age=60, stale-while-revalidate=30\r\n".to_vec(),
+            vary: Vec::new(),
+            url: "GET|http|a.example|/x".into(),
+        };
+        let e = crate::cache::entry::Entry::new(
+            1,
+            meta,
+            "/nonexistent".into(),
+            0,
+            0,
+            &crate::cache::targeted::Targeted::default(),
+        );
+        let at = |s: u64| stored_at + Duration::from_secs(s);
+        let plain = request(None, None);
+        assert_eq!(Stored::of(&e, at(10), &plain), Stored::Fresh);
+        assert_eq!(Stored::of(&e, at(70), &plain), SWR);
+        assert_eq!(Stored::of(&e, at(100), &plain), REVALIDATE);
+        let no_cache = request(Some("no-cache"), None);
+        assert_eq!(Stored::of(&e, at(10), &no_cache), REVALIDATE);
+        assert_eq!(Stored::of(&e, at(70), &no_cache), REVALIDATE);
+        let max_stale = request(Some("max-stale=60"), None);
+        assert_eq!(Stored::of(&e, at(100), &max_stale), Stored::UsableStale);
+    }
 
     /// Past the cache without asking the store: a route that does not cache, a method that is
     /// not GET or HEAD (RFC 9111 §2), a bypass rule; an unsafe method on a caching route

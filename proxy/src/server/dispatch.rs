@@ -96,9 +96,9 @@ impl Conn {
             let (url, primary) = keys_of(&req, route, ctx.hash_bits);
             let e = lookup(&ctx, &primary, &req);
             keys = Some((url, primary));
-            let stored = e
-                .as_ref()
-                .map_or(Stored::Nothing, |e| judge(e, &directives));
+            let stored = e.as_ref().map_or(Stored::Nothing, |e| {
+                Stored::of(e, crate::clock::now(), &directives)
+            });
             found = e;
             stored
         });
@@ -434,20 +434,6 @@ impl Conn {
 /// What the lookup left for a miss: the URL and primary keys, the entry found, and whether the
 /// request came from a fleet peer (never forwarded again).
 type Looked = (Option<(CacheKey, CacheKey)>, Option<Arc<Entry>>, bool);
-
-/// How the freshness rules judge a stored response for this request.
-fn judge(e: &Entry, directives: &crate::cache::directives::RequestDirectives) -> Stored {
-    let now = crate::clock::now();
-    match freshness::decide(e.age(now), e.meta.lifetime, e.reuse, directives) {
-        Use::Fresh => Stored::Fresh,
-        Use::Stale => Stored::UsableStale,
-        // stale-while-revalidate (RFC 5861): serve it now and refresh it in the background,
-        // once, when only its age (not the request) asks for validation.
-        Use::Revalidate => Stored::MustRevalidate {
-            while_revalidating: crate::cache::stale::while_revalidate(e, now, directives),
-        },
-    }
-}
 
 /// The fetch of a request planned past the cache: a bypass or a miss never stored, with what
 /// the cache did (`X-Cache`, `fwd=`).
