@@ -10,6 +10,7 @@ pub mod headers;
 pub mod range;
 pub mod request;
 mod request_line;
+pub(crate) mod request_out;
 pub mod response;
 pub(crate) mod stored_fields;
 pub mod target;

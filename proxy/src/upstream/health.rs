@@ -9,6 +9,7 @@
 
 use super::peer::Peer;
 use super::stream::UpstreamStream;
+use crate::http::request_out::RequestOut;
 use crate::http::response;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,16 +36,17 @@ pub(crate) fn spawn(
         return;
     };
     for peer in peers {
-        let request = format!(
-            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: zerocache-health-check\r\nConnection: close\r\n\r\n",
-            check.path,
-            host.unwrap_or(&peer.addr)
-        );
+        let mut request = Vec::with_capacity(128);
+        let mut r = RequestOut::new(&mut request, "GET", &check.path);
+        r.field("Host", host.unwrap_or(&peer.addr).as_bytes())
+            .field("User-Agent", b"zerocache-health-check")
+            .field("Connection", b"close");
+        r.end();
         rt.spawn(run(
             group.to_string(),
             peer.clone(),
             tls.clone().filter(|_| peer.tls),
-            request.into_bytes(),
+            request,
             check.interval,
             check.timeout,
             stop.subscribe(),

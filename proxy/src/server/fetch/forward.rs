@@ -6,7 +6,8 @@
 use super::Fetch;
 use crate::cache::key::CacheKey;
 use crate::cache::validation;
-use crate::http::headers::{self, put, put_num};
+use crate::http::headers;
+use crate::http::request_out::RequestOut;
 use crate::server::request_body::{Remaining, RequestBody};
 use std::net::IpAddr;
 
@@ -63,12 +64,9 @@ impl Fetch<'_> {
     pub(super) fn upstream_request(&self, peer: IpAddr, ctx: &crate::server::Ctx) -> Vec<u8> {
         let req = self.req;
         let mut out = Vec::with_capacity(1024);
-        out.extend_from_slice(req.method.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(req.target.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut h = RequestOut::new(&mut out, &req.method, &req.target);
         let host = self.upstream.host.as_deref().unwrap_or(&req.host);
-        put(&mut out, "Host", host.as_bytes());
+        h.field("Host", host.as_bytes());
         let tokens =
             headers::connection_tokens(req.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         let trusted = ctx
@@ -129,7 +127,7 @@ impl Fetch<'_> {
                 .any(|f| n.eq_ignore_ascii_case(f))
             {
                 if trusted {
-                    put(&mut out, n, value);
+                    h.field(n, value);
                 }
             } else if n.eq_ignore_ascii_case("via") {
                 // Every line of a repeated Via is one list (RFC 9110 §5.3): keep every hop.
@@ -138,33 +136,28 @@ impl Fetch<'_> {
                     None => v.into_owned(),
                 });
             } else {
-                put(&mut out, n, value);
+                h.field(n, value);
             }
         }
         for (k, v) in &validators {
-            put(&mut out, k, v.as_bytes());
+            h.field(k, v.as_bytes());
         }
         let ip = peer.to_string();
         let append = |prev: Option<String>, new: String| match prev {
             Some(p) => format!("{p}, {new}"),
             None => new,
         };
-        put(
-            &mut out,
-            "X-Forwarded-For",
-            append(xff, ip.clone()).as_bytes(),
-        );
+        h.field("X-Forwarded-For", append(xff, ip.clone()).as_bytes());
         // The scheme of the listener the request came in on, never the client's claim.
         let proto = crate::cache::key::scheme(req.tls);
-        put(&mut out, "X-Forwarded-Proto", proto.as_bytes());
+        h.field("X-Forwarded-Proto", proto.as_bytes());
         let node = if peer.is_ipv6() {
             format!("for=\"[{ip}]\";proto={proto}")
         } else {
             format!("for={ip};proto={proto}")
         };
-        put(&mut out, "Forwarded", append(forwarded, node).as_bytes());
-        put(
-            &mut out,
+        h.field("Forwarded", append(forwarded, node).as_bytes());
+        h.field(
             "Via",
             if req.h2 {
                 headers::via_h2(via.as_deref())
@@ -185,24 +178,25 @@ impl Fetch<'_> {
         } else {
             std::borrow::Cow::Borrowed(req.id.as_str())
         };
-        put(&mut out, &ctx.forwarding.request_id_header, id.as_bytes());
+        h.field(&ctx.forwarding.request_id_header, id.as_bytes());
         match &self.body {
             RequestBody::Whole(b) => {
                 if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
-                    put_num(&mut out, "Content-Length", b.len() as u64);
+                    h.num("Content-Length", b.len() as u64);
                 }
-                out.extend_from_slice(b"\r\n");
+                h.end();
                 out.extend_from_slice(b);
             }
             RequestBody::Streaming {
                 rest: Remaining::Length { total, .. },
                 ..
             } => {
-                put_num(&mut out, "Content-Length", *total);
-                out.extend_from_slice(b"\r\n");
+                h.num("Content-Length", *total);
+                h.end();
             }
             RequestBody::Streaming { .. } => {
-                out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                h.field("Transfer-Encoding", b"chunked");
+                h.end();
             }
         }
         out
