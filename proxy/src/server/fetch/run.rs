@@ -38,7 +38,7 @@ impl Fetch<'_> {
         let mut interim = Vec::new();
         let mut upstream = None;
         let outcome = self
-            .decide(ctx, peer, client, &mut interim, &mut upstream)
+            .exchange_and_dispose(ctx, peer, client, &mut interim, &mut upstream)
             .await;
         Fetched {
             interim,
@@ -49,7 +49,7 @@ impl Fetch<'_> {
     }
 
     /// The exchange and what becomes of its answer (see [`Fetch::run`]).
-    async fn decide(
+    async fn exchange_and_dispose(
         &mut self,
         ctx: &Arc<crate::server::Ctx>,
         peer: IpAddr,
