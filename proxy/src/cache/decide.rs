@@ -66,6 +66,48 @@ impl Stored {
     }
 }
 
+/// How a miss goes forward, once its plan is one of [`Plan::RangeMiss`], [`Plan::Head`] and
+/// [`Plan::Fill`]: what it does with the stored response it found, whether the key's fleet owner
+/// is asked instead of the origin, and whether it takes the key's fill lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Miss {
+    /// It revalidates or updates the (stale) stored response: `X-Cache: EXPIRED`.
+    pub uses_stored: bool,
+    /// The key's owner answers when it is another node: not for a peer's request (never
+    /// forwarded twice), nor for one that revalidates or updates what this node stored, which
+    /// this node's own entry answers for; a Range miss goes to the owner whatever is stored,
+    /// since the owner fills the whole object.
+    pub ask_owner: bool,
+    /// It fills the key under its fill lock (a Range miss and a HEAD cannot fill the entry).
+    pub takes_lock: bool,
+    /// Without an owner to ask, a Range miss fills the whole object in the background.
+    pub range_fill: bool,
+}
+
+impl Miss {
+    /// The miss of `plan`, with a stored response `found` or not, for a peer's request
+    /// (`from_peer`) or a client's. `None` for a plan that is no miss.
+    pub(crate) fn of(plan: Plan, found: bool, from_peer: bool) -> Option<Miss> {
+        let uses_stored = found
+            && matches!(
+                plan,
+                Plan::Head { update: true } | Plan::Fill { revalidate: true }
+            );
+        let (ask_owner, takes_lock) = match plan {
+            Plan::RangeMiss => (!from_peer, false),
+            Plan::Head { .. } => (!from_peer && !uses_stored, false),
+            Plan::Fill { .. } => (!from_peer && !uses_stored, true),
+            _ => return None,
+        };
+        Some(Miss {
+            uses_stored,
+            ask_owner,
+            takes_lock,
+            range_fill: plan == Plan::RangeMiss,
+        })
+    }
+}
+
 /// How a stored response is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Serve {
@@ -332,6 +374,35 @@ mod tests {
         assert_eq!(Stored::of(&e, at(70), &no_cache), REVALIDATE);
         let max_stale = request(Some("max-stale=60"), None);
         assert_eq!(Stored::of(&e, at(100), &max_stale), Stored::UsableStale);
+    }
+
+    /// How each miss goes forward, whether something was stored and whose request it is.
+    #[test]
+    fn a_miss_asks_the_owner_unless_it_answers_for_its_own_entry() {
+        let m = |plan, found, from_peer| Miss::of(plan, found, from_peer).expect("a miss");
+        let fill = |revalidate| Plan::Fill { revalidate };
+        let head = |update| Plan::Head { update };
+        let t = |uses_stored, ask_owner, takes_lock, range_fill| Miss {
+            uses_stored,
+            ask_owner,
+            takes_lock,
+            range_fill,
+        };
+        assert_eq!(m(fill(false), false, false), t(false, true, true, false));
+        assert_eq!(m(fill(true), true, false), t(true, false, true, false));
+        // A revalidation planned, yet nothing found (gone meanwhile): a plain fill.
+        assert_eq!(m(fill(true), false, false), t(false, true, true, false));
+        assert_eq!(m(fill(false), false, true), t(false, false, true, false));
+        assert_eq!(m(head(false), false, false), t(false, true, false, false));
+        assert_eq!(m(head(true), true, false), t(true, false, false, false));
+        assert_eq!(m(head(true), true, true), t(true, false, false, false));
+        assert_eq!(m(Plan::RangeMiss, true, false), t(false, true, false, true));
+        assert_eq!(
+            m(Plan::RangeMiss, false, true),
+            t(false, false, false, true)
+        );
+        assert_eq!(Miss::of(Plan::Serve(Serve::Fresh), true, false), None);
+        assert_eq!(Miss::of(Plan::GatewayTimeout, false, false), None);
     }
 
     /// Past the cache without asking the store: a route that does not cache, a method that is

@@ -6,7 +6,7 @@ use super::fetch::{Fetch, FetchOptions, FetchSpec, RangeFill};
 use super::hit::{HitKind, HitOutcome};
 use super::request_body::RequestBody;
 use crate::cache::conditional::{self, Precondition};
-use crate::cache::decide::{Ask, Plan, Serve, Stored};
+use crate::cache::decide::{Ask, Miss, Plan, Serve, Stored};
 use crate::cache::entry::Entry;
 use crate::cache::freshness::{self, Use};
 use crate::cache::key::CacheKey;
@@ -264,29 +264,25 @@ impl Conn {
         let ctx = self.ctx.clone();
         let upstream = route.upstream.clone();
         let ttls = &route.ttls;
-        let Some((url, primary)) = keys else {
-            // Every plan after a lookup made the keys.
+        // Every plan after a lookup made the keys, and only a miss's plan comes here.
+        let (Some((url, primary)), Some(m)) = (keys, Miss::of(plan, found.is_some(), from_peer))
+        else {
             return self
                 .respond_simple(req, 500, CacheStatus::Error, &[], None, started)
                 .await;
         };
         // The stale stored response it revalidates or updates.
-        let stale = found.filter(|_| {
-            matches!(
-                plan,
-                Plan::Head { update: true } | Plan::Fill { revalidate: true }
-            )
-        });
-        let status = if stale.is_some() {
+        let stale = found.filter(|_| m.uses_stored);
+        let status = if m.uses_stored {
             CacheStatus::Expired
         } else {
             CacheStatus::Miss
         };
-        // Not this node's key: its owner answers (a peer's request is never forwarded again).
-        let owner_plan = |with_stale: bool| {
+        // Not this node's key: its owner answers.
+        let owner = || {
             ctx.fleet
                 .as_ref()
-                .filter(|_| !from_peer && (with_stale || stale.is_none()))
+                .filter(|_| m.ask_owner)
                 .and_then(|f| f.plan(&primary.text))
         };
         // The fetch of this miss, with what its plan adds.
@@ -301,46 +297,38 @@ impl Conn {
                 opts,
             })
         };
-        match plan {
-            Plan::RangeMiss => {
-                // The size is unknown, so the range is forwarded and the 206 relayed, never
-                // stored; the whole object is then filled in the background when it is small
-                // enough (`cache.range_fill_max`), so the next request is a hit. Not this node's
-                // key: the range goes to its owner, which fills the whole object.
-                let fleet = owner_plan(true);
-                let range_fill = fleet.is_none().then_some(RangeFill {
-                    primary,
-                    url: url.text,
-                    ttls: ttls.clone(),
-                });
-                let opts = FetchOptions {
-                    not_stored: Some("range"),
-                    store_set_cookie: route.store_set_cookie,
-                    object_sizes: route.object_sizes,
-                    fleet,
-                    range_fill,
-                    ..FetchOptions::default()
-                };
-                return self.fetch(miss(opts)).await;
-            }
-            Plan::Head { .. } => {
-                // The route's storage rules apply to the HEAD's update as to a 304's.
-                let fleet = if stale.is_some() {
-                    None
-                } else {
-                    owner_plan(true)
-                };
-                let opts = FetchOptions {
-                    ttls: ttls.clone(),
-                    store_set_cookie: route.store_set_cookie,
-                    object_sizes: route.object_sizes,
-                    head_update: stale.map(|e| (e, primary.hash)),
-                    fleet,
-                    ..FetchOptions::default()
-                };
-                return self.fetch(miss(opts)).await;
-            }
-            _ => {}
+        if m.range_fill {
+            // The size is unknown, so the range is forwarded and the 206 relayed, never stored;
+            // the whole object is then filled in the background when it is small enough
+            // (`cache.range_fill_max`), so the next request is a hit. Not this node's key: the
+            // range goes to its owner, which fills the whole object.
+            let fleet = owner();
+            let range_fill = fleet.is_none().then_some(RangeFill {
+                primary,
+                url: url.text,
+                ttls: ttls.clone(),
+            });
+            let opts = FetchOptions {
+                not_stored: Some("range"),
+                store_set_cookie: route.store_set_cookie,
+                object_sizes: route.object_sizes,
+                fleet,
+                range_fill,
+                ..FetchOptions::default()
+            };
+            return self.fetch(miss(opts)).await;
+        }
+        if !m.takes_lock {
+            // A HEAD: the route's storage rules apply to its update as to a 304's.
+            let opts = FetchOptions {
+                ttls: ttls.clone(),
+                store_set_cookie: route.store_set_cookie,
+                object_sizes: route.object_sizes,
+                head_update: stale.map(|e| (e, primary.hash)),
+                fleet: owner(),
+                ..FetchOptions::default()
+            };
+            return self.fetch(miss(opts)).await;
         }
         let guard = match ctx.locks.acquire(primary.hash) {
             Role::Leader(g) => Some(g),
@@ -356,7 +344,7 @@ impl Conn {
             }
         };
         let opts = FetchOptions {
-            fleet: owner_plan(false),
+            fleet: owner(),
             fill: Some((primary, guard)),
             revalidating: stale,
             stale_grace: route.stale_grace,
