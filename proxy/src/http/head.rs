@@ -584,15 +584,18 @@ mod tests {
     /// The proxy's own small answers.
     #[test]
     fn a_text_response() {
-        let mut buf = HeadBuf::h1(0);
-        text_response(
-            &mut buf,
-            503,
-            &[("Retry-After", "1")],
-            None,
-            true,
-            b"503 Service Unavailable\n",
-        );
+        let answer = |mut buf: HeadBuf| {
+            text_response(
+                &mut buf,
+                503,
+                &[("Retry-After", "1")],
+                None,
+                true,
+                b"503 Service Unavailable\n",
+            );
+            buf
+        };
+        let mut buf = answer(HeadBuf::h1(0));
         let want: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nContent-Length: 24\r\nConnection: close\r\n\r\n503 Service Unavailable\n";
         assert_eq!(buf.wire(), want);
         // HEAD: the body goes, the head stays.
@@ -600,15 +603,7 @@ mod tests {
         assert!(buf.wire().ends_with(b"close\r\n\r\n"));
         // The same answer to an h2 stream: fields, and the body alone in the buffer; its size
         // counted as the HTTP/1.1 head's.
-        let mut buf = HeadBuf::h2();
-        text_response(
-            &mut buf,
-            503,
-            &[("Retry-After", "1")],
-            None,
-            true,
-            b"503 Service Unavailable\n",
-        );
+        let mut buf = answer(HeadBuf::h2());
         assert_eq!(buf.wire(), b"503 Service Unavailable\n");
         assert_eq!(buf.len(), want.len());
         buf.truncate(want.len() - 24);
