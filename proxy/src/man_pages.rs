@@ -69,7 +69,12 @@ once it serves, drain and exit; if it fails, keep serving
 does this and reports)
 .TP
 .BR SIGTERM ", " SIGINT ", " SIGQUIT
-stop accepting, close idle connections, finish responses in flight within
+answer
+.B /healthz
+with 503 while still serving for
+.B limits.lame_duck
+(a second signal ends it), then stop accepting, close idle connections, finish responses in
+flight within
 .BR limits.drain_timeout ,
 exit 0
 .SH FILES

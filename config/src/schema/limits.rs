@@ -38,7 +38,14 @@ pub struct Limits {
     /// Most client connections open at once; further connections are closed on accept.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
-    /// On SIGTERM/SIGINT, how long in-flight responses may run before the process exits anyway.
+    /// On SIGTERM/SIGINT, how long the process goes on accepting and serving with `/healthz`
+    /// answering 503 `draining` before it closes its listeners (a lame duck): a load balancer
+    /// that health-checks the node moves clients away before any is refused. 0, the default,
+    /// closes them at once. A second SIGTERM/SIGINT ends it early.
+    #[serde(default, with = "crate::units::duration")]
+    pub lame_duck: Duration,
+    /// On SIGTERM/SIGINT, once the listeners are closed, how long in-flight responses may run
+    /// before the process exits anyway.
     #[serde(default = "default_drain_timeout", with = "crate::units::duration")]
     pub drain_timeout: Duration,
     /// Longest time between two writes to a client that make progress (nginx's `send_timeout`);
@@ -94,6 +101,7 @@ impl Default for Limits {
             body_min_rate: default_body_min_rate(),
             max_body_bytes: default_max_body(),
             max_connections: default_max_connections(),
+            lame_duck: Duration::ZERO,
             drain_timeout: default_drain_timeout(),
             send_timeout: default_send_timeout(),
         }

@@ -29,7 +29,7 @@ mod signals;
 
 use dashboard::dashboard_state;
 use reload::reload;
-use signals::{Signals, stop, upgrade_of};
+use signals::{Ending, Signals, stop, upgrade_of};
 
 /// Closed connections kept for the dashboard.
 const CLOSED_KEPT: usize = 10_000;
@@ -307,6 +307,12 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         .serve(config, &path, &kept, &shared, &probe, upgrade.as_ref())
         .await;
     ending.announce(upgrade, &handed_over);
+    if let Ending::Stop = ending {
+        // A successor already serves on the sockets of an upgrade: only a stop has a lame duck.
+        signals
+            .lame_duck(current.limits.lame_duck, &draining, &kept)
+            .await;
+    }
     let drained = stop(
         &shared,
         &mut workers,

@@ -128,6 +128,45 @@ impl Signals {
         }
     }
 
+    /// A stop's lame duck: `/healthz` answers 503 `draining` from now on, while the listeners
+    /// still accept and every request is served as before for `period`, so a load balancer that
+    /// checks the node moves its clients away before any connection is refused. A second
+    /// SIGTERM, SIGINT or SIGQUIT ends it early (an operator who means now); other signals are
+    /// answered as during the drain.
+    pub(super) async fn lame_duck(
+        &mut self,
+        period: std::time::Duration,
+        draining: &std::sync::atomic::AtomicBool,
+        kept: &Kept,
+    ) {
+        draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        if period.is_zero() {
+            return;
+        }
+        tracing::info!(
+            ?period,
+            "lame duck: /healthz answers 503 and requests are still served; the listeners close after it (a second SIGTERM closes them now)"
+        );
+        let over = tokio::time::sleep(period);
+        let mut over = std::pin::pin!(over);
+        loop {
+            tokio::select! {
+                () = &mut over => return,
+                _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: lame duck ended early"); return }
+                _ = self.term.recv() => { tracing::info!("SIGTERM: lame duck ended early"); return }
+                _ = self.quit.recv() => { tracing::info!("SIGQUIT: lame duck ended early"); return }
+                _ = self.usr2.recv() => tracing::warn!("SIGUSR2 ignored: this process is stopping"),
+                _ = self.hup.recv() => tracing::warn!("SIGHUP ignored: this process is stopping"),
+                _ = self.alrm.recv() => tracing::info!("SIGALRM ignored"),
+                _ = self.usr1.recv() => {
+                    if let Some(log) = &kept.access_log {
+                        log.reopen();
+                    }
+                }
+            }
+        }
+    }
+
     pub(super) fn install() -> std::io::Result<Signals> {
         Ok(Signals {
             term: signal(SignalKind::terminate())?,

@@ -148,6 +148,86 @@ fn sigterm_finishes_the_transfer_in_flight_refuses_new_connections_and_exits_0()
     assert_eq!(status.code(), Some(0));
 }
 
+/// SIGTERM with a lame duck: `/healthz` answers 503 while the listeners still accept and serve,
+/// on new connections and kept-alive ones, until the period ends or, as here, a second SIGTERM
+/// ends it; then the drain as without one: no new connections, the transfer in flight finished,
+/// the busy keep-alive client's last response says `Connection: close`, and none fails. The period
+/// (60 s) is far longer than the test needs, so nothing here depends on the machine's speed: the
+/// second signal ends it.
+#[test]
+fn sigterm_with_a_lame_duck_serves_with_healthz_503_until_a_second_sigterm_closes_the_listeners() {
+    let (origin, _rt) = origin();
+    let mut proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "limits:\n  lame_duck: 60s\n".into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(proxy.get("/obj/67108864").body.len(), BIG);
+    assert_eq!(proxy.get("/obj/10").status, 200);
+    // A keep-alive client that never pauses, as a busy one behind a load balancer does.
+    let addr = proxy.addr;
+    let busy = std::thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        let mut served = 0;
+        loop {
+            let r = c.get("/obj/10", &[]);
+            assert_eq!((r.status, r.body.clone()), (200, body(10)), "{served}");
+            served += 1;
+            if r.header("connection") == Some("close") {
+                assert!(c.is_closed());
+                return served;
+            }
+        }
+    });
+    assert_eq!(healthz(&proxy), (200, "ok\n".to_string()));
+    signal(&proxy, libc::SIGTERM);
+    assert_eventually_eq(
+        "the lame duck's health check",
+        Duration::from_secs(10),
+        || healthz(&proxy),
+        (503, "draining\n".to_string()),
+    );
+    // Still accepting and serving, misses and hits, with the health check saying 503.
+    for i in 0..20 {
+        let r = proxy.get(&format!("/obj/{}", 100 + i % 10));
+        assert_eq!((r.status, &r.body), (200, &body(100 + i % 10)), "{i}");
+        assert_eq!(r.header("connection"), None, "{i}");
+    }
+    assert!(!busy.is_finished(), "the keep-alive client is served on");
+    let inflight = slow_hit(&proxy);
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&proxy, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(proxy.addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting after the second SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check_big(&inflight.join().expect("in-flight hit"));
+    assert!(busy.join().expect("the busy client") > 0);
+    assert_eq!(proxy.child.wait().expect("wait").code(), Some(0));
+}
+
+/// Without a second signal the lame duck ends by itself and the process exits 0.
+#[test]
+fn a_lame_duck_ends_by_itself_and_the_process_exits_0() {
+    let (origin, _rt) = origin();
+    let mut proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "limits:\n  lame_duck: 1s\n".into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(proxy.get("/obj/10").status, 200);
+    signal(&proxy, libc::SIGTERM);
+    assert_eq!(proxy.child.wait().expect("wait").code(), Some(0));
+}
+
 /// A client that leaves in the middle of its request body was sent nothing, and its request still
 /// gets its access-log line: nginx's 499 (client closed request), 0 bytes, `aborted`, for a body
 /// held in memory (small) and one already streaming to the origin (large) alike.
