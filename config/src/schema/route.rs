@@ -17,8 +17,10 @@ pub struct Route {
     /// Whether responses on this route may be cached.
     #[serde(default = "default_true")]
     pub cache: bool,
-    /// Freshness lifetime for responses that carry none (like nginx `proxy_cache_valid`); unset:
-    /// such responses are not stored. Never overrides `no-store`, `private` or explicit freshness.
+    /// Freshness lifetime for responses that carry none (like nginx `proxy_cache_valid`), for the
+    /// statuses RFC 9111 lets a cache give a heuristic lifetime; before the `Last-Modified`
+    /// heuristic, which applies only where this is unset. Never overrides `no-store`, `private`
+    /// or explicit freshness.
     #[serde(default, with = "crate::units::opt_duration")]
     pub default_ttl: Option<Duration>,
     /// Freshness by status for responses that carry none (`{404: 1m, 4xx: 10s}`; an exact

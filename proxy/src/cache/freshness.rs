@@ -34,8 +34,13 @@ pub struct Heuristics<'a> {
 /// The freshness lifetime of `res` (§4.2.1): `s-maxage` over `max-age` over `Expires`; an invalid
 /// `Expires` (including `0`) means already stale. Without any: the route's `status_ttl` for its
 /// status (an operator's override of §4.2.2, for any status), else a heuristic lifetime for the
-/// statuses that allow one (`Last-Modified`, then the route's `default_ttl`). `None`: not
-/// storable for lack of freshness.
+/// statuses that allow one: the route's `default_ttl` when set, else 10% of the time since
+/// `Last-Modified`. `None`: not storable for lack of freshness.
+///
+/// `default_ttl` comes before the `Last-Modified` heuristic: an operator who writes
+/// `default_ttl: 2m` means two minutes, as nginx's `proxy_cache_valid` does (it has no heuristic),
+/// and a file modified a minute ago must not get six seconds instead. §4.2.2 leaves the
+/// heuristic to the cache; the route's is the operator's.
 pub fn lifetime(
     res: &ResponseHead,
     d: &ResponseDirectives,
@@ -66,6 +71,9 @@ pub fn lifetime(
     if !HEURISTIC_STATUSES.contains(&res.status) {
         return None;
     }
+    if let Some(t) = h.default_ttl {
+        return Some((t, Source::Configured));
+    }
     if let Some(lm) = res
         .field("last-modified")
         .and_then(crate::http::date::parse)
@@ -73,7 +81,7 @@ pub fn lifetime(
     {
         return Some(((since / 10).min(h.max), Source::Heuristic));
     }
-    h.default_ttl.map(|t| (t, Source::Configured))
+    None
 }
 
 /// The corrected initial age (§4.2.3): the larger of the apparent age (`response_time − Date`)
@@ -247,6 +255,41 @@ mod tests {
             life(&format!("Last-Modified: {old}\r\n"), t),
             Some((Duration::from_secs(86_400), Source::Heuristic))
         );
+    }
+
+    /// `default_ttl: 2m` gave a file modified 30 s ago 3 s of freshness (the heuristic won): the
+    /// route's lifetime comes first, for the statuses a heuristic may cover, and never over
+    /// explicit freshness or for a status §4.2.2 leaves unstored.
+    #[test]
+    fn default_ttl_comes_before_the_last_modified_heuristic() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
+        let lm = httpdate::fmt_http_date(t - Duration::from_secs(30));
+        let date = httpdate::fmt_http_date(t);
+        let h = Heuristics {
+            default_ttl: Some(Duration::from_secs(120)),
+            ..H
+        };
+        let of = |status: u16, extra: &str| {
+            let r = crate::http::response::test_response(status, extra);
+            let (d, targeted) =
+                crate::cache::targeted::Targeted::default().governing(|n| r.joined(n));
+            lifetime(&r, &d, targeted, t, h)
+        };
+        let recent = format!("Date: {date}\r\nLast-Modified: {lm}\r\n");
+        assert_eq!(
+            of(200, &recent),
+            Some((Duration::from_secs(120), Source::Configured))
+        );
+        assert_eq!(
+            life(&recent, t),
+            Some((Duration::from_secs(3), Source::Heuristic)),
+            "without default_ttl, the heuristic"
+        );
+        assert_eq!(
+            of(200, &format!("{recent}Cache-Control: max-age=5\r\n")),
+            Some((Duration::from_secs(5), Source::Explicit))
+        );
+        assert_eq!(of(302, &recent), None, "302 allows no heuristic");
     }
 
     #[test]

@@ -376,3 +376,35 @@ fn status_ttl_stores_what_the_origin_gave_no_freshness() {
     assert_eq!(c.get("/gone", &[]).x_cache(), "EXPIRED");
     assert_eq!(origin.hits("/missing"), 2);
 }
+
+/// `default_ttl: 2m` lost to the `Last-Modified` heuristic: a file modified 30 s ago was stored
+/// for 3 s. The route's lifetime comes first, and the heuristic applies only where it is unset.
+#[test]
+fn default_ttl_comes_before_the_last_modified_heuristic() {
+    let (origin, _rt) = origin();
+    let lm =
+        httpdate::fmt_http_date(std::time::SystemTime::now() - std::time::Duration::from_secs(30));
+    origin.script(
+        "/recent",
+        Reply::ok(b"recent\n".to_vec()).headers(&[("Last-Modified", &lm)]),
+    );
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            route_yaml: "    default_ttl: 2m\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    assert_eq!(c.get("/recent", &[]).x_cache(), "MISS");
+    let hit = c.get("/recent", &[]);
+    let ttl: Option<u64> = hit
+        .header("cache-status")
+        .and_then(|s| s.split("ttl=").nth(1)?.parse().ok());
+    // 120 less the whole seconds since it was stored (one, if a second turned in between).
+    assert!(matches!(ttl, Some(119..=120)), "{:?}", hit.cache_status());
+    // Past the heuristic's 3 s it is still fresh.
+    proxy.advance_clock(10);
+    assert_eq!(c.get("/recent", &[]).x_cache(), "HIT");
+    assert_eq!(origin.hits("/recent"), 1);
+}
