@@ -152,6 +152,12 @@ pub struct ProxyConfig {
     /// prefix the cache keys it under, the web cache deception pattern) or `keep` (opaque).
     #[serde(default = "default_reject")]
     pub path_encoded_traversal: PathSpelling,
+    /// Whether the proxy names itself in `Via` (RFC 9110 §7.6.3) on the requests it sends
+    /// upstream and the responses it sends clients (`1.1 zerocache`). `false` (Squid's `via off`)
+    /// adds none and passes on the hops received: a default nginx origin does not compress for
+    /// a request with `Via` (`gzip_proxied off`).
+    #[serde(default = "default_true")]
+    pub via: bool,
 }
 
 /// What to do with a path spelling that origins read differently.
@@ -203,6 +209,7 @@ impl Default for ProxyConfig {
             path_backslash: default_reject(),
             path_parameters: default_keep(),
             path_encoded_traversal: default_reject(),
+            via: true,
         }
     }
 }

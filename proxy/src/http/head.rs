@@ -140,6 +140,9 @@ pub(crate) struct HeadBuf {
     wire: Vec<u8>,
     /// HTTP/2: the head as fields.
     h2: Option<Box<H2Head>>,
+    /// Whether `Via` names this proxy (`proxy.via`); without, a relayed response's own hops
+    /// still go on.
+    via_self: bool,
 }
 
 /// A response head for an HTTP/2 stream: its status and fields, what it said of its body's
@@ -167,6 +170,7 @@ impl HeadBuf {
         HeadBuf {
             wire: Vec::with_capacity(n),
             h2: None,
+            via_self: true,
         }
     }
 
@@ -175,7 +179,13 @@ impl HeadBuf {
         HeadBuf {
             wire: Vec::new(),
             h2: Some(Box::default()),
+            via_self: true,
         }
+    }
+
+    /// Whether the heads written here name this proxy in `Via` (`proxy.via`; on by default).
+    pub(crate) fn set_via_self(&mut self, on: bool) {
+        self.via_self = on;
     }
 
     /// Whether heads are an HTTP/2 stream's.
@@ -403,6 +413,9 @@ impl<'b> Head<'b> {
 
     /// `Via` naming this proxy alone (a response it made or served from its cache).
     pub(crate) fn via_self(&mut self) -> &mut Self {
+        if !self.buf.via_self {
+            return self;
+        }
         if self.buf.is_h2() {
             self.buf.put("Via", VIA_SELF.as_bytes());
         } else {
@@ -414,7 +427,11 @@ impl<'b> Head<'b> {
     /// `Via` for a relayed response: the hops it `received` (its lines joined), then this proxy
     /// named by the version of the response it got (`http10`).
     pub(crate) fn via(&mut self, received: Option<&str>, http10: bool) -> &mut Self {
-        self.buf.put("Via", via(received, http10).as_bytes());
+        if self.buf.via_self {
+            self.buf.put("Via", via(received, http10).as_bytes());
+        } else if let Some(r) = received.filter(|r| !r.is_empty()) {
+            self.buf.put("Via", r.as_bytes());
+        }
         self
     }
 

@@ -143,6 +143,7 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
                 .map(|f| f.to_ascii_lowercase())
                 .collect(),
             request_id_header: config.logging.request_id_header.clone(),
+            via: config.proxy.via,
             // Validated at load: an entry that does not parse never gets this far.
             trusted_proxies: config
                 .proxy

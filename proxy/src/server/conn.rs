@@ -179,11 +179,12 @@ impl Conn {
         // An h2 stream's request head comes converted, not as bytes: its buffer is only for a
         // body, and 128 streams a connection each keep theirs while they wait on a shut window.
         let buf = BytesMut::with_capacity(if sock.is_h2() { 0 } else { 8 * 1024 });
-        let head = if sock.is_h2() {
+        let mut head = if sock.is_h2() {
             HeadBuf::h2()
         } else {
             HeadBuf::h1(1024)
         };
+        head.set_via_self(ctx.forwarding.via);
         Conn {
             sock,
             peer,
@@ -223,6 +224,7 @@ impl Conn {
             // Each request runs under the context current when it starts (reloads apply to new
             // requests; responses in flight finish under the old one).
             self.ctx = self.shared.ctx.load_full();
+            self.head.set_via_self(self.ctx.forwarding.via);
             let mut req = match self.read_head(&mut stop, first).await? {
                 Head::Request(r) => {
                     first = false;

@@ -111,6 +111,8 @@ pub struct Forwarding {
     pub request_id_header: String,
     /// Peers whose forwarding fields are kept and appended to.
     pub trusted_proxies: Vec<zerocache_config::cidr::Cidr>,
+    /// `proxy.via`: whether this proxy names itself in `Via`, upstream and to clients.
+    pub via: bool,
 }
 
 /// How responses are stored and filled (`cache`).

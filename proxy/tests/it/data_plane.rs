@@ -555,3 +555,43 @@ fn via_keeps_every_earlier_hop_both_ways() {
         .expect("received");
     assert_eq!(got.header("via"), Some("1.1 x, 1.0 y, 1.1 zerocache"));
 }
+
+/// `proxy.via: false` (Squid's `via off`): the proxy names itself in no `Via`, upstream or to
+/// the client, on a miss, a hit or its own answer, and passes on the hops it received. With it
+/// a default nginx origin (`gzip_proxied off`) compressed nothing for the cache.
+#[test]
+fn proxy_via_false_adds_no_via_of_its_own_and_keeps_the_hops_received() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/hops",
+        Reply::ok(b"v".to_vec()).headers(&[("Via", "1.1 a"), ("Cache-Control", "no-store")]),
+    );
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: "proxy:\n  via: false\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    let miss = c.get("/obj/10", &[]);
+    let hit = c.get("/obj/10", &[]);
+    assert_eq!((miss.x_cache(), hit.x_cache()), ("MISS", "HIT"));
+    assert_eq!((miss.header("via"), hit.header("via")), (None, None));
+    let own = c.get("/obj/10", &[("Range", "bytes=20-")]);
+    assert_eq!((own.status, own.header("via")), (416, None));
+    let got = origin
+        .received()
+        .into_iter()
+        .find(|r| r.path == "/obj/10")
+        .expect("received");
+    assert_eq!(got.header("via"), None);
+    let relayed = c.get("/hops", &[("Via", "1.1 x")]);
+    assert_eq!(relayed.header("via"), Some("1.1 a"));
+    let got = origin
+        .received()
+        .into_iter()
+        .find(|r| r.path == "/hops")
+        .expect("received");
+    assert_eq!(got.header("via"), Some("1.1 x"));
+}

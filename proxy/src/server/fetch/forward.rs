@@ -157,15 +157,20 @@ impl Fetch<'_> {
             format!("for={ip};proto={proto}")
         };
         h.field("Forwarded", append(forwarded, node).as_bytes());
-        h.field(
-            "Via",
-            if req.h2 {
-                headers::via_h2(via.as_deref())
-            } else {
-                headers::via(via.as_deref(), req.http10)
-            }
-            .as_bytes(),
-        );
+        if ctx.forwarding.via {
+            h.field(
+                "Via",
+                if req.h2 {
+                    headers::via_h2(via.as_deref())
+                } else {
+                    headers::via(via.as_deref(), req.http10)
+                }
+                .as_bytes(),
+            );
+        } else if let Some(received) = via.filter(|v| !v.is_empty()) {
+            // `proxy.via: false`: the hops before this one still go on; this one adds none.
+            h.field("Via", received.as_bytes());
+        }
         // Made when the request was read if an access log line needs it; otherwise here, where it
         // is first needed.
         let id = if req.id.is_empty() {
