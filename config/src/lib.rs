@@ -17,6 +17,7 @@ pub mod watch;
 
 pub use error::ConfigError;
 pub use schema::*;
+pub use validate::Dirs;
 
 use std::path::Path;
 
@@ -49,12 +50,13 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-/// Like [`load`], then creates the cache directory if needed and checks that it is writable:
-/// what `zerocache run` and `zerocache check` need before they promise anything.
-pub fn load_and_check_dirs(path: &Path) -> Result<Config, ConfigError> {
+/// Like [`load`], then checks that the cache directory is writable (creating it first when
+/// `dirs` is [`Dirs::Create`]) and the TLS files readable: what `zerocache run` needs before it
+/// starts, and `zerocache check` before it promises a start would work.
+pub fn load_and_check_dirs(path: &Path, dirs: Dirs) -> Result<Config, ConfigError> {
     let config = load(path)?;
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    validate::check_cache_dir(&config)
+    validate::check_cache_dir(&config, dirs)
         .map_err(|v| error::from_validation(&path.display().to_string(), &text, v))?;
     let unreadable = tls::check_files(&config);
     if !unreadable.is_empty() {

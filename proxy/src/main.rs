@@ -169,7 +169,9 @@ fn check_cache(config: &std::path::Path, remove: bool) -> ExitCode {
 
 fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
     // The certificate and key files are parsed too, as start-up will: a bad one fails here.
-    let loaded = zerocache_config::load_and_check_dirs(config).and_then(|c| {
+    // Creates nothing: a check says whether a start would work, and `run` makes the directory.
+    let loaded = zerocache_config::load_and_check_dirs(config, zerocache_config::Dirs::Untouched)
+        .and_then(|c| {
         for name in zerocache_config::tls::unverified_upstreams(&c) {
             eprintln!(
                 "warning: upstreams.{name}.tls.verify is false: the origin's certificate is NOT verified, and anyone on the path can impersonate it"
@@ -266,7 +268,8 @@ fn check(config: &std::path::Path, json: bool, quiet: bool) -> ExitCode {
 }
 
 fn run(path: PathBuf) -> ExitCode {
-    let config = match zerocache_config::load_and_check_dirs(&path) {
+    let config = match zerocache_config::load_and_check_dirs(&path, zerocache_config::Dirs::Create)
+    {
         Ok(c) => c,
         Err(e) => {
             for one in e.each() {

@@ -27,13 +27,14 @@ pub fn main(config: &Path, out: &mut impl Write, err: &mut impl Write) -> ExitCo
 }
 
 fn upgrade(config: &Path, out: &mut impl Write) -> Result<(), String> {
-    let c = zerocache_config::load_and_check_dirs(config).map_err(|e| {
-        let each: Vec<String> = e.each().iter().map(|one| one.to_string()).collect();
-        format!(
-            "the config is not valid; nothing was signalled:\n{}",
-            each.join("\n")
-        )
-    })?;
+    let c = zerocache_config::load_and_check_dirs(config, zerocache_config::Dirs::Untouched)
+        .map_err(|e| {
+            let each: Vec<String> = e.each().iter().map(|one| one.to_string()).collect();
+            format!(
+                "the config is not valid; nothing was signalled:\n{}",
+                each.join("\n")
+            )
+        })?;
     let pid_file = c.pid_file.as_deref().ok_or_else(|| {
         format!(
             "{}: pid_file is not set; the upgrade finds the running process by it",

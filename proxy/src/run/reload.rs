@@ -11,7 +11,9 @@ pub(super) fn reload(
     shared: &Shared,
     probe: &Probe,
 ) -> Option<Config> {
-    let new = match zerocache_config::load_and_check_dirs(path).map_err(|e| e.to_string()) {
+    let new = match zerocache_config::load_and_check_dirs(path, zerocache_config::Dirs::Untouched)
+        .map_err(|e| e.to_string())
+    {
         Ok(c) => match crate::clock::refusal(&c) {
             Some(why) => Err(format!("{}: {why}", path.display())),
             None => Ok(c),

@@ -408,3 +408,61 @@ fn the_manual_pages_are_up_to_date() {
         }
     }
 }
+
+/// `zerocache check` created the cache directory: a check says whether a start would work and
+/// leaves the disk as it was. A directory that does not exist yet is fine where it could be
+/// created; under a file, or (as another user) under a directory it may not write, it is an
+/// error naming `cache.path`.
+#[test]
+fn check_creates_nothing_and_says_where_the_cache_directory_could_not_be_made() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let config = |path: &std::path::Path| {
+        write(
+            tmp.path(),
+            &format!(
+                "listen: 127.0.0.1:1\ncache: {{path: {}, max_size: 1MiB}}\nupstreams:\n  o: {{servers: [\"127.0.0.1:2\"]}}\nroutes:\n  - match: {{host: \"*\"}}\n    upstream: o\n",
+                path.display()
+            ),
+        )
+    };
+    let deep = tmp.path().join("a/b/cache");
+    let (code, _, err) = zerocache(&["check", "-q", "-c", &config(&deep)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!tmp.path().join("a").exists(), "check created a directory");
+
+    std::fs::write(tmp.path().join("file"), b"").expect("file");
+    let (code, _, err) = zerocache(&["check", "-q", "-c", &config(&tmp.path().join("file/cache"))]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cache.path")
+            && err.contains(&format!(
+                "`{}` is not a directory, so the cache directory cannot be created",
+                tmp.path().join("file").display()
+            )),
+        "{err}"
+    );
+
+    if !require::root("checks as nobody a cache directory under one only root may write") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cfg = config(&deep);
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_zerocache"))
+        .args(["check", "-q", "-c", &cfg])
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot create `{}` in `{}`: EACCES",
+            deep.display(),
+            tmp.path().display()
+        )),
+        "{err}"
+    );
+}
