@@ -84,7 +84,59 @@ pub(crate) fn from_yaml(file: &str, text: &str, e: &serde_yaml::Error) -> Config
     {
         *message = "a tab cannot indent YAML: indent with spaces".into();
     }
+    if let ConfigError::At {
+        line,
+        column,
+        message,
+        ..
+    } = &mut out
+        && let Some((at, first)) = duplicate_key_line(text, message, *line, *column)
+    {
+        // libyaml places a duplicate key at the start of its mapping (1:1 for a top-level
+        // one): the operator needs the line to delete, and where the key was first.
+        *message = format!("{message} (its first is on line {first})");
+        *line = at;
+    }
     out
+}
+
+/// For serde_yaml's `duplicate entry with key "K"` about the block mapping that starts at
+/// `line`:`column`, the line of the key's second occurrence in that mapping and of its first.
+/// `None` for anything else (a flow mapping, a key written another way): the mapping's start
+/// stays the place said.
+fn duplicate_key_line(
+    text: &str,
+    message: &str,
+    line: usize,
+    column: usize,
+) -> Option<(usize, usize)> {
+    let quoted = message.split("duplicate entry with key ").nth(1)?;
+    let key = quoted.trim_matches('"');
+    let indent = column.checked_sub(1)?;
+    let mut seen = Vec::new();
+    for (i, l) in text.lines().enumerate().skip(line.checked_sub(1)?) {
+        if l.trim().is_empty() || l.trim_start().starts_with('#') {
+            continue;
+        }
+        let (before, rest) = (l.get(..indent)?, l.get(indent..).unwrap_or(""));
+        if i + 1 > line && !before.chars().all(|c| c == ' ') {
+            break; // The mapping ended: a line indented less.
+        }
+        if i + 1 > line && rest.starts_with(' ') {
+            continue; // Deeper: a value's own lines.
+        }
+        let written = [key.to_string(), format!("\"{key}\""), format!("'{key}'")];
+        if written.iter().any(|k| {
+            rest.strip_prefix(k.as_str())
+                .is_some_and(|r| r.trim_start().starts_with(':'))
+        }) {
+            seen.push(i + 1);
+            if let [first, second] = seen[..] {
+                return Some((second, first));
+            }
+        }
+    }
+    None
 }
 
 /// [`from_yaml`] for an error in a part of the file that starts after `line_offset` lines.

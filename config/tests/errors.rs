@@ -593,3 +593,28 @@ fn the_request_id_field_cannot_be_one_the_proxy_sets_or_a_key_field() {
         "{e}"
     );
 }
+
+/// A duplicate key was said at the start of its mapping (1:1 for a top-level one): it is said
+/// at the line that repeats it, with the line of the first.
+#[test]
+fn a_duplicate_key_is_said_at_its_own_line() {
+    assert_eq!(
+        err(&format!("{GOOD}listen: 127.0.0.1:9090\n")),
+        "zc.yaml:13:1: duplicate entry with key \"listen\" (its first is on line 1)"
+    );
+    assert_eq!(
+        err(&format!(
+            "{GOOD}limits:\n  idle_timeout: 5s\n  # a comment\n\n  max_body_bytes: 1MiB\n  idle_timeout: 6s\n"
+        )),
+        "zc.yaml:18:3: limits: duplicate entry with key \"idle_timeout\" (its first is on line 14)"
+    );
+    // In a list item's mapping, and with the value's own lines between.
+    let routes = GOOD.replace(
+        "    upstream: origin\n",
+        "    upstream: origin\n    cache_key:\n      query: false\n    upstream: images\n",
+    );
+    assert_eq!(
+        err(&routes),
+        "zc.yaml:15:5: routes[0]: duplicate entry with key \"upstream\" (its first is on line 12)"
+    );
+}
