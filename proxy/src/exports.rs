@@ -13,3 +13,4 @@ pub use crate::server::workers::SLACK;
 pub use crate::tls::check as check_tls;
 pub use crate::tls::client::trust as upstream_trust;
 pub use crate::tls::ktls_summary;
+pub use crate::upgrade::tell_failed as tell_upgrade_failed;

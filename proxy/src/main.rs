@@ -275,6 +275,8 @@ fn run(path: PathBuf) -> ExitCode {
             for one in e.each() {
                 eprintln!("error: {one}");
             }
+            // Started by an upgrade: the running process and `zerocache upgrade` say why.
+            zerocache::exports::tell_upgrade_failed(&e.to_string());
             return ExitCode::FAILURE;
         }
     };
@@ -300,6 +302,7 @@ fn run(path: PathBuf) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            zerocache::exports::tell_upgrade_failed(&format!("{e:#}"));
             ExitCode::FAILURE
         }
     }

@@ -24,6 +24,11 @@ pub(crate) const READY_FD: &str = "ZEROCACHE_UPGRADE_READY_FD";
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// What the successor writes on the pipe once it serves.
 const READY: &[u8] = b"ready\n";
+/// What a successor that cannot start writes on the pipe before it exits, followed by why: the
+/// old process says it, and so does `zerocache upgrade`, instead of an exit status alone.
+const FAILED: &[u8] = b"failed: ";
+/// The most of a successor's word the old process reads: a reason, cut.
+const WORD_MAX: u64 = 4096;
 
 /// A successor being started: its pid once it serves, or why it did not.
 pub(crate) type Starting<'a> =
@@ -116,23 +121,35 @@ impl Upgrade {
         let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(ready_r)
             .map_err(|e| format!("cannot poll the readiness pipe: {e}"))?;
         let mut said = Vec::new();
-        let mut bounded = (&mut pipe).take(64);
+        let mut bounded = (&mut pipe).take(WORD_MAX);
         let outcome = tokio::time::timeout(READY_TIMEOUT, async {
-            tokio::select! {
+            let exited = tokio::select! {
                 // EOF: the successor wrote its word and closed, or exited without it.
                 r = bounded.read_to_end(&mut said) => match r {
-                    Ok(_) if said == READY => Ok(()),
-                    Ok(_) => Err(match child.wait().await {
-                        Ok(status) => format!("the new process exited ({status}) before it was ready"),
-                        Err(e) => format!("the new process closed its readiness pipe: {e}"),
-                    }),
-                    Err(e) => Err(format!("cannot read the readiness pipe: {e}")),
+                    Ok(_) if said == READY => return Ok(()),
+                    Ok(_) => child.wait().await,
+                    Err(e) => return Err(format!("cannot read the readiness pipe: {e}")),
                 },
-                status = child.wait() => Err(match status {
-                    Ok(status) => format!("the new process exited ({status}) before it was ready"),
-                    Err(e) => format!("cannot wait for the new process: {e}"),
-                }),
-            }
+                status = child.wait() => {
+                    // Its reason, written before it exited, is in the pipe already.
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        bounded.read_to_end(&mut said),
+                    )
+                    .await;
+                    status
+                }
+            };
+            let reason = said
+                .strip_prefix(FAILED)
+                .map(|why| format!(": {}", String::from_utf8_lossy(why).trim_end()))
+                .unwrap_or_default();
+            Err(match exited {
+                Ok(status) => {
+                    format!("the new process exited ({status}) before it was ready{reason}")
+                }
+                Err(e) => format!("cannot wait for the new process: {e}{reason}"),
+            })
         })
         .await;
         match outcome {
@@ -194,10 +211,39 @@ pub(crate) fn failed_file(pid_file: &std::path::Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// In a successor: the pipe on which to tell the process that started it that this one serves;
-/// none in a process not started by an upgrade. Taken once, at start-up, after the inherited
-/// sockets (it must be none of them).
-pub(crate) fn ready_pipe() -> Option<OwnedFd> {
+/// In a successor: the pipe on which to tell the process that started it that this one serves,
+/// or why it could not; none in a process not started by an upgrade. Taken at the first call: at
+/// start-up, after the inherited sockets (it must be none of them), or by a start that fails
+/// before (a config error), which says why on it.
+fn pipe() -> std::sync::MutexGuard<'static, Option<OwnedFd>> {
+    static PIPE: std::sync::OnceLock<std::sync::Mutex<Option<OwnedFd>>> =
+        std::sync::OnceLock::new();
+    PIPE.get_or_init(|| std::sync::Mutex::new(take_pipe()))
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether this process was started by an upgrade with a pipe to answer on (taking it now).
+pub(crate) fn has_ready_pipe() -> bool {
+    pipe().is_some()
+}
+
+/// A successor that cannot start says why to the process that started it, which says it in its
+/// log and beside the pid file for `zerocache upgrade`. Nothing in a process not started so.
+pub fn tell_failed(why: &str) {
+    if !started_by_upgrade() {
+        return;
+    }
+    if let Some(p) = pipe().take() {
+        let mut word = FAILED.to_vec();
+        word.extend_from_slice(why.as_bytes());
+        word.truncate(WORD_MAX as usize - 1);
+        word.push(b'\n');
+        let _ = nix::unistd::write(&p, &word);
+    }
+}
+
+fn take_pipe() -> Option<OwnedFd> {
     if !started_by_upgrade() {
         return None;
     }
@@ -224,7 +270,10 @@ pub(crate) fn ready_pipe() -> Option<OwnedFd> {
 }
 
 /// Tells the process that started this one that it serves, and closes the pipe.
-pub(crate) fn tell_ready(pipe: OwnedFd) {
+pub(crate) fn tell_ready() {
+    let Some(pipe) = self::pipe().take() else {
+        return;
+    };
     if let Err(e) = nix::unistd::write(&pipe, READY) {
         tracing::warn!(error = %e, "cannot tell the old process we are ready");
     }

@@ -181,7 +181,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // which to tell that process we serve: read first, before anything else opens an fd.
     let mut inherited =
         crate::net::inherit::Inherited::from_env(std::process::id()).map_err(anyhow::Error::msg)?;
-    let ready_pipe = crate::upgrade::ready_pipe();
+    let ready_pipe = crate::upgrade::has_ready_pipe();
     let raised = raise_nofile();
     // Read the limit back rather than trust the raise, which may have been refused.
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -293,15 +293,14 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         None => None,
     };
     // Bound and accepting (the index loads meanwhile): systemd may start what comes after us.
-    match ready_pipe {
+    if ready_pipe {
         // A successor tells the process it replaces, which tells systemd our pid
         // (NotifyAccess=main would drop our READY=1 until then, and log it).
-        Some(pipe) => {
-            tracing::info!("serving: telling the process this one replaces to drain");
-            crate::upgrade::tell_ready(pipe);
-            kept.accounting.binary_upgrade(true); // By the process made: the old one exits.
-        }
-        None => crate::notify::ready(),
+        tracing::info!("serving: telling the process this one replaces to drain");
+        crate::upgrade::tell_ready();
+        kept.accounting.binary_upgrade(true); // By the process made: the old one exits.
+    } else {
+        crate::notify::ready();
     }
 
     let (current, ending) = signals

@@ -373,6 +373,13 @@ fn a_failed_upgrade_leaves_the_old_process_serving_and_storing() {
     // command's own deadline ("no new process within ..."): reported as soon as it was known.
     assert!(err.contains("exited"), "{err}");
     assert!(!err.contains("no new process within"), "{err}");
+    // And the new process's own reason, not its exit status alone.
+    assert!(
+        err.contains(&format!(
+            "the new process exited (exit status: 1) before it was ready: cannot listen on {taken_addr} (listen): Address already in use"
+        )),
+        "{err}"
+    );
     assert_eq!(
         metric(
             &proxy.metrics(),
