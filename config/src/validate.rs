@@ -272,7 +272,17 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
     if config.routes.is_empty() {
         errs.push(invalid("routes", "at least one route is needed".into()));
     }
+    let mut names = std::collections::HashMap::new();
     for (i, r) in config.routes.iter().enumerate() {
+        let name = r.name_or_index(i);
+        if let Some(why) = route_name_problem(&name) {
+            errs.push(invalid(format!("routes[{i}].name"), why));
+        } else if let Some(first) = names.insert(name.clone(), i) {
+            errs.push(invalid(
+                format!("routes[{i}].name"),
+                format!("`{name}` is routes[{first}]'s name already: each route needs its own"),
+            ));
+        }
         if !config.upstreams.contains_key(&r.upstream) {
             let defined: Vec<&str> = config.upstreams.keys().map(String::as_str).collect();
             errs.push(invalid(
@@ -474,6 +484,25 @@ pub fn check_cache_dir(config: &Config, dirs: Dirs) -> Result<(), Invalid> {
     std::fs::write(&probe, b"").map_err(|e| fail("write into", e))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
+}
+
+/// Why `name` cannot name a route in a metric label and a log field, if it cannot.
+fn route_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() || name.len() > 64 {
+        return Some(format!("`{name}` must have 1 to 64 characters"));
+    }
+    if name == "-" {
+        return Some("`-` is what a request that matched no route is counted under".into());
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    {
+        return Some(format!(
+            "`{name}` may hold only letters, digits, `_`, `.` and `-`"
+        ));
+    }
+    None
 }
 
 /// Accepts the level names and simple `target=level` lists a tracing filter understands.

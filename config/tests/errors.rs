@@ -37,7 +37,7 @@ fn unknown_keys_are_rejected_with_a_suggestion() {
     let text = GOOD.replace("    upstream: origin", "    upstrem: origin");
     assert_eq!(
         err(&text),
-        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `upgrade`, `accept_encoding`, `max_object_size`, `min_object_size`; did you mean `upstream`?"
+        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `name`, `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `upgrade`, `accept_encoding`, `max_object_size`, `min_object_size`; did you mean `upstream`?"
     );
 }
 
@@ -617,4 +617,31 @@ fn a_duplicate_key_is_said_at_its_own_line() {
         err(&routes),
         "zc.yaml:15:5: routes[0]: duplicate entry with key \"upstream\" (its first is on line 12)"
     );
+}
+
+/// `routes[].name` labels metrics and log lines: unique (an unnamed route goes by its index, so
+/// `1` is taken by the second route), not `-` (no route), a label's characters only.
+#[test]
+fn route_names_are_unique_label_values() {
+    let two = |first: &str| {
+        GOOD.replace(
+            "routes:\n",
+            &format!("routes:\n  - name: {first}\n    match: {{ path_prefix: /a/ }}\n    upstream: origin\n"),
+        )
+    };
+    assert_eq!(
+        err(&two("\"1\"")),
+        "zc.yaml:14:3: routes[1].name: `1` is routes[0]'s name already: each route needs its own"
+    );
+    assert_eq!(
+        err(&two("\"-\"")),
+        "zc.yaml:11:5: routes[0].name: `-` is what a request that matched no route is counted under"
+    );
+    assert_eq!(
+        err(&two("\"a b\"")),
+        "zc.yaml:11:5: routes[0].name: `a b` may hold only letters, digits, `_`, `.` and `-`"
+    );
+    let ok = parse(&two("api.v2"), "zc.yaml").expect("valid");
+    assert_eq!(ok.routes[0].name_or_index(0), "api.v2");
+    assert_eq!(ok.routes[1].name_or_index(1), "1");
 }

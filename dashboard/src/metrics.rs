@@ -60,8 +60,8 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let requests = counter_vec(
         &r,
         "zerocache_requests_total",
-        "Responses sent, by X-Cache status, source (client, or a fleet peer that forwarded the request) and protocol (http/1.1, h2).",
-        &["cache_status", "source", "protocol"],
+        "Responses sent, by X-Cache status, source (client, or a fleet peer that forwarded the request), protocol (http/1.1, h2) and route (routes[].name, else its index; - for none).",
+        &["cache_status", "source", "protocol", "route"],
     )?;
     let body = counter_vec(
         &r,
@@ -69,19 +69,15 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         "Response body bytes sent, by cache status and the data path the proxy chose (zerocopy = sendfile).",
         &["cache_status", "path"],
     )?;
-    let (h1, h2) = (Protocol::Http1.as_str(), Protocol::H2.as_str());
+    let routes = acc.routes();
+    for route in &routes {
+        for (p, source, cs, n) in route.requests() {
+            requests
+                .with_label_values(&[cs.as_str(), source, p.as_str(), route.name()])
+                .inc_by(n);
+        }
+    }
     for cs in CacheStatus::ALL {
-        // Fleet peers forward over HTTP/1.1.
-        let peer = acc.peer_requests(cs);
-        requests
-            .with_label_values(&[cs.as_str(), "client", h1])
-            .inc_by(acc.requests_in(Protocol::Http1, cs).saturating_sub(peer));
-        requests
-            .with_label_values(&[cs.as_str(), "client", h2])
-            .inc_by(acc.requests_in(Protocol::H2, cs));
-        requests
-            .with_label_values(&[cs.as_str(), "peer", h1])
-            .inc_by(peer);
         for p in [DataPath::Zerocopy, DataPath::Copy] {
             body.with_label_values(&[cs.as_str(), p.as_str()])
                 .inc_by(acc.body_bytes(cs, p));
@@ -93,20 +89,22 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     let responses = counter_vec(
         &r,
         "zerocache_responses_total",
-        "Responses sent, by status code, X-Cache status and protocol (http/1.1, h2).",
-        &["code", "cache_status", "protocol"],
+        "Responses sent, by status code, X-Cache status, protocol (http/1.1, h2) and route.",
+        &["code", "cache_status", "protocol", "route"],
     )?;
-    for cs in CacheStatus::ALL {
-        for p in Protocol::ALL {
-            responses
-                .with_label_values(&["200", cs.as_str(), p.as_str()])
-                .inc_by(0);
+    for route in &routes {
+        for cs in CacheStatus::ALL {
+            for p in Protocol::ALL {
+                responses
+                    .with_label_values(&["200", cs.as_str(), p.as_str(), route.name()])
+                    .inc_by(0);
+            }
         }
-    }
-    for (p, code, cs, n) in acc.responses_by_code() {
-        responses
-            .with_label_values(&[&code.to_string(), cs.as_str(), p.as_str()])
-            .inc_by(n);
+        for (p, code, cs, n) in route.by_code() {
+            responses
+                .with_label_values(&[&code.to_string(), cs.as_str(), p.as_str(), route.name()])
+                .inc_by(n);
+        }
     }
 
     let rejected = counter_vec(

@@ -49,6 +49,9 @@ pub struct RequestInfo {
     /// (its `X-Cache`), which the line says in place of this node's `MISS`, so hit ratios read
     /// from logs are right. The metrics count it once, on the owner, as before.
     pub relayed_cache: Option<zerocache_ledger::CacheStatus>,
+    /// The route the request matched (its counts and name); none before routing or when none
+    /// matched.
+    pub route: Option<std::sync::Arc<zerocache_ledger::RouteCounters>>,
 }
 
 /// The upstream part of a line.
@@ -75,6 +78,7 @@ impl RequestInfo {
             referer: field("referer"),
             upstream: None,
             relayed_cache: None,
+            route: None,
         }
     }
 }
@@ -379,6 +383,7 @@ mod tests {
             referer: String::new(),
             upstream: None,
             relayed_cache: None,
+            route: None,
         };
         assert_eq!(
             format_line(AccessLogFormat::Text, t, &peer, &r, &hit),

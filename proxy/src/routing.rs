@@ -8,6 +8,9 @@ use zerocache_config::Config;
 
 /// A compiled route.
 pub struct Route {
+    /// Its counts, under its name (`routes[].name`, else its index): the metrics' `route`
+    /// label and the access log's `$route`.
+    pub counters: Arc<zerocache_ledger::RouteCounters>,
     host: String,
     prefix: String,
     /// The upstream group.
@@ -155,8 +158,10 @@ impl Routes {
         let routes = config
             .routes
             .iter()
-            .filter_map(|r| {
+            .enumerate()
+            .filter_map(|(i, r)| {
                 Some(Route {
+                    counters: accounting.route(&r.name_or_index(i)),
                     host: r.matcher.host.to_ascii_lowercase(),
                     prefix: r.matcher.path_prefix.clone(),
                     upstream: groups.get(&r.upstream)?.clone(),

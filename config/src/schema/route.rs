@@ -9,6 +9,11 @@ use std::time::Duration;
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
+    /// The route's name in metrics (the `route` label) and the access log (`$route`): letters,
+    /// digits, `_`, `.` and `-`, at most 64, unique among the routes. Unset: its index (`0`,
+    /// `1`, ...), which changes when routes are inserted before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// What the request must look like.
     #[serde(rename = "match")]
     pub matcher: RouteMatch,
@@ -74,6 +79,13 @@ pub struct Route {
     /// This route's `cache.min_object_size` (unset: the cache's).
     #[serde(default, with = "crate::units::opt_size")]
     pub min_object_size: Option<bytesize::ByteSize>,
+}
+
+impl Route {
+    /// The name the route goes by: its `name`, else its index among the routes.
+    pub fn name_or_index(&self, index: usize) -> String {
+        self.name.clone().unwrap_or_else(|| index.to_string())
+    }
 }
 
 /// `routes[].accept_encoding`: the codings the route serves, or `as-sent`.

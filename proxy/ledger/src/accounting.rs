@@ -5,9 +5,11 @@
 
 use crate::join::ConnState;
 use crate::records::ResponseRecord;
+use crate::routes::{NO_ROUTE, RouteCounters, RouteTable};
 use crate::vocabulary::{CacheStatus, ConnId, DataPath, Protocol, REJECT_REASONS, RejectReason};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -62,10 +64,8 @@ pub struct Accounting {
     reloads: [AtomicU64; 2],
     /// SIGUSR2 binary upgrades: the successor served, it did not.
     binary_upgrades: [AtomicU64; 2],
-    /// `zerocache_request_duration_seconds`, by cache status; `duration_children` are its
-    /// children in [`CacheStatus::ALL`] order, so recording needs no label lookup.
-    durations: prometheus::HistogramVec,
-    duration_children: Vec<prometheus::Histogram>,
+    /// Responses by route (the `route` label), with `zerocache_request_duration_seconds`.
+    routes: RouteTable,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) closed_capacity: usize,
     pub(crate) probe_attached: bool,
@@ -86,13 +86,13 @@ impl Accounting {
         let durations = prometheus::HistogramVec::new(
             prometheus::HistogramOpts::new(
                 "zerocache_request_duration_seconds",
-                "Time from a complete request head to the last response byte, by cache status.",
+                "Time from a complete request head to the last response byte, by cache status and route.",
             )
             .buckets(vec![
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 1.0, 2.5, 5.0, 10.0,
             ]),
-            &["cache_status"],
+            &["cache_status", "route"],
         )
         .expect("static histogram options are valid");
         let upstream_seconds = prometheus::HistogramVec::new(
@@ -107,10 +107,6 @@ impl Accounting {
             &["upstream"],
         )
         .expect("static histogram options are valid");
-        let duration_children = CacheStatus::ALL
-            .iter()
-            .map(|cs| durations.with_label_values(&[cs.as_str()]))
-            .collect();
         Accounting {
             requests: Default::default(),
             peer_requests: Default::default(),
@@ -132,8 +128,7 @@ impl Accounting {
             by_code: (0..Protocol::ALL.len() * 500 * CacheStatus::ALL.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            durations,
-            duration_children,
+            routes: RouteTable::new(durations),
             state: Mutex::new(ConnState::default()),
             closed_capacity,
             probe_attached,
@@ -149,14 +144,26 @@ impl Accounting {
         self.generations = Some(Box::new(read));
     }
 
-    /// A response was sent completely (or as far as it went) on connection `id`.
-    pub fn response(&self, id: ConnId, r: &ResponseRecord<'_>) {
+    /// A response was sent completely (or as far as it went) on connection `id`, for a request
+    /// of `route` ([`Accounting::no_route`] for one that matched none), to a fleet peer that
+    /// forwarded it when `from_peer`.
+    pub fn response(
+        &self,
+        id: ConnId,
+        r: &ResponseRecord<'_>,
+        route: &RouteCounters,
+        from_peer: bool,
+    ) {
         let cs = r.cache_status.index();
-        let proto = self.conn_response(id, r).index();
+        let protocol = self.conn_response(id, r);
+        let proto = protocol.index();
         self.requests[proto][cs].fetch_add(1, Ordering::Relaxed);
+        if from_peer {
+            self.peer_requests[cs].fetch_add(1, Ordering::Relaxed);
+        }
+        route.response(protocol, from_peer, r);
         let p = if r.path == DataPath::Zerocopy { 0 } else { 1 };
         self.body_bytes[cs][p].fetch_add(r.body_bytes, Ordering::Relaxed);
-        self.duration_children[cs].observe(r.duration.as_secs_f64());
         if (100..600).contains(&r.status) {
             let i = (proto * 500 + usize::from(r.status - 100)) * CacheStatus::ALL.len() + cs;
             self.by_code[i].fetch_add(1, Ordering::Relaxed);
@@ -277,10 +284,20 @@ impl Accounting {
         self.requests[protocol.index()][cs.index()].load(Ordering::Relaxed)
     }
 
-    /// The response just recorded answered a request a fleet peer forwarded (not a client's), so
-    /// fleet totals can count each client request once (`source="peer"`).
-    pub fn peer_response(&self, cs: CacheStatus) {
-        self.peer_requests[cs.index()].fetch_add(1, Ordering::Relaxed);
+    /// The counters of the route named `name` (its `routes[].name`, else its index), made on
+    /// first use and kept across reloads.
+    pub fn route(&self, name: &str) -> Arc<RouteCounters> {
+        self.routes.named(name)
+    }
+
+    /// The counters of requests that matched no route (`route="-"`).
+    pub fn no_route(&self) -> Arc<RouteCounters> {
+        self.routes.named(NO_ROUTE)
+    }
+
+    /// Every route's counters, `-` first.
+    pub fn routes(&self) -> Vec<Arc<RouteCounters>> {
+        self.routes.all()
     }
 
     /// Of [`Accounting::requests`] with `cs`, those forwarded by a fleet peer.
@@ -318,7 +335,7 @@ impl Accounting {
 
     /// The request-duration histogram.
     pub fn durations(&self) -> &prometheus::HistogramVec {
-        &self.durations
+        self.routes.durations()
     }
 
     /// `n` connections were answered 503 at accept for `reason` (one of [`REJECT_REASONS`]).

@@ -219,6 +219,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         accounting.set_generations(move |fd| probe.generation(me, fd));
     }
     let accounting = Arc::new(accounting);
+    // Every route's series from the first scrape, which the dashboard may answer before the
+    // routes are compiled.
+    for (i, r) in config.routes.iter().enumerate() {
+        accounting.route(&r.name_or_index(i));
+    }
     accounting
         .tls
         .set_detected(tls.server.is_some(), tls.ktls.available());

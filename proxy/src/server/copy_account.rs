@@ -42,9 +42,9 @@ impl Conn {
             acc.copied.add(reason, r.body_bytes);
         }
         let r = &ResponseRecord { path, ..r.clone() };
-        acc.response(self.id, r);
-        if self.from_peer {
-            acc.peer_response(r.cache_status);
+        match &self.log_info.route {
+            Some(route) => acc.response(self.id, r, route, self.from_peer),
+            None => acc.response(self.id, r, &acc.no_route(), self.from_peer),
         }
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);

@@ -33,6 +33,13 @@ impl Conn {
         mut req: RequestHead,
         started: Instant,
     ) -> Result<bool, ConnError> {
+        // Counted under its route from the start, whatever answers it (a 413 for its body
+        // too); `-` when it matches none.
+        self.log_info.route = self
+            .ctx
+            .routes
+            .find(&req.host, if req.target == "*" { "/" } else { &req.target })
+            .map(|r| r.counters.clone());
         let body = match self.admit(&mut req, started).await? {
             Ok(body) => body,
             Err(keep) => return Ok(keep),
@@ -188,7 +195,9 @@ impl Conn {
                 &self.ctx.forwarding.trusted_proxies,
                 &self.ctx.forwarding.request_id_header,
             );
+            let route = self.log_info.route.take();
             self.log_info = crate::accesslog::RequestInfo::of(req);
+            self.log_info.route = route;
             if self.sock.is_h2() {
                 self.unanswered = Some(Box::new(super::conn::Unanswered {
                     method: req.method.to_string(),

@@ -246,13 +246,13 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
         "zerocache_syscall_bytes_total{fd_class=\"socket\",process=\"zerocache\",syscall=\"writev\"} 0",
         "zerocache_response_body_bytes_total{cache_status=\"HIT\",path=\"zerocopy\"} 0",
         "zerocache_zero_copy_violations_total 0",
-        "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",source=\"client\"} 0",
+        "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",route=\"0\",source=\"client\"} 0",
         "zerocache_cache_size_bytes 0",
         "zerocache_cache_objects 0",
         "zerocache_upstream_errors_total{kind=\"connect\",upstream=\"origin\"} 0",
         "zerocache_probe_up 1",
-        "zerocache_request_duration_seconds_count{cache_status=\"MISS\"} 0",
-        "zerocache_responses_total{cache_status=\"MISS\",code=\"200\",protocol=\"http/1.1\"} 0",
+        "zerocache_request_duration_seconds_count{cache_status=\"MISS\",route=\"0\"} 0",
+        "zerocache_responses_total{cache_status=\"MISS\",code=\"200\",protocol=\"http/1.1\",route=\"0\"} 0",
         "zerocache_build_info{commit=\"",
         "zerocache_upstream_response_seconds_count{upstream=\"origin\"} 0",
         "zerocache_connections_rejected_total{reason=\"max_connections\"} 0",
@@ -338,14 +338,14 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"HIT\",protocol=\"http/1.1\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"HIT\",protocol=\"http/1.1\",route=\"0\",source=\"client\"}"
         ),
         2
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",route=\"0\",source=\"client\"}"
         ),
         3
     );
@@ -354,7 +354,7 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
             metric(
                 &text,
                 &format!(
-                    "zerocache_requests_total{{cache_status=\"{status}\",protocol=\"http/1.1\",source=\"client\"}}"
+                    "zerocache_requests_total{{cache_status=\"{status}\",protocol=\"http/1.1\",route=\"0\",source=\"client\"}}"
                 )
             ),
             v.as_u64().expect("n")
@@ -406,28 +406,28 @@ fn metrics_are_complete_from_start_valid_for_promtool_and_agree_with_the_api() {
     assert_eq!(
         metric(
             &text,
-            "zerocache_request_duration_seconds_count{cache_status=\"MISS\"}"
+            "zerocache_request_duration_seconds_count{cache_status=\"MISS\",route=\"0\"}"
         ),
         3
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_request_duration_seconds_count{cache_status=\"HIT\"}"
+            "zerocache_request_duration_seconds_count{cache_status=\"HIT\",route=\"0\"}"
         ),
         2
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_responses_total{cache_status=\"MISS\",code=\"200\",protocol=\"http/1.1\"}"
+            "zerocache_responses_total{cache_status=\"MISS\",code=\"200\",protocol=\"http/1.1\",route=\"0\"}"
         ),
         3
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_responses_total{cache_status=\"HIT\",code=\"200\",protocol=\"http/1.1\"}"
+            "zerocache_responses_total{cache_status=\"HIT\",code=\"200\",protocol=\"http/1.1\",route=\"0\"}"
         ),
         2
     );
@@ -500,8 +500,7 @@ fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
     for i in 0..3 {
         assert_eq!(c.get(&format!("/gone/{i}"), &[]).status, 502);
     }
-    let series =
-        "zerocache_responses_total{cache_status=\"ERROR\",code=\"502\",protocol=\"http/1.1\"}";
+    let series = "zerocache_responses_total{cache_status=\"ERROR\",code=\"502\",protocol=\"http/1.1\",route=\"0\"}";
     assert_eventually_eq(
         "three 502s counted",
         Duration::from_secs(5),
@@ -517,14 +516,14 @@ fn a_dead_upstream_is_counted_by_status_code_as_a_502() {
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"MISS\",protocol=\"http/1.1\",route=\"0\",source=\"client\"}"
         ),
         0
     );
     assert_eq!(
         metric(
             &text,
-            "zerocache_requests_total{cache_status=\"ERROR\",protocol=\"http/1.1\",source=\"client\"}"
+            "zerocache_requests_total{cache_status=\"ERROR\",protocol=\"http/1.1\",route=\"0\",source=\"client\"}"
         ),
         3
     );
@@ -625,7 +624,7 @@ fn an_origin_answering_5xx_shows_by_server_and_code() {
                 metric(&m, &upstream),
                 metric(
                     &m,
-                    "zerocache_responses_total{cache_status=\"MISS\",code=\"503\",protocol=\"http/1.1\"}",
+                    "zerocache_responses_total{cache_status=\"MISS\",code=\"503\",protocol=\"http/1.1\",route=\"0\"}",
                 ),
             )
         },
@@ -660,4 +659,103 @@ fn every_metric_family_is_documented() {
     );
     assert!(families.len() >= 25, "{families:?}");
     assert!(docs.contains("`process_*`"));
+}
+
+/// `routes[].name` labels `zerocache_requests_total`, `zerocache_responses_total` and
+/// `zerocache_request_duration_seconds`: an unnamed route goes by its index, a request that
+/// matched no route by `-`, and a reload that keeps a name keeps its counts (the indexes move).
+#[test]
+fn metrics_say_which_route_answered_and_a_reload_keeps_a_names_counts() {
+    let (origin, _rt) = origin();
+    origin.script(
+        "/api/v",
+        Reply::ok(b"v1".to_vec()).headers(&[("Cache-Control", "max-age=60")]),
+    );
+    let tmp = tempfile::tempdir().expect("tmp");
+    let routes = "routes:\n  - name: api\n    match: { host: \"*\", path_prefix: /api/ }\n    upstream: origin\n  - match: { host: a.example, path_prefix: / }\n    upstream: origin\n";
+    let yaml = |routes: &str| {
+        format!(
+            "listen: 127.0.0.1:{{port}}\ncache:\n  path: {}\n  max_size: 64MiB\nupstreams:\n  origin:\n    servers: [\"{}\"]\n{routes}dashboard:\n  listen: 127.0.0.1:{{dport}}\nprobe:\n  enabled: false\n",
+            tmp.path().join("cache").display(),
+            origin.addr()
+        )
+    };
+    let proxy = Proxy::from_yaml(&yaml(routes), tmp.path());
+    let mut c = proxy.client();
+    c.host = "a.example".into();
+    assert_eq!(c.get("/api/v", &[]).x_cache(), "MISS");
+    assert_eq!(c.get("/api/v", &[]).x_cache(), "HIT");
+    assert_eq!(c.get("/obj/10", &[]).x_cache(), "MISS");
+    c.host = "b.example".into();
+    assert_eq!(c.get("/obj/10", &[]).status, 404);
+    drop(c);
+    let requests = |cs: &str, route: &str| {
+        format!(
+            "zerocache_requests_total{{cache_status=\"{cs}\",protocol=\"http/1.1\",route=\"{route}\",source=\"client\"}}"
+        )
+    };
+    let counted = |m: &str| {
+        [
+            metric(m, &requests("MISS", "api")),
+            metric(m, &requests("HIT", "api")),
+            metric(m, &requests("MISS", "1")),
+            metric(m, &requests("HIT", "1")),
+            metric(m, &requests("ERROR", "-")),
+            metric(
+                m,
+                "zerocache_responses_total{cache_status=\"ERROR\",code=\"404\",protocol=\"http/1.1\",route=\"-\"}",
+            ),
+            metric(
+                m,
+                "zerocache_request_duration_seconds_count{cache_status=\"HIT\",route=\"api\"}",
+            ),
+        ]
+    };
+    assert_eventually_eq(
+        "responses by route",
+        Duration::from_secs(5),
+        || counted(&proxy.metrics()),
+        [1, 1, 1, 0, 1, 1, 1],
+    );
+    // A route inserted first: the unnamed one is `2` now, `api` is still `api`, with its counts.
+    let text = std::fs::read_to_string(&proxy.config).expect("config");
+    std::fs::write(
+        &proxy.config,
+        text.replace(
+            "routes:\n",
+            "routes:\n  - name: static\n    match: { host: \"*\", path_prefix: /static/ }\n    upstream: origin\n",
+        ),
+    )
+    .expect("rewrite");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGHUP) };
+    assert_eventually_eq(
+        "the reload",
+        Duration::from_secs(10),
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_config_reloads_total{result=\"accepted\"}",
+            )
+        },
+        1,
+    );
+    let mut c = proxy.client();
+    c.host = "a.example".into();
+    assert_eq!(c.get("/api/v", &[]).x_cache(), "HIT");
+    assert_eq!(c.get("/obj/10", &[]).x_cache(), "HIT");
+    drop(c);
+    assert_eventually_eq(
+        "counts kept by name",
+        Duration::from_secs(5),
+        || {
+            let m = proxy.metrics();
+            [
+                metric(&m, &requests("HIT", "api")),
+                metric(&m, &requests("HIT", "2")),
+                metric(&m, &requests("MISS", "1")),
+            ]
+        },
+        [2, 1, 1],
+    );
 }

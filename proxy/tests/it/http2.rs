@@ -1111,11 +1111,11 @@ fn request_and_response_counters_carry_the_protocol() {
                 (
                     series(
                         "zerocache_requests_total",
-                        format!("cache_status=\"{cs}\",protocol=\"{proto}\",source=\"client\""),
+                        format!("cache_status=\"{cs}\",protocol=\"{proto}\",route=\"0\",source=\"client\""),
                     ),
                     series(
                         "zerocache_responses_total",
-                        format!("cache_status=\"{cs}\",code=\"200\",protocol=\"{proto}\""),
+                        format!("cache_status=\"{cs}\",code=\"200\",protocol=\"{proto}\",route=\"0\""),
                     ),
                 )
             })

@@ -1,0 +1,203 @@
+//! Responses by route: what the `route` label of `zerocache_requests_total`,
+//! `zerocache_responses_total` and `zerocache_request_duration_seconds` counts, so an SRE can
+//! tell which route's hit ratio fell or which one answers 5xx. A route's counters are found by
+//! its name (`routes[].name`, else its index) when the config is compiled and kept across
+//! reloads, so a reload that keeps a name keeps its counts; `-` counts requests that matched no
+//! route (a bad request, a PURGE, a request for no configured host). The label's values are the
+//! names configured since start-up: bounded by the config, never by what clients send.
+
+use crate::records::ResponseRecord;
+use crate::vocabulary::{CacheStatus, Protocol};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The route label of a request that matched no route.
+pub const NO_ROUTE: &str = "-";
+
+/// Where a response came from: a client, or a fleet peer that forwarded its client's request.
+const SOURCES: [&str; 2] = ["client", "peer"];
+
+/// One route's counts.
+pub struct RouteCounters {
+    name: Arc<str>,
+    /// By protocol, source, cache status.
+    requests: [[[AtomicU64; 7]; 2]; 2],
+    /// By (protocol, status code, cache status): the codes a route answers are few, so a map
+    /// under a lock rather than 7,000 counters a route.
+    by_code: Mutex<HashMap<(Protocol, u16, CacheStatus), u64>>,
+    /// `zerocache_request_duration_seconds{route=name}`, by cache status in
+    /// [`CacheStatus::ALL`] order.
+    durations: Vec<prometheus::Histogram>,
+}
+
+impl std::fmt::Debug for RouteCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RouteCounters({})", self.name)
+    }
+}
+
+impl RouteCounters {
+    /// The route's name, as the label and the access log say it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts a response sent in `protocol`, to a fleet peer when `from_peer`.
+    pub(crate) fn response(&self, protocol: Protocol, from_peer: bool, r: &ResponseRecord<'_>) {
+        let cs = r.cache_status.index();
+        self.requests[protocol.index()][usize::from(from_peer)][cs].fetch_add(1, Ordering::Relaxed);
+        self.durations[cs].observe(r.duration.as_secs_f64());
+        if (100..600).contains(&r.status) {
+            *self
+                .by_code
+                .lock()
+                .entry((protocol, r.status, r.cache_status))
+                .or_default() += 1;
+        }
+    }
+
+    /// Responses by (protocol, source, cache status, count), every combination a route can
+    /// have: peers forward over HTTP/1.1 only.
+    pub fn requests(&self) -> Vec<(Protocol, &'static str, CacheStatus, u64)> {
+        let mut out = Vec::new();
+        for p in Protocol::ALL {
+            for (s, source) in SOURCES.iter().enumerate() {
+                if p == Protocol::H2 && s == 1 {
+                    continue;
+                }
+                for cs in CacheStatus::ALL {
+                    let n = self.requests[p.index()][s][cs.index()].load(Ordering::Relaxed);
+                    out.push((p, *source, cs, n));
+                }
+            }
+        }
+        out
+    }
+
+    /// Responses by (protocol, status code, cache status), the codes sent so far, sorted.
+    pub fn by_code(&self) -> Vec<(Protocol, u16, CacheStatus, u64)> {
+        let mut v: Vec<_> = self
+            .by_code
+            .lock()
+            .iter()
+            .map(|((p, code, cs), n)| (*p, *code, *cs, *n))
+            .collect();
+        v.sort_by_key(|(p, code, cs, _)| (p.index(), *code, cs.index()));
+        v
+    }
+}
+
+/// Every route's counters, by name.
+pub(crate) struct RouteTable {
+    routes: Mutex<Vec<Arc<RouteCounters>>>,
+    /// Request durations by cache status and route.
+    durations: prometheus::HistogramVec,
+}
+
+impl RouteTable {
+    pub(crate) fn new(durations: prometheus::HistogramVec) -> RouteTable {
+        let t = RouteTable {
+            routes: Mutex::default(),
+            durations,
+        };
+        t.named(NO_ROUTE);
+        t
+    }
+
+    /// The counters of the route named `name`, made on first use.
+    pub(crate) fn named(&self, name: &str) -> Arc<RouteCounters> {
+        let mut routes = self.routes.lock();
+        if let Some(r) = routes.iter().find(|r| &*r.name == name) {
+            return r.clone();
+        }
+        let r = Arc::new(RouteCounters {
+            name: name.into(),
+            requests: Default::default(),
+            by_code: Mutex::default(),
+            durations: CacheStatus::ALL
+                .iter()
+                .map(|cs| self.durations.with_label_values(&[cs.as_str(), name]))
+                .collect(),
+        });
+        routes.push(r.clone());
+        r
+    }
+
+    /// Every route's counters, `-` first, then in the order they were first configured.
+    pub(crate) fn all(&self) -> Vec<Arc<RouteCounters>> {
+        self.routes.lock().clone()
+    }
+
+    pub(crate) fn durations(&self) -> &prometheus::HistogramVec {
+        &self.durations
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DataPath;
+    use std::time::Duration;
+
+    fn rec(status: u16, cs: CacheStatus) -> ResponseRecord<'static> {
+        ResponseRecord {
+            method: "GET",
+            target: "/",
+            status,
+            cache_status: cs,
+            head_bytes: 100,
+            body_bytes: 10,
+            path: DataPath::Copy,
+            duration: Duration::from_millis(3),
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn a_route_is_found_by_its_name_and_counts_by_protocol_source_and_code() {
+        let durations = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new("d", "d"),
+            &["cache_status", "route"],
+        )
+        .expect("histogram");
+        let t = RouteTable::new(durations);
+        let api = t.named("api");
+        assert!(Arc::ptr_eq(&api, &t.named("api")), "one counter set a name");
+        api.response(Protocol::Http1, false, &rec(200, CacheStatus::Hit));
+        api.response(Protocol::Http1, true, &rec(200, CacheStatus::Hit));
+        api.response(Protocol::H2, false, &rec(502, CacheStatus::Error));
+        let n = |p: Protocol, source: &str, cs: CacheStatus| {
+            api.requests()
+                .into_iter()
+                .find(|r| (r.0, r.1, r.2) == (p, source, cs))
+                .map(|r| r.3)
+        };
+        assert_eq!(n(Protocol::Http1, "client", CacheStatus::Hit), Some(1));
+        assert_eq!(n(Protocol::Http1, "peer", CacheStatus::Hit), Some(1));
+        assert_eq!(n(Protocol::H2, "client", CacheStatus::Error), Some(1));
+        assert_eq!(
+            n(Protocol::H2, "peer", CacheStatus::Hit),
+            None,
+            "peers use HTTP/1.1"
+        );
+        assert_eq!(api.requests().len(), 3 * CacheStatus::ALL.len());
+        assert_eq!(
+            api.by_code(),
+            [
+                (Protocol::Http1, 200, CacheStatus::Hit, 2),
+                (Protocol::H2, 502, CacheStatus::Error, 1)
+            ]
+        );
+        assert_eq!(
+            t.all()
+                .iter()
+                .map(|r| r.name().to_string())
+                .collect::<Vec<_>>(),
+            ["-", "api"]
+        );
+        let hits = t.durations().with_label_values(&["HIT", "api"]);
+        assert_eq!(hits.get_sample_count(), 2);
+    }
+}
