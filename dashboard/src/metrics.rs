@@ -127,6 +127,16 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     reloads.with_label_values(&["accepted"]).inc_by(accepted);
     reloads.with_label_values(&["rejected"]).inc_by(refused);
 
+    let purges = counter_vec(
+        &r,
+        "zerocache_purges_total",
+        "Purges carried out on this node (from /api/purge, a PURGE request or a fleet peer), by kind (url, prefix, tag) and mode (hard: removed; soft: made stale).",
+        &["kind", "mode"],
+    )?;
+    for (kind, mode, n) in acc.purges() {
+        purges.with_label_values(&[kind.as_str(), mode]).inc_by(n);
+    }
+
     let upgrades = counter_vec(
         &r,
         "zerocache_binary_upgrades_total",

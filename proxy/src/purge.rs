@@ -17,6 +17,8 @@ use std::sync::Arc;
 /// hash width.
 pub(crate) struct Purger<'a> {
     pub store: &'a Store,
+    /// Where each purge carried out is counted (`zerocache_purges_total`).
+    pub accounting: &'a zerocache_ledger::Accounting,
     pub locks: &'a Arc<FillLocks>,
     pub hash_bits: u32,
 }
@@ -29,10 +31,22 @@ impl Purger<'_> {
         let (raw, prefix) = match &p.target {
             zerocache_ops::Target::Url(u) => (u, false),
             zerocache_ops::Target::Prefix(u) => (u, true),
-            zerocache_ops::Target::Tags(tags) => return Ok(self.purge_tags(tags, p.soft)),
+            zerocache_ops::Target::Tags(tags) => {
+                self.accounting
+                    .purge(zerocache_ledger::PurgeKind::Tag, p.soft);
+                return Ok(self.purge_tags(tags, p.soft));
+            }
         };
         let (host, target) = split_absolute(raw)
             .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
+        self.accounting.purge(
+            if prefix {
+                zerocache_ledger::PurgeKind::Prefix
+            } else {
+                zerocache_ledger::PurgeKind::Url
+            },
+            p.soft,
+        );
         let mut texts = vec![url_text(&host, &target, true)];
         let without_query = url_text(&host, &target, false);
         if !prefix && without_query != texts[0] {

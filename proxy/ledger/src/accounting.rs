@@ -33,6 +33,31 @@ pub const H2_EVENTS: [&str; 9] = [
     "enhance-your-calm",
 ];
 
+/// What a purge named: one URL, every URL under a prefix, or every entry with a tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PurgeKind {
+    /// One URL.
+    Url,
+    /// A URL prefix.
+    Prefix,
+    /// Cache tags.
+    Tag,
+}
+
+impl PurgeKind {
+    /// All values, in metric order.
+    pub const ALL: [PurgeKind; 3] = [PurgeKind::Url, PurgeKind::Prefix, PurgeKind::Tag];
+
+    /// The `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PurgeKind::Url => "url",
+            PurgeKind::Prefix => "prefix",
+            PurgeKind::Tag => "tag",
+        }
+    }
+}
+
 /// The accounting shared by the data plane and the dashboard.
 pub struct Accounting {
     /// By protocol, then cache status.
@@ -64,6 +89,8 @@ pub struct Accounting {
     reloads: [AtomicU64; 2],
     /// SIGUSR2 binary upgrades: the successor served, it did not.
     binary_upgrades: [AtomicU64; 2],
+    /// Purges carried out on this node, by [`PurgeKind`] and hard (0) or soft (1).
+    purges: [[AtomicU64; 2]; 3],
     /// Responses by route (the `route` label), with `zerocache_request_duration_seconds`.
     routes: RouteTable,
     pub(crate) state: Mutex<ConnState>,
@@ -125,6 +152,7 @@ impl Accounting {
             rejected: Default::default(),
             reloads: Default::default(),
             binary_upgrades: Default::default(),
+            purges: Default::default(),
             by_code: (0..Protocol::ALL.len() * 500 * CacheStatus::ALL.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -282,6 +310,27 @@ impl Accounting {
     /// Of [`Accounting::requests`] with `cs`, those answered in `protocol`.
     pub fn requests_in(&self, protocol: Protocol, cs: CacheStatus) -> u64 {
         self.requests[protocol.index()][cs.index()].load(Ordering::Relaxed)
+    }
+
+    /// A purge was carried out on this node (from the API, a `PURGE` request or a fleet peer).
+    pub fn purge(&self, kind: PurgeKind, soft: bool) {
+        self.purges[kind as usize][usize::from(soft)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Purges by (kind, `hard` or `soft`, count), every combination.
+    pub fn purges(&self) -> Vec<(PurgeKind, &'static str, u64)> {
+        PurgeKind::ALL
+            .iter()
+            .flat_map(|k| {
+                ["hard", "soft"].iter().enumerate().map(move |(s, mode)| {
+                    (
+                        *k,
+                        *mode,
+                        self.purges[*k as usize][s].load(Ordering::Relaxed),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// The counters of the route named `name` (its `routes[].name`, else its index), made on

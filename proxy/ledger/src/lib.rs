@@ -18,7 +18,7 @@ mod tls_stats;
 mod tls_transport;
 mod vocabulary;
 
-pub use accounting::{Accounting, H2_EVENTS};
+pub use accounting::{Accounting, H2_EVENTS, PurgeKind};
 pub use copy_reason::{CopiedBytes, CopyReason};
 pub use records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
 pub use routes::{NO_ROUTE, RouteCounters};

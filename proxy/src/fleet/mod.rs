@@ -42,6 +42,8 @@ pub struct Fleet {
     known: Mutex<HashMap<String, Arc<PeerState>>>,
     pub(crate) epoch: epoch::Epoch,
     pub(crate) store: Arc<Store>,
+    /// Where the purges it applies are counted.
+    pub(crate) accounting: Arc<zerocache_ledger::Accounting>,
     /// Body bytes relayed from owners to clients.
     pub(crate) relayed: AtomicU64,
     /// Bytes of other owners' objects stored here (`store_remote`).
@@ -74,6 +76,7 @@ impl Fleet {
         config: &Config,
         store: &Arc<Store>,
         locks: &Arc<crate::cache::lock::FillLocks>,
+        accounting: &Arc<zerocache_ledger::Accounting>,
     ) -> Option<Arc<Fleet>> {
         let cfg = config.fleet.clone()?;
         let fleet = Arc::new(Fleet {
@@ -82,6 +85,7 @@ impl Fleet {
             known: Mutex::new(HashMap::new()),
             epoch: epoch::Epoch::load(&config.cache.path),
             store: store.clone(),
+            accounting: accounting.clone(),
             relayed: AtomicU64::new(0),
             hot_stored: AtomicU64::new(0),
             remote_objects: AtomicU64::new(0),
@@ -125,6 +129,7 @@ impl Fleet {
     pub(crate) fn purger(&self) -> crate::purge::Purger<'_> {
         crate::purge::Purger {
             store: &self.store,
+            accounting: &self.accounting,
             locks: &self.locks,
             hash_bits: self.hash_bits,
         }

@@ -16,6 +16,7 @@ pub(super) fn dashboard_state(
         (&kept.store, &kept.accounting, &kept.access_log, &kept.fleet);
     let st = store.clone();
     let purge_store = store.clone();
+    let purge_accounting = accounting.clone();
     let health_store = store.clone();
     let health_draining = draining.clone();
     let state = Arc::new(DashboardState {
@@ -80,6 +81,7 @@ pub(super) fn dashboard_state(
                     // Before the data plane exists: nothing is indexed but by the store.
                     None => crate::purge::Purger {
                         store: &purge_store,
+                        accounting: &purge_accounting,
                         locks: &Arc::new(FillLocks::default()),
                         hash_bits: 128,
                     }

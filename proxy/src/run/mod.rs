@@ -239,7 +239,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // stops sending new clients while responses in flight finish.
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let locks = Arc::new(FillLocks::default());
-    let fleet = crate::fleet::Fleet::start(&config, &store, &locks).await;
+    let fleet = crate::fleet::Fleet::start(&config, &store, &locks, &accounting).await;
     let kept = Kept {
         store,
         locks,

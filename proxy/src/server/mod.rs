@@ -71,6 +71,7 @@ impl Ctx {
     pub fn purger(&self) -> crate::purge::Purger<'_> {
         crate::purge::Purger {
             store: &self.store,
+            accounting: &self.accounting,
             locks: &self.locks,
             hash_bits: self.hash_bits,
         }

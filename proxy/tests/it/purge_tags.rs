@@ -70,6 +70,36 @@ fn a_tag_purge_removes_every_response_with_the_tag_and_only_those() {
         proxy.purge(r#"{"tags": ["no-such-tag"]}"#),
         (200, serde_json::json!({"purged": 0}))
     );
+    // Each purge carried out is counted by kind and mode, whatever it found; a refused one is not.
+    assert_eq!(
+        proxy.purge(r#"{"url": "http://test.example/t/shoe"}"#).0,
+        200
+    );
+    assert_eq!(
+        proxy
+            .purge(r#"{"prefix": "http://test.example/t/", "soft": true}"#)
+            .0,
+        200
+    );
+    assert_eq!(proxy.purge(r#"{"url": "/t/shoe"}"#).0, 400);
+    let m = proxy.metrics();
+    let purges = |kind: &str, mode: &str| {
+        metric(
+            &m,
+            &format!("zerocache_purges_total{{kind=\"{kind}\",mode=\"{mode}\"}}"),
+        )
+    };
+    assert_eq!(
+        [
+            purges("tag", "hard"),
+            purges("tag", "soft"),
+            purges("url", "hard"),
+            purges("url", "soft"),
+            purges("prefix", "hard"),
+            purges("prefix", "soft"),
+        ],
+        [2, 1, 1, 0, 0, 1]
+    );
 }
 
 #[test]
