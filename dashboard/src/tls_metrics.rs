@@ -35,6 +35,19 @@ pub(crate) fn register(
             .inc_by(acc.copied.get(reason));
     }
     r.register(Box::new(copied))?;
+    let expiry = prometheus::GaugeVec::new(
+        Opts::new(
+            "zerocache_tls_certificate_expiry_timestamp_seconds",
+            "When each certificate the TLS listener serves expires (its leaf's notAfter, Unix seconds), by name (its first DNS name, else its common name) and file.",
+        ),
+        &["name", "file"],
+    )?;
+    for (name, file, not_after) in acc.tls.certificates() {
+        expiry
+            .with_label_values(&[&name, &file])
+            .set(not_after as f64);
+    }
+    r.register(Box::new(expiry))?;
     let handshakes = IntCounterVec::new(
         Opts::new(
             "zerocache_tls_handshakes_total",

@@ -44,6 +44,8 @@ impl HandshakeResult {
 /// Handshake counters, connections by record layer, and the kTLS flag.
 #[derive(Default)]
 pub struct TlsStats {
+    /// The certificates served: (name, file, notAfter in Unix seconds).
+    certificates: parking_lot::Mutex<Vec<(String, String, i64)>>,
     handshakes: [AtomicU64; HandshakeResult::ALL.len()],
     connections: [AtomicU64; 1 + UserspaceReason::ALL.len()],
     ktls_available: AtomicBool,
@@ -64,6 +66,17 @@ pub struct TlsSnapshot {
 }
 
 impl TlsStats {
+    /// The certificates the listener serves from now on: (name, file, notAfter in Unix
+    /// seconds), replaced whole at start-up and by each reload that loads them.
+    pub fn set_certificates(&self, certs: Vec<(String, String, i64)>) {
+        *self.certificates.lock() = certs;
+    }
+
+    /// The certificates served, as set.
+    pub fn certificates(&self) -> Vec<(String, String, i64)> {
+        self.certificates.lock().clone()
+    }
+
     /// A handshake ended with `r`.
     pub fn handshake(&self, r: HandshakeResult) {
         self.handshakes[r as usize].fetch_add(1, Ordering::Relaxed);

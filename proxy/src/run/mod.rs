@@ -90,6 +90,10 @@ fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placeme
 
 fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::TlsServer>>) -> Ctx {
     let routes = Routes::new(config, &kept.accounting);
+    // The certificates served from now on, for their expiry gauge.
+    kept.accounting
+        .tls
+        .set_certificates(crate::tls::server::TlsServer::expiries(tls.as_deref()));
     for (name, group) in &routes.groups {
         if let Some(cfg) = config.upstreams.get(name) {
             group.start_health_check(cfg);
@@ -224,6 +228,11 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     for (i, r) in config.routes.iter().enumerate() {
         accounting.route(&r.name_or_index(i));
     }
+    accounting
+        .tls
+        .set_certificates(crate::tls::server::TlsServer::expiries(
+            tls.server.as_deref(),
+        ));
     accounting
         .tls
         .set_detected(tls.server.is_some(), tls.ktls.available());

@@ -64,3 +64,48 @@ pub fn certified(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, CertError
         .map_err(|e| err(key, format!("does not belong to {}: {e}", cert.display())))?;
     Ok(Arc::new(ck))
 }
+
+/// What `zerocache_tls_certificate_expiry_timestamp_seconds` says of a served certificate: the
+/// name it is known by (its first DNS name, else its subject's common name, else empty), the
+/// file it came from, and its leaf's `notAfter` in Unix seconds. None when the leaf does not
+/// parse as X.509 (rustls took it, so it is not expected).
+pub fn expiry(cert: &CertifiedKey, file: &Path) -> Option<CertExpiry> {
+    use x509_parser::extensions::GeneralName;
+    let der = cert.end_entity_cert().ok()?;
+    let (_, x509) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let dns = x509
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .and_then(|san| {
+            san.value.general_names.iter().find_map(|n| match n {
+                GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+        });
+    let name = dns
+        .or_else(|| {
+            x509.subject()
+                .iter_common_name()
+                .next()
+                .and_then(|cn| cn.as_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    Some(CertExpiry {
+        name,
+        file: file.display().to_string(),
+        not_after: x509.validity().not_after.timestamp(),
+    })
+}
+
+/// See [`expiry`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertExpiry {
+    /// The first DNS name, else the common name.
+    pub name: String,
+    /// The certificate file (`tls.certificates[].cert`).
+    pub file: String,
+    /// The leaf's `notAfter`, Unix seconds.
+    pub not_after: i64,
+}

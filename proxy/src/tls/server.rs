@@ -58,14 +58,19 @@ pub struct TlsServer {
     /// TLS 1.3 session tickets are sent after every handshake (see the hand-over's KeyUpdate
     /// check).
     tickets: bool,
+    /// Each certificate's name, file and expiry, for the metrics.
+    expiries: Vec<certs::CertExpiry>,
 }
 
 impl TlsServer {
     /// Loads every certificate of `cfg` and builds the server config.
     pub fn load(cfg: &TlsListener) -> Result<TlsServer, CertError> {
         let mut certs = Vec::with_capacity(cfg.certificates.len());
+        let mut expiries = Vec::with_capacity(cfg.certificates.len());
         for pair in &cfg.certificates {
-            certs.push(certs::certified(&pair.cert, &pair.key)?);
+            let c = certs::certified(&pair.cert, &pair.key)?;
+            expiries.extend(certs::expiry(&c, &pair.cert));
+            certs.push(c);
         }
         let certs = Arc::new(certs);
         let mut config = ServerConfig::builder_with_provider(super::provider())
@@ -102,7 +107,18 @@ impl TlsServer {
             strict_sni: cfg.strict_sni,
             tickets,
             ktls,
+            expiries,
         })
+    }
+
+    /// Each certificate's name, file and expiry, as the metrics have them (none without a
+    /// listener).
+    pub fn expiries(server: Option<&TlsServer>) -> Vec<(String, String, i64)> {
+        server
+            .iter()
+            .flat_map(|s| &s.expiries)
+            .map(|e| (e.name.clone(), e.file.clone(), e.not_after))
+            .collect()
     }
 }
 

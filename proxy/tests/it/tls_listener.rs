@@ -594,3 +594,42 @@ fn every_copied_body_byte_is_counted_under_its_reason() {
     assert_eq!(reason("generated"), generated);
     assert_eq!(reason("tls-userspace"), 0);
 }
+
+/// `zerocache_tls_certificate_expiry_timestamp_seconds{name,file}`: each served certificate's
+/// `notAfter`, by its first DNS name and its file, from start-up; a reload that loads new files
+/// says their dates, one that is refused keeps the running ones'.
+#[test]
+fn every_served_certificates_expiry_is_a_gauge_and_a_reload_updates_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = write(
+        dir.path(),
+        "a",
+        &cert_until(&["a.example", "www.a.example"], (2031, 1, 2)),
+    );
+    let b = write(dir.path(), "b", &cert_until(&["b.example"], (2032, 3, 4)));
+    let (origin, _rt) = origin();
+    let (proxy, _) = tls_proxy(origin.addr(), &[a.clone(), b.clone()], false);
+    let expiry = |name: &str, file: &std::path::Path| {
+        format!(
+            "zerocache_tls_certificate_expiry_timestamp_seconds{{file=\"{}\",name=\"{name}\"}}",
+            file.display()
+        )
+    };
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, &expiry("a.example", &a.0)), 1_925_078_400);
+    assert_eq!(metric(&m, &expiry("b.example", &b.0)), 1_961_971_200);
+    // Renewed: the same files, a later date, after SIGHUP.
+    write(dir.path(), "b", &cert_until(&["b.example"], (2033, 5, 6)));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGHUP) };
+    assert_eventually_eq(
+        "the renewed certificate's date",
+        Duration::from_secs(10),
+        || metric(&proxy.metrics(), &expiry("b.example", &b.0)),
+        1_998_950_400,
+    );
+    assert_eq!(
+        metric(&proxy.metrics(), &expiry("a.example", &a.0)),
+        1_925_078_400
+    );
+}

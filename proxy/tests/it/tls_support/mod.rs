@@ -30,6 +30,20 @@ pub fn cert(names: &[&str]) -> Cert {
     }
 }
 
+/// A self-signed certificate for `names` that expires at midnight UTC of `(year, month, day)`.
+pub fn cert_until(names: &[&str], (year, month, day): (i32, u8, u8)) -> Cert {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
+    params.not_after = rcgen::date_time_ymd(year, month, day);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let c = params.self_signed(&key).expect("rcgen");
+    Cert {
+        pem: c.pem(),
+        key_pem: key.serialize_pem(),
+        der: c.der().to_vec(),
+    }
+}
+
 /// Writes `c` as `dir/NAME.crt` and `dir/NAME.key`.
 pub fn write(dir: &Path, name: &str, c: &Cert) -> (PathBuf, PathBuf) {
     let (crt, key) = (
