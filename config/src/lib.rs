@@ -5,6 +5,7 @@
 //! silently falls back to a default, and the default is usually "cache more than you meant".
 #![forbid(unsafe_code)]
 
+mod cache_dir;
 pub mod cidr;
 pub mod error;
 pub mod fleet;
@@ -15,9 +16,9 @@ pub mod units;
 pub mod validate;
 pub mod watch;
 
+pub use cache_dir::Dirs;
 pub use error::ConfigError;
 pub use schema::*;
-pub use validate::Dirs;
 
 use std::path::Path;
 
@@ -56,7 +57,7 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
 pub fn load_and_check_dirs(path: &Path, dirs: Dirs) -> Result<Config, ConfigError> {
     let config = load(path)?;
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    validate::check_cache_dir(&config, dirs)
+    cache_dir::check_cache_dir(&config, dirs)
         .map_err(|v| error::from_validation(&path.display().to_string(), &text, v))?;
     let unreadable = tls::check_files(&config);
     if !unreadable.is_empty() {
