@@ -300,6 +300,10 @@ fn the_debian_package_installs_checks_its_config_and_removes_cleanly() {
             "/usr/share/doc/zerocache/grafana/prometheus.yml",
             "dashboard/grafana/prometheus.yml",
         ),
+        (
+            "/usr/share/doc/zerocache/grafana/zerocache-alerts.yml",
+            "dashboard/grafana/zerocache-alerts.yml",
+        ),
     ] {
         assert_eq!(
             read(installed),
