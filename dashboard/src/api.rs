@@ -48,8 +48,40 @@ pub struct Stats {
     pub cache: CacheStats,
     /// zerocache's own socket syscalls by kind.
     pub syscalls: BTreeMap<&'static str, KindCounts>,
+    /// Every configured upstream server: up or down, and what it answered.
+    pub upstreams: Vec<UpstreamServer>,
+    /// Upstream errors (refused, timed out, reset, ...) by group and kind, those seen so far.
+    pub upstream_errors: Vec<UpstreamError>,
+    /// Responses sent with a 5xx status, the proxy's own and the origins' relayed.
+    pub responses_5xx: u64,
     /// Per-second samples of the cumulative counters, oldest first.
     pub history: Vec<Sample>,
+}
+
+/// One upstream server in `/api/stats`.
+#[derive(Serialize)]
+pub struct UpstreamServer {
+    /// Its group (`upstreams.NAME`).
+    pub upstream: String,
+    /// Its `host:port`.
+    pub server: String,
+    /// Whether the balancer may pick it (not marked down by failures or the health check).
+    pub up: bool,
+    /// Response heads it sent.
+    pub responses: u64,
+    /// Of those, 5xx.
+    pub responses_5xx: u64,
+}
+
+/// Upstream errors of one kind in one group, in `/api/stats`.
+#[derive(Serialize)]
+pub struct UpstreamError {
+    /// The group.
+    pub upstream: String,
+    /// What failed (`connect`, `timeout`, ...).
+    pub kind: &'static str,
+    /// How many times.
+    pub count: u64,
 }
 
 /// The live kernel records of this process's fds: fd → (generation, counts).
@@ -105,6 +137,28 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
     }
     let history = state.history.lock().samples();
     let (recent_ratio, violations_recent) = recent(&history, RECENT_SECONDS);
+    let answered = acc.upstream_responses();
+    let upstreams = (state.upstream_servers)()
+        .into_iter()
+        .map(|(upstream, server, up)| {
+            let of = |five: bool| -> u64 {
+                answered
+                    .iter()
+                    .filter(|((g, s, code), _)| {
+                        *g == upstream && *s == server && (!five || *code >= 500)
+                    })
+                    .map(|(_, n)| n)
+                    .sum()
+            };
+            UpstreamServer {
+                responses: of(false),
+                responses_5xx: of(true),
+                upstream,
+                server,
+                up,
+            }
+        })
+        .collect();
     Stats {
         probe: snap.status,
         probe_health: snap.health,
@@ -126,6 +180,23 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
         tls: acc.tls.snapshot(),
         cache: (state.cache)(),
         syscalls,
+        upstreams,
+        upstream_errors: acc
+            .upstream_errors()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|((upstream, kind), count)| UpstreamError {
+                upstream,
+                kind,
+                count,
+            })
+            .collect(),
+        responses_5xx: acc
+            .responses_by_code()
+            .iter()
+            .filter(|(_, code, _, _)| *code >= 500)
+            .map(|(_, _, _, n)| n)
+            .sum(),
         history: if with_history { history } else { Vec::new() },
     }
 }

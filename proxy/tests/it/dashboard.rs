@@ -59,6 +59,9 @@ async fn page_state(c: &fantoccini::Client) -> Value {
         "return { ratio: document.getElementById('ratio').textContent,
                   state: document.getElementById('hero').dataset.state,
                   violation: document.getElementById('violation').textContent,
+                  errors5xx: document.getElementById('errors-5xx').textContent,
+                  upstreams: [...document.querySelectorAll('#upstreams tbody tr')].map(r =>
+                      [...r.querySelectorAll('td')].map(d => d.textContent)),
                   rows: [...document.querySelectorAll('#conns tbody tr')].map(r => ({
                       active: r.dataset.active, sf: r.querySelector('.sf').textContent })) };",
         vec![],
@@ -164,6 +167,15 @@ async fn browse(origin: Origin) {
         .and_then(|r| r.parse().ok())
         .expect("ratio");
     assert!(ratio > 0.9, "{s}");
+    // The upstream card: the one origin server, up, with the miss it answered and no 5xx.
+    assert_eq!(
+        (s["upstreams"].clone(), s["errors5xx"].clone()),
+        (
+            json!([["origin", origin.addr().to_string(), "up", "1", "0"]]),
+            json!("0")
+        ),
+        "{s}"
+    );
     let shot = browser.screenshot().await.expect("screenshot");
     std::fs::write(artifacts().join("dashboard-zero-copy.png"), shot).expect("save");
     stop.store(true, Ordering::Relaxed);
