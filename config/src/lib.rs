@@ -5,6 +5,7 @@
 //! silently falls back to a default, and the default is usually "cache more than you meant".
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 mod cache_dir;
 pub mod cidr;
 pub mod error;

@@ -645,3 +645,24 @@ fn route_names_are_unique_label_values() {
     assert_eq!(ok.routes[0].name_or_index(0), "api.v2");
     assert_eq!(ok.routes[1].name_or_index(1), "1");
 }
+
+/// A template's misspelt variable is named where it is written, with the ones there are.
+#[test]
+fn an_access_log_template_names_a_misspelt_variable() {
+    let e = err(&format!(
+        "{GOOD}logging:\n  access_log_format: '$time $cach_status'\n"
+    ));
+    assert!(
+        e.starts_with("zc.yaml:14:22: logging.access_log_format: `$cach_status` is not a variable; write `$$` for a `$`; the variables: $time, $time_local, $client,"),
+        "{e}"
+    );
+    let ok = parse(
+        &format!("{GOOD}logging:\n  access_log_format: '$time $status'\n"),
+        "zc.yaml",
+    )
+    .expect("valid");
+    assert_eq!(
+        ok.logging.access_log_format,
+        zerocache_config::AccessLogFormat::Template("$time $status".into())
+    );
+}

@@ -252,15 +252,4 @@ impl Default for LoggingConfig {
     }
 }
 
-/// Access log line formats.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum AccessLogFormat {
-    /// One space-separated line.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-    /// Apache/nginx "combined", with the cache status appended, for existing log tooling.
-    Combined,
-}
+pub use crate::access_log::AccessLogFormat;

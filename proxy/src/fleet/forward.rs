@@ -153,7 +153,11 @@ pub(crate) async fn exchange(
             continue;
         }
         interim.clear();
-        match peer.group.exchange(&hopped, true, key, interim).await {
+        match peer
+            .group
+            .exchange(&hopped, true, key, interim, &mut None)
+            .await
+        {
             Ok(x) => {
                 peer.count("ok");
                 let fleet = plan.fleet.clone();
@@ -172,7 +176,9 @@ pub(crate) async fn exchange(
     // This node is next in the key's order (or, having left the membership meanwhile, fetches as
     // if alone), or `on_owner_down: origin` sends the key to the origin unstored.
     interim.clear();
-    let x = origin.exchange(request, true, key, interim).await;
+    let x = origin
+        .exchange(request, true, key, interim, &mut None)
+        .await;
     (
         Went::Origin {
             store: store_at_origin,

@@ -198,7 +198,7 @@ pub(crate) async fn call(
     let exchange = async {
         let (mut up, head) = peer
             .group
-            .exchange(&req, op == "health", "", &mut Vec::new())
+            .exchange(&req, op == "health", "", &mut Vec::new(), &mut None)
             .await
             .map_err(|e| e.to_string())?;
         let framing = head.framing(false).map_err(str::to_string)?;

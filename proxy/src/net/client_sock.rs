@@ -142,7 +142,13 @@ impl ClientSock {
         matches!(self, ClientSock::H2Stream(_))
     }
 
-    /// The certificate a TLS connection was served (with `tls.strict_sni`).
+    /// What a TLS connection's handshake agreed, for the access log.
+    pub fn tls_info(&self) -> Option<std::sync::Arc<crate::accesslog::TlsInfo>> {
+        self.served().map(|s| s.info)
+    }
+
+    /// What a TLS connection's handshake agreed, and the certificate it was served (with
+    /// `tls.strict_sni`).
     pub fn served(&self) -> Option<crate::tls::server::Served> {
         match self {
             ClientSock::Tls(t) => t.served.clone(),

@@ -29,7 +29,7 @@ mod signals;
 
 use dashboard::dashboard_state;
 use reload::reload;
-use signals::{Ending, Signals, stop, upgrade_of};
+use signals::{Signals, stop, upgrade_of};
 
 /// Closed connections kept for the dashboard.
 const CLOSED_KEPT: usize = 10_000;
@@ -202,7 +202,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let upgrade = upgrade_of(&listeners, dashboard_listener.as_ref());
     let access_log = match &config.logging.access_log {
         Some(target) => Some(Arc::new(
-            AccessLog::open(target, config.logging.access_log_format)
+            AccessLog::open(target, &config.logging.access_log_format)
                 .with_context(|| format!("opening the access log {target} (logging.access_log)"))?,
         )),
         None => None,
@@ -223,16 +223,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         accounting.set_generations(move |fd| probe.generation(me, fd));
     }
     let accounting = Arc::new(accounting);
-    // Every route's series from the first scrape, which the dashboard may answer before the
-    // routes are compiled.
-    for (i, r) in config.routes.iter().enumerate() {
-        accounting.route(&r.name_or_index(i));
-    }
-    accounting
-        .tls
-        .set_certificates(crate::tls::server::TlsServer::expiries(
-            tls.server.as_deref(),
-        ));
+    series_from_start(&config, &accounting, tls.server.as_deref());
     accounting
         .tls
         .set_detected(tls.server.is_some(), tls.ktls.available());
@@ -307,26 +298,15 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         None => None,
     };
     // Bound and accepting (the index loads meanwhile): systemd may start what comes after us.
-    if ready_pipe {
-        // A successor tells the process it replaces, which tells systemd our pid
-        // (NotifyAccess=main would drop our READY=1 until then, and log it).
-        tracing::info!("serving: telling the process this one replaces to drain");
-        crate::upgrade::tell_ready();
-        kept.accounting.binary_upgrade(true); // By the process made: the old one exits.
-    } else {
-        crate::notify::ready();
-    }
+    signals::serving(ready_pipe, &kept);
 
     let (current, ending) = signals
         .serve(config, &path, &kept, &shared, &probe, upgrade.as_ref())
         .await;
     ending.announce(upgrade, &handed_over);
-    if let Ending::Stop = ending {
-        // A successor already serves on the sockets of an upgrade: only a stop has a lame duck.
-        signals
-            .lame_duck(current.limits.lame_duck, &draining, &kept)
-            .await;
-    }
+    signals
+        .lame_duck(&ending, current.limits.lame_duck, &draining, &kept)
+        .await;
     let drained = stop(
         &shared,
         &mut workers,
@@ -336,6 +316,21 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     signals.while_draining(drained, &kept).await;
     ending.after_drain(&kept);
     Ok(())
+}
+
+/// Every route's series and every certificate's expiry from the first scrape, which the
+/// dashboard may answer before the request context (and its routes) is built.
+fn series_from_start(
+    config: &Config,
+    accounting: &Accounting,
+    tls: Option<&crate::tls::server::TlsServer>,
+) {
+    for (i, r) in config.routes.iter().enumerate() {
+        accounting.route(&r.name_or_index(i));
+    }
+    accounting
+        .tls
+        .set_certificates(crate::tls::server::TlsServer::expiries(tls));
 }
 
 /// The `debug:` hooks that change what the proxy does, said at start-up.

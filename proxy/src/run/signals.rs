@@ -43,6 +43,19 @@ impl Ending {
     }
 }
 
+/// Says the process serves: to the process this one replaces (`ready_pipe`, a SIGUSR2
+/// successor), which tells systemd our pid (NotifyAccess=main would drop our READY=1 until then,
+/// and log it); else to systemd.
+pub(super) fn serving(ready_pipe: bool, kept: &Kept) {
+    if ready_pipe {
+        tracing::info!("serving: telling the process this one replaces to drain");
+        crate::upgrade::tell_ready();
+        kept.accounting.binary_upgrade(true); // By the process made: the old one exits.
+    } else {
+        crate::notify::ready();
+    }
+}
+
 /// An upgrade failed: said in the log and, for `zerocache upgrade`, beside the pid file; and the
 /// pid file names this process again (a successor may have written its own before it failed).
 pub(super) fn upgrade_failed(current: &Config, why: &str) {
@@ -132,15 +145,16 @@ impl Signals {
     /// still accept and every request is served as before for `period`, so a load balancer that
     /// checks the node moves its clients away before any connection is refused. A second
     /// SIGTERM, SIGINT or SIGQUIT ends it early (an operator who means now); other signals are
-    /// answered as during the drain.
+    /// answered as during the drain. None after an upgrade: the successor serves on the sockets.
     pub(super) async fn lame_duck(
         &mut self,
+        ending: &Ending,
         period: std::time::Duration,
         draining: &std::sync::atomic::AtomicBool,
         kept: &Kept,
     ) {
         draining.store(true, std::sync::atomic::Ordering::Relaxed);
-        if period.is_zero() {
+        if period.is_zero() || matches!(ending, Ending::Upgraded(_)) {
             return;
         }
         tracing::info!(

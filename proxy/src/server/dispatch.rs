@@ -198,6 +198,7 @@ impl Conn {
             let route = self.log_info.route.take();
             self.log_info = crate::accesslog::RequestInfo::of(req);
             self.log_info.route = route;
+            self.log_info.tls = self.sock.tls_info();
             if self.sock.is_h2() {
                 self.unanswered = Some(Box::new(super::conn::Unanswered {
                     method: req.method.to_string(),

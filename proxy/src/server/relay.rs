@@ -110,13 +110,11 @@ impl Conn {
                     }
                 }
             }
-            Outcome::Reply {
-                status,
-                x_cache,
-                detail,
-            } => {
+            Outcome::Reply { status, detail } => {
+                // Answered by the proxy itself: `X-Cache: ERROR`, as the log line and the
+                // metrics count it (CloudFront says `Error from cloudfront`).
                 let cache = CacheFields {
-                    x_cache: x_cache.as_str(),
+                    x_cache: CacheStatus::Error.as_str(),
                     upstream: None,
                     member: detail.map(|d| CacheStatusField::fwd("miss").detail(d)),
                 };

@@ -204,24 +204,33 @@ fn covers(cert: &CertifiedKey, name: &rustls::pki_types::ServerName<'_>) -> bool
         .is_some_and(|ee| ee.verify_is_valid_for_subject_name(name).is_ok())
 }
 
-/// What a connection keeps of its handshake for `tls.strict_sni`: the certificate it was served.
+/// What a connection keeps of its handshake: what it agreed (for the access log), and with
+/// `tls.strict_sni` on, the certificate it was served.
 #[derive(Clone)]
-pub struct Served(Arc<CertifiedKey>);
+pub struct Served {
+    cert: Option<Arc<CertifiedKey>>,
+    /// The version, cipher suite and SNI name.
+    pub info: Arc<crate::accesslog::TlsInfo>,
+}
 
 impl Served {
     /// Whether `host` (a request's `Host`, lower-cased, maybe with a port) is a name of the
-    /// certificate served, so the request belongs on this connection.
+    /// certificate served, so the request belongs on this connection; always, without
+    /// `tls.strict_sni`.
     pub fn covers_host(&self, host: &str) -> bool {
+        let Some(cert) = &self.cert else {
+            return true;
+        };
         let name = match host.strip_prefix('[') {
             Some(rest) => rest.split(']').next().unwrap_or(rest),
             None => host.rsplit_once(':').map_or(host, |(h, _)| h),
         };
-        rustls::pki_types::ServerName::try_from(name).is_ok_and(|n| covers(&self.0, &n))
+        rustls::pki_types::ServerName::try_from(name).is_ok_and(|n| covers(cert, &n))
     }
 }
 
 /// A connection whose handshake succeeded: its records made in user space by rustls (and why),
-/// or handed to the kernel. `served` is the certificate chosen, with `tls.strict_sni` on.
+/// or handed to the kernel. `served` is what the handshake agreed (see [`Served`]).
 pub enum Handshaken {
     Userspace {
         stream: Box<tokio_rustls::server::TlsStream<HandshakeIo>>,
@@ -232,6 +241,29 @@ pub enum Handshaken {
         stream: KtlsStream,
         served: Option<Served>,
     },
+}
+
+/// What the handshake of `conn` agreed, as the access log says it: nginx's `$ssl_protocol`
+/// spelling, and the cipher suite by its IANA name (rustls writes TLS 1.3's `TLS13_...`).
+fn agreed(conn: &rustls::ServerConnection) -> crate::accesslog::TlsInfo {
+    let version = match conn.protocol_version() {
+        Some(ProtocolVersion::TLSv1_3) => "TLSv1.3",
+        Some(ProtocolVersion::TLSv1_2) => "TLSv1.2",
+        _ => "",
+    };
+    let cipher = conn
+        .negotiated_cipher_suite()
+        .and_then(|s| s.suite().as_str())
+        .map(|name| match name.strip_prefix("TLS13_") {
+            Some(rest) => format!("TLS_{rest}"),
+            None => name.to_string(),
+        })
+        .unwrap_or_default();
+    crate::accesslog::TlsInfo {
+        version,
+        cipher,
+        sni: conn.server_name().map(str::to_string),
+    }
 }
 
 /// A completed handshake, and whether ALPN chose HTTP/2 (`h2`, offered with `tls.http2`).
@@ -335,11 +367,13 @@ pub async fn accept(
             tracing::trace!(%peer, version = ?conn.protocol_version().unwrap_or(ProtocolVersion::Unknown(0)), sni = ?conn.server_name(), "TLS handshake done");
             // The certificate the resolver chose for this SNI (its key's scheme aside, which
             // does not change the names).
-            let served = server
-                .strict_sni
-                .then(|| pick(&server.certs, conn.server_name(), |_| true))
-                .flatten()
-                .map(Served);
+            let served = Some(Served {
+                cert: server
+                    .strict_sni
+                    .then(|| pick(&server.certs, conn.server_name(), |_| true))
+                    .flatten(),
+                info: Arc::new(agreed(conn)),
+            });
             let done = match server.ktls {
                 Err(why) => Handshaken::Userspace {
                     stream: Box::new(s),

@@ -251,18 +251,23 @@ impl Group {
     /// connect failed (nothing was sent), otherwise only for idempotent requests (nginx's
     /// `proxy_next_upstream error timeout`), until every server was tried once. A pooled
     /// connection that turns out dead is the pool's race with the server's keep-alive timeout,
-    /// not a failure: it is replaced by a fresh one to the same server.
+    /// not a failure: it is replaced by a fresh one to the same server. Each server tried is
+    /// noted in `asked`: when all fail, the access log says which was asked last.
     pub async fn exchange(
         &self,
         request: &[u8],
         idempotent: bool,
         key: &str,
         on_interim: &mut Vec<ResponseHead>,
+        asked: &mut Option<String>,
     ) -> Result<(UpstreamConn, ResponseHead), UpstreamError> {
         let mut tried = Vec::with_capacity(self.peers.len());
         let mut last = None;
         while let Some(i) = self.balancer.pick(&self.peers, key, &tried, Instant::now()) {
             tried.push(i);
+            if let Some(p) = self.peers.get(i) {
+                *asked = Some(p.addr.clone());
+            }
             if let Some(mut conn) = self.pooled(i) {
                 match self.try_exchange(&mut conn, request, on_interim).await {
                     Ok(head) => {

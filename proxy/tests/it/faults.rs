@@ -527,7 +527,7 @@ fn a_bare_lf_in_an_origin_head_is_a_502_and_nothing_is_stored() {
     let proxy = Proxy::start(addr, Opts::default());
     for _ in 0..2 {
         let r = proxy.get("/lf");
-        assert_eq!((r.status, r.x_cache()), (502, "MISS"));
+        assert_eq!((r.status, r.x_cache()), (502, "ERROR"));
     }
     assert_eq!(metric(&proxy.metrics(), "zerocache_cache_objects"), 0);
 }

@@ -10,6 +10,7 @@
 mod support;
 mod tls_support;
 
+mod access_log;
 mod alerts;
 mod binary_upgrade;
 mod cache_config;

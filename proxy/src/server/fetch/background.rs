@@ -67,7 +67,13 @@ impl Background {
         let request_time = SystemTime::now();
         let (up, head) = match self
             .upstream
-            .exchange(&request, true, &self.primary.text, &mut Vec::new())
+            .exchange(
+                &request,
+                true,
+                &self.primary.text,
+                &mut Vec::new(),
+                &mut None,
+            )
             .await
         {
             Ok(x) => x,

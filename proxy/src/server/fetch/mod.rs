@@ -188,8 +188,6 @@ pub enum Outcome {
     Reply {
         /// Status code.
         status: u16,
-        /// The `X-Cache` the client sees (what the cache did); the accounting records `ERROR`.
-        x_cache: CacheStatus,
         /// `Cache-Status: zerocache; fwd=miss; detail=...` when the failure has a name the
         /// client may see (`tls-verify`).
         detail: Option<&'static str>,

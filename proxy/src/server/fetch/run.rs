@@ -76,7 +76,6 @@ impl Fetch<'_> {
                     .upstream_error(&self.upstream.name, "protocol");
                 return Outcome::Reply {
                     status: 502,
-                    x_cache: self.status,
                     detail: None,
                 };
             }
@@ -358,12 +357,20 @@ impl Fetch<'_> {
             "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
         );
         let request_time = SystemTime::now();
+        // The server asked last, for the log line of an exchange that fails.
+        let mut tried: Option<String> = None;
         let exchanged = match std::mem::replace(&mut self.body, RequestBody::Whole(Vec::new())) {
             RequestBody::Whole(_) => match self.fleet.take() {
                 Some(plan) => self.exchange_fleet(plan, &request, interim).await,
                 None => {
                     self.upstream
-                        .exchange(&request, idempotent, &self.balance_key(), interim)
+                        .exchange(
+                            &request,
+                            idempotent,
+                            &self.balance_key(),
+                            interim,
+                            &mut tried,
+                        )
                         .await
                 }
             },
@@ -386,16 +393,23 @@ impl Fetch<'_> {
                 if !e.counted_per_attempt() {
                     ctx.accounting.upstream_error(&self.upstream.name, e.kind());
                 }
+                if ctx.access_log.is_some()
+                    && let Some(addr) = tried
+                {
+                    *log = Some(crate::accesslog::UpstreamInfo {
+                        addr,
+                        status: None,
+                        time: request_time.elapsed().unwrap_or_default(),
+                    });
+                }
                 let stale = self.stale_on_error();
                 let outcome = match Disposition::of(Answer::Failed, false, || stale.is_some()) {
                     Disposition::ServeStale => stale.map(Outcome::stale),
                     _ => None,
                 };
-                // The client still sees what the cache did (X-Cache: MISS); the accounting and
-                // metrics see an upstream failure, not a miss.
+                // The proxy answers itself: `X-Cache: ERROR`, as the log and the metrics say.
                 return Err(outcome.unwrap_or(Outcome::Reply {
                     status: e.status(),
-                    x_cache: self.status,
                     detail: e.detail(),
                 }));
             }
@@ -414,8 +428,8 @@ impl Fetch<'_> {
             && let Ok(addr) = up.stream.peer_addr()
         {
             *log = Some(crate::accesslog::UpstreamInfo {
-                addr,
-                status: head.status,
+                addr: addr.to_string(),
+                status: Some(head.status),
                 time: upstream_time,
             });
         }

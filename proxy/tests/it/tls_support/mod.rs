@@ -280,6 +280,18 @@ impl TlsClient {
     }
 
     /// The certificate the server presented.
+    /// The cipher suite agreed, by its name in the IANA registry (TLS 1.3's three, written out
+    /// here apart from the proxy's own spelling of them).
+    pub fn cipher_iana(&self) -> &'static str {
+        let suite = self.tls.conn.negotiated_cipher_suite().expect("negotiated");
+        match u16::from(suite.suite()) {
+            0x1301 => "TLS_AES_128_GCM_SHA256",
+            0x1302 => "TLS_AES_256_GCM_SHA384",
+            0x1303 => "TLS_CHACHA20_POLY1305_SHA256",
+            other => panic!("not a TLS 1.3 suite: {other:#06x}"),
+        }
+    }
+
     pub fn peer_cert(&self) -> Vec<u8> {
         self.tls.conn.peer_certificates().expect("certs")[0].to_vec()
     }
