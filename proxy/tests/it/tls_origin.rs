@@ -164,7 +164,7 @@ fn a_certificate_that_does_not_verify_is_a_502_with_detail_tls_verify() {
         );
         let r = proxy.get("/obj/100");
         assert_eq!(r.status, 502, "{why}");
-        assert_eq!(r.x_cache(), "MISS", "{why}");
+        assert_eq!(r.x_cache(), "ERROR", "{why}");
         assert_eq!(
             r.header("cache-status"),
             Some("zerocache; fwd=miss; detail=tls-verify"),
