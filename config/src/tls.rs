@@ -35,6 +35,12 @@ pub struct TlsListener {
     /// takes h2 gives up sendfile (and kTLS's zero-copy) for multiplexing.
     #[serde(default)]
     pub http2: bool,
+    /// Session-ticket key files, nginx's `ssl_session_ticket_key` format (80 random bytes, or
+    /// 48): the first makes tickets, all open them, reread on SIGHUP. The same files on every
+    /// node of a fleet, and across upgrades, let clients resume where they did not start. Unset:
+    /// a random key per process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ticket_keys: Vec<PathBuf>,
 }
 
 /// `tls.ktls`: kernel TLS for the `tls:` listener's connections.
@@ -67,6 +73,10 @@ pub struct CertificatePair {
     pub cert: PathBuf,
     /// The private key (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// A DER OCSP response for the leaf (`openssl ocsp -respout`), which the operator
+    /// refreshes and reloads: stapled while it is fresh (`thisUpdate` to `nextUpdate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ocsp: Option<PathBuf>,
 }
 
 /// `upstreams.NAME.tls`: how the group's `https://` servers are reached.
@@ -168,6 +178,12 @@ pub fn check_files(config: &crate::Config) -> Vec<Invalid> {
         for (i, c) in t.certificates.iter().enumerate() {
             file(format!("tls.certificates[{i}].cert"), &c.cert);
             file(format!("tls.certificates[{i}].key"), &c.key);
+            if let Some(o) = &c.ocsp {
+                file(format!("tls.certificates[{i}].ocsp"), o);
+            }
+        }
+        for (i, k) in t.ticket_keys.iter().enumerate() {
+            file(format!("tls.ticket_keys[{i}]"), k);
         }
     }
     for (name, up) in &config.upstreams {
@@ -191,6 +207,14 @@ pub fn key_path_of(config: &crate::Config, file: &Path) -> Option<String> {
             }
             if c.key == file {
                 return Some(format!("tls.certificates[{i}].key"));
+            }
+            if c.ocsp.as_deref() == Some(file) {
+                return Some(format!("tls.certificates[{i}].ocsp"));
+            }
+        }
+        for (i, k) in t.ticket_keys.iter().enumerate() {
+            if k == file {
+                return Some(format!("tls.ticket_keys[{i}]"));
             }
         }
     }

@@ -13,11 +13,14 @@
 
 pub mod certs;
 pub mod client;
+mod der;
 pub mod ktls;
 pub mod listener;
 pub mod movable;
+mod ocsp;
 mod pinned;
 pub mod server;
+mod tickets;
 
 use std::sync::Arc;
 

@@ -9,6 +9,7 @@
 //! check) and within its validity dates, and the handshake must be signed by its key (the
 //! signature methods below). Any other certificate goes to the chain verifier unchanged.
 
+use super::der::{element, time};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -79,24 +80,6 @@ impl ServerCertVerifier for PinnedOrChain {
     }
 }
 
-/// One DER element at the start of `b`: (tag, contents, what follows). Definite lengths only,
-/// as DER requires.
-fn element(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = b.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (first as usize, rest)
-    } else {
-        let n = (first & 0x7f) as usize;
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let len = rest[..n].iter().fold(0usize, |a, &d| (a << 8) | d as usize);
-        (len, &rest[n..])
-    };
-    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-}
-
 /// `notBefore` and `notAfter` of an X.509 certificate, as Unix seconds: Certificate ::=
 /// SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber, signature, issuer,
 /// validity SEQUENCE { notBefore, notAfter }, ... }, ... } (RFC 5280 §4.1).
@@ -126,29 +109,6 @@ fn validity(der: &[u8]) -> Option<(i64, i64)> {
     let (t1, before, after) = element(validity)?;
     let (t2, after_time, _) = element(after)?;
     Some((time(t1, before)?, time(t2, after_time)?))
-}
-
-/// UTCTime (`YYMMDDHHMMSSZ`, years 1950 to 2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`).
-fn time(tag: u8, b: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(b).ok()?.strip_suffix('Z')?;
-    let (year, rest) = match (tag, s.len()) {
-        (0x17, 12) => {
-            let yy: i64 = s[..2].parse().ok()?;
-            (if yy < 50 { 2000 + yy } else { 1900 + yy }, &s[2..])
-        }
-        (0x18, 14) => (s[..4].parse().ok()?, &s[4..]),
-        _ => return None,
-    };
-    if !rest.bytes().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    let n = |i: usize| rest[i..i + 2].parse::<i64>().ok();
-    let (month, day, h, m, sec) = (n(0)?, n(2)?, n(4)?, n(6)?, n(8)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
-        return None;
-    }
-    let days = crate::http::date::days_from_civil(year, month as u32, day as u32);
-    Some(days * 86_400 + h * 3600 + m * 60 + sec)
 }
 
 #[cfg(test)]

@@ -67,9 +67,14 @@ impl TlsServer {
     pub fn load(cfg: &TlsListener) -> Result<TlsServer, CertError> {
         let mut certs = Vec::with_capacity(cfg.certificates.len());
         let mut expiries = Vec::with_capacity(cfg.certificates.len());
+        let mut staples = Vec::with_capacity(cfg.certificates.len());
         for pair in &cfg.certificates {
             let c = certs::certified(&pair.cert, &pair.key)?;
             expiries.extend(certs::expiry(&c, &pair.cert));
+            staples.push(match &pair.ocsp {
+                Some(file) => super::ocsp::stapled(&c, file)?,
+                None => None,
+            });
             certs.push(c);
         }
         let certs = Arc::new(certs);
@@ -82,6 +87,7 @@ impl TlsServer {
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(SniResolver {
                 certs: certs.clone(),
+                staples,
             }));
         // HTTP/2 only when asked (`tls.http2`), as nginx's `http2 on`: its DATA frames are
         // written from user space, so an h2 connection gives up sendfile, kTLS or not.
@@ -96,7 +102,15 @@ impl TlsServer {
         let ktls = ktls_plan(cfg.ktls);
         // Secrets are kept for extraction only where they may go to the kernel.
         config.enable_secret_extraction = ktls.is_ok();
-        if let Some(t) = ticketer() {
+        if !cfg.ticket_keys.is_empty() {
+            // The operator's keys: the same on every node and across upgrades.
+            let t =
+                super::tickets::FileTicketer::load(&cfg.ticket_keys).map_err(|e| CertError {
+                    path: e.path,
+                    what: e.what,
+                })?;
+            config.ticketer = Arc::new(t);
+        } else if let Some(t) = ticketer() {
             config.ticketer = t;
         }
         let tickets = config.send_tls13_tickets > 0;
@@ -166,14 +180,24 @@ fn ticketer() -> Option<Arc<dyn rustls::server::ProducesTickets>> {
 #[derive(Debug)]
 struct SniResolver {
     certs: Arc<Vec<Arc<CertifiedKey>>>,
+    /// By the index of `certs`: the same certificate with its OCSP response, and the response's
+    /// dates, when `tls.certificates[].ocsp` names one.
+    staples: Vec<Option<(Arc<CertifiedKey>, super::ocsp::Staple)>>,
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let schemes = hello.signature_schemes();
-        pick(&self.certs, hello.server_name(), |c| {
+        let chosen = pick(&self.certs, hello.server_name(), |c| {
             c.key.choose_scheme(schemes).is_some()
-        })
+        })?;
+        // Stapled while fresh: checked at every handshake, so a file left to expire stops
+        // being sent at its nextUpdate.
+        let i = self.certs.iter().position(|c| Arc::ptr_eq(c, &chosen))?;
+        match self.staples.get(i) {
+            Some(Some((stapled, s))) if s.fresh(super::ocsp::now()) => Some(stapled.clone()),
+            _ => Some(chosen),
+        }
     }
 }
 

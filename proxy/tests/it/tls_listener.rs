@@ -633,3 +633,136 @@ fn every_served_certificates_expiry_is_a_gauge_and_a_reload_updates_it() {
         1_925_078_400
     );
 }
+
+/// `tls.ticket_keys` (nginx's 80-byte `ssl_session_ticket_key` files): two processes with the
+/// same file resume each other's sessions, as a fleet behind one name and the two sides of an
+/// upgrade must; a process with another key makes a full handshake; a file that is no key is
+/// refused by `zerocache check` with its key path.
+#[test]
+fn two_processes_with_the_same_ticket_keys_resume_each_others_sessions() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = cert(&["test.example"]);
+    let files = write(dir.path(), "site", &c);
+    let (shared, other, bad) = (
+        dir.path().join("shared.key"),
+        dir.path().join("other.key"),
+        dir.path().join("bad.key"),
+    );
+    std::fs::write(&shared, [42u8; 80]).expect("key");
+    std::fs::write(&other, [7u8; 48]).expect("key");
+    std::fs::write(&bad, [1u8; 64]).expect("key");
+    let (origin, _rt) = origin();
+    let with = |key: &std::path::Path| {
+        tls_proxy_with(
+            origin.addr(),
+            &[files.clone()],
+            &format!("  ticket_keys: [{}]\n", key.display()),
+        )
+    };
+    let (_a, a) = with(&shared);
+    let (_b, b) = with(&shared);
+    let (elsewhere, c_addr) = with(&other);
+    let config = client_config(Some(&c));
+    let kind = |addr: std::net::SocketAddr| {
+        let mut t = TlsClient::connect(addr, "test.example", config.clone());
+        // TLS 1.3 tickets arrive after the handshake: read a response so they are taken in.
+        assert_eq!(t.get("/obj/10", &[]).status, 200);
+        t.tls.conn.handshake_kind()
+    };
+    assert_eq!(kind(a), Some(rustls::HandshakeKind::Full));
+    assert_eq!(
+        kind(b),
+        Some(rustls::HandshakeKind::Resumed),
+        "b opens a's ticket"
+    );
+    assert_eq!(
+        kind(a),
+        Some(rustls::HandshakeKind::Resumed),
+        "and a opens b's"
+    );
+    assert_eq!(
+        kind(c_addr),
+        Some(rustls::HandshakeKind::Full),
+        "another key"
+    );
+    let text = std::fs::read_to_string(&elsewhere.config).expect("config");
+    std::fs::write(
+        &elsewhere.config,
+        text.replace(&other.display().to_string(), &bad.display().to_string()),
+    )
+    .expect("rewrite");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zerocache"))
+        .args(["check", "-q", "-c"])
+        .arg(&elsewhere.config)
+        .output()
+        .expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("tls.ticket_keys[0]")
+            && err.contains("64 bytes: a ticket key file has 80 (or 48) random bytes"),
+        "{err}"
+    );
+}
+
+/// `tls.certificates[].ocsp`: a fresh response for the certificate is stapled in the handshake;
+/// after the file is replaced by a stale one and reloaded, none is (a client would reject it).
+#[test]
+fn a_fresh_ocsp_response_is_stapled_and_a_stale_one_is_not() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serial = [0x12, 0x34, 0x56];
+    let (crt, key) = write(
+        dir.path(),
+        "site",
+        &cert_with_serial(&["test.example"], &serial),
+    );
+    let ocsp = dir.path().join("site.ocsp");
+    let fresh = ocsp_response(&serial, "20260101000000Z", "20991231000000Z");
+    std::fs::write(&ocsp, &fresh).expect("ocsp");
+    let (origin, _rt) = origin();
+    let tport = free_port();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            extra_yaml: format!(
+                "tls:\n  listen: 127.0.0.1:{tport}\n  certificates:\n    - {{ cert: {}, key: {}, ocsp: {} }}\n  ktls: off\n",
+                crt.display(),
+                key.display(),
+                ocsp.display()
+            ),
+            ..Opts::default()
+        },
+    );
+    let taddr: std::net::SocketAddr = format!("127.0.0.1:{tport}").parse().expect("addr");
+    let (config, seen) = client_config_seeing_ocsp();
+    let stapled = || {
+        let mut t = TlsClient::connect(taddr, "test.example", config.clone());
+        assert_eq!(t.get("/obj/10", &[]).status, 200);
+        seen.lock()
+            .expect("seen")
+            .last()
+            .cloned()
+            .expect("a handshake")
+    };
+    assert_eq!(stapled(), fresh);
+    // Its nextUpdate passed: not stapled after the reload that reads it.
+    std::fs::write(
+        &ocsp,
+        ocsp_response(&serial, "20260101000000Z", "20260102000000Z"),
+    )
+    .expect("ocsp");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(proxy.child.id() as i32, libc::SIGHUP) };
+    assert_eventually_eq(
+        "accepted reloads",
+        Duration::from_secs(10),
+        || {
+            metric(
+                &proxy.metrics(),
+                "zerocache_config_reloads_total{result=\"accepted\"}",
+            )
+        },
+        1,
+    );
+    assert_eq!(stapled(), Vec::<u8>::new());
+}

@@ -44,6 +44,90 @@ pub fn cert_until(names: &[&str], (year, month, day): (i32, u8, u8)) -> Cert {
     }
 }
 
+/// A self-signed certificate for `names` with the serial number `serial`.
+pub fn cert_with_serial(names: &[&str], serial: &[u8]) -> Cert {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(serial));
+    let key = rcgen::KeyPair::generate().expect("key");
+    let c = params.self_signed(&key).expect("rcgen");
+    Cert {
+        pem: c.pem(),
+        key_pem: key.serialize_pem(),
+        der: c.der().to_vec(),
+    }
+}
+
+/// A DER OCSP response (RFC 6960 §4.2.1) saying `good` for the certificate with serial
+/// `serial`, from `this` to `next` (GeneralizedTime, `20261201000000Z`); its signature is a
+/// placeholder, which the proxy does not read (the client checks it).
+pub fn ocsp_response(serial: &[u8], this: &str, next: &str) -> Vec<u8> {
+    fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        match content.len() {
+            n if n < 0x80 => out.push(n as u8),
+            n if n < 0x100 => out.extend([0x81, n as u8]),
+            n => out.extend([0x82, (n >> 8) as u8, n as u8]),
+        }
+        out.extend_from_slice(content);
+        out
+    }
+    let sha1 = tlv(
+        0x30,
+        &[tlv(0x06, &[0x2b, 0x0e, 0x03, 0x02, 0x1a]), tlv(0x05, &[])].concat(),
+    );
+    let cert_id = tlv(
+        0x30,
+        &[
+            sha1,
+            tlv(0x04, &[1; 20]),
+            tlv(0x04, &[2; 20]),
+            tlv(0x02, serial),
+        ]
+        .concat(),
+    );
+    let single = tlv(
+        0x30,
+        &[
+            cert_id,
+            tlv(0x80, &[]),
+            tlv(0x18, this.as_bytes()),
+            tlv(0xa0, &tlv(0x18, next.as_bytes())),
+        ]
+        .concat(),
+    );
+    let data = tlv(
+        0x30,
+        &[
+            tlv(0xa2, &tlv(0x04, &[3; 20])),
+            tlv(0x18, this.as_bytes()),
+            tlv(0x30, &single),
+        ]
+        .concat(),
+    );
+    let sha256_rsa = tlv(
+        0x30,
+        &[
+            tlv(
+                0x06,
+                &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0b],
+            ),
+            tlv(0x05, &[]),
+        ]
+        .concat(),
+    );
+    let basic = tlv(
+        0x30,
+        &[data, sha256_rsa, tlv(0x03, &[0, 0xde, 0xad])].concat(),
+    );
+    let id_pkix_ocsp_basic = [0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01, 0x01];
+    let bytes = tlv(
+        0x30,
+        &[tlv(0x06, &id_pkix_ocsp_basic), tlv(0x04, &basic)].concat(),
+    );
+    tlv(0x30, &[tlv(0x0a, &[0]), tlv(0xa0, &bytes)].concat())
+}
+
 /// Writes `c` as `dir/NAME.crt` and `dir/NAME.key`.
 pub fn write(dir: &Path, name: &str, c: &Cert) -> (PathBuf, PathBuf) {
     let (crt, key) = (
@@ -72,6 +156,60 @@ impl ServerCertVerifier for AnyCert {
         _: &[u8],
         _: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            m,
+            c,
+            d,
+            &provider().signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            m,
+            c,
+            d,
+            &provider().signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// What each handshake stapled, in order (empty: nothing).
+pub type Seen = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
+/// Accepts any certificate and keeps the OCSP response each handshake stapled (empty: none).
+#[derive(Debug)]
+struct SeesOcsp(Seen);
+
+impl ServerCertVerifier for SeesOcsp {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        ocsp: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.push(ocsp.to_vec());
+        }
         Ok(ServerCertVerified::assertion())
     }
     fn verify_tls12_signature(
@@ -160,6 +298,22 @@ pub fn rsa_only_client_config() -> Arc<ClientConfig> {
 }
 
 /// A client config trusting exactly `trust`, or any certificate when `None`.
+/// A client that accepts any certificate and keeps, handshake by handshake, the OCSP response
+/// the server stapled (empty when none).
+pub fn client_config_seeing_ocsp() -> (Arc<ClientConfig>, Seen) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut c = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(SeesOcsp(seen.clone())))
+        .with_no_client_auth();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // A full handshake every time: a resumed one carries no certificate, and no OCSP response.
+    c.resumption = rustls::client::Resumption::disabled();
+    (Arc::new(c), seen)
+}
+
 pub fn client_config(trust: Option<&Cert>) -> Arc<ClientConfig> {
     let b = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
