@@ -655,7 +655,7 @@ fn two_processes_with_the_same_ticket_keys_resume_each_others_sessions() {
     let with = |key: &std::path::Path| {
         tls_proxy_with(
             origin.addr(),
-            &[files.clone()],
+            std::slice::from_ref(&files),
             &format!("  ticket_keys: [{}]\n", key.display()),
         )
     };
