@@ -4,20 +4,7 @@
 
 use crate::support::*;
 use crate::tls_support::*;
-use std::time::{Duration, Instant};
-
-/// The file's lines once it has at least `n` (the writer flushes within 200 ms).
-fn lines(log: &std::path::Path, n: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.lines().count() >= n {
-            return text.lines().map(str::to_string).collect();
-        }
-        assert!(Instant::now() < deadline, "access log: {text:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use std::time::Duration;
 
 fn logging(log: &str, template: &str) -> String {
     format!("logging:\n  access_log: {log}\n  access_log_format: '{template}'\n")
@@ -51,7 +38,7 @@ fn a_template_line_has_each_variables_value_over_tls() {
         c.send(b"GET /obj/10 HTTP/1.1\r\nHost: test.example\r\nUser-Agent: t/1\r\n\r\n");
         assert_eq!(c.response().status, 200);
     }
-    let got = lines(&log, 2);
+    let got = log_lines(&log, 2);
     let cipher = c.cipher_iana();
     let fixed = |l: &str| l.split(" | ").next().unwrap_or("").to_string();
     assert_eq!(
@@ -111,7 +98,7 @@ fn a_502_line_names_the_server_it_could_not_reach_and_x_cache_agrees() {
     );
     let r = proxy.get("/obj/10");
     assert_eq!((r.status, r.x_cache()), (502, "ERROR"));
-    assert_eq!(lines(&log, 1), [format!("502 ERROR {dead} - 0")]);
+    assert_eq!(log_lines(&log, 1), [format!("502 ERROR {dead} - 0")]);
     assert_eq!(
         metric(
             &proxy.metrics(),

@@ -21,19 +21,6 @@ fn check_big(all: &[u8]) {
     assert_complete_64mib_hit(all);
 }
 
-/// The access log's lines once it has at least `n` (the writer thread flushes within 200 ms).
-fn log_lines(log: &std::path::Path, n: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.lines().count() >= n {
-            return text.lines().map(str::to_string).collect();
-        }
-        assert!(Instant::now() < deadline, "access log: {text:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// `/healthz`, asked as a load balancer does: by address, with another `Host` and no token.
 fn healthz(proxy: &Proxy) -> (u16, String) {
     let r = Client::connect(proxy.dashboard).get("/healthz", &[]);

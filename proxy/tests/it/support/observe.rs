@@ -143,3 +143,16 @@ pub fn closed_conn(proxy: &Proxy, pred: impl Fn(&Value) -> bool) -> Value {
 pub fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
+
+/// The access log's lines once it has at least `n` (the writer thread flushes within 200 ms).
+pub fn log_lines(log: &std::path::Path, n: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().count() >= n {
+            return text.lines().map(str::to_string).collect();
+        }
+        assert!(std::time::Instant::now() < deadline, "access log: {text:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -218,12 +218,7 @@ impl ServerCertVerifier for SeesOcsp {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            m,
-            c,
-            d,
-            &provider().signature_verification_algorithms,
-        )
+        AnyCert.verify_tls12_signature(m, c, d)
     }
     fn verify_tls13_signature(
         &self,
@@ -231,17 +226,10 @@ impl ServerCertVerifier for SeesOcsp {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            m,
-            c,
-            d,
-            &provider().signature_verification_algorithms,
-        )
+        AnyCert.verify_tls13_signature(m, c, d)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        provider()
-            .signature_verification_algorithms
-            .supported_schemes()
+        AnyCert.supported_verify_schemes()
     }
 }
 
