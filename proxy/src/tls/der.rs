@@ -23,6 +23,11 @@ pub(crate) fn element(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 /// UTCTime (`YYMMDDHHMMSSZ`, years 1950 to 2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`).
 pub(crate) fn time(tag: u8, b: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(b).ok()?.strip_suffix('Z')?;
+    // Digits before any slicing: `1é123456789Z` is 12 bytes of UTF-8 whose byte 2 is inside a
+    // character, and an OCSP file can come from a responder over plain HTTP.
+    if !s.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
     let (year, rest) = match (tag, s.len()) {
         (0x17, 12) => {
             let yy: i64 = s[..2].parse().ok()?;
@@ -31,9 +36,6 @@ pub(crate) fn time(tag: u8, b: &[u8]) -> Option<i64> {
         (0x18, 14) => (s[..4].parse().ok()?, &s[4..]),
         _ => return None,
     };
-    if !rest.bytes().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
     let n = |i: usize| rest[i..i + 2].parse::<i64>().ok();
     let (month, day, h, m, sec) = (n(0)?, n(2)?, n(4)?, n(6)?, n(8)?);
     if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {

@@ -127,6 +127,8 @@ mod tests {
             (0x17, b"701301000000Z"),
             (0x17, b"70010100000+Z"),
             (0x05, b"700101000000Z"),
+            (0x17, "1é123456789Z".as_bytes()),
+            (0x18, "2é26120100000Z".as_bytes()),
         ] {
             assert_eq!(time(tag, bad), None, "{}", String::from_utf8_lossy(bad));
         }
