@@ -110,8 +110,9 @@ impl RequestInfo {
 pub struct AccessLog {
     tx: SyncSender<Msg>,
     format: LineFormat,
-    /// Lines dropped because the writer fell behind.
-    pub dropped: AtomicU64,
+    /// Lines dropped because the writer fell behind, or because syslog took none (its socket
+    /// gone and not back after a reconnect).
+    pub dropped: std::sync::Arc<AtomicU64>,
     /// A reopen asked for and not yet done (see [`AccessLog::reopen`]).
     reopen_pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -126,13 +127,15 @@ impl AccessLog {
         let target = target.to_string();
         let reopen_pending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let pending = reopen_pending.clone();
+        let dropped = std::sync::Arc::new(AtomicU64::new(0));
+        let lost = dropped.clone();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(rx, out, &target, &pending))?;
+            .spawn(move || writer(rx, out, &target, &pending, &lost))?;
         Ok(AccessLog {
             tx,
             format,
-            dropped: AtomicU64::new(0),
+            dropped,
             reopen_pending,
         })
     }
@@ -161,14 +164,20 @@ fn writer(
     mut out: Sink,
     target: &str,
     reopen_pending: &std::sync::atomic::AtomicBool,
+    lost: &AtomicU64,
 ) {
+    let apply = |msg: Msg, out: &mut Sink| {
+        if !apply(msg, out, target, reopen_pending) {
+            lost.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     loop {
         // A reopen that could not be queued (the queue was full) is done here.
         if reopen_pending.load(Ordering::Relaxed) {
-            apply(Msg::Reopen, &mut out, target, reopen_pending);
+            apply(Msg::Reopen, &mut out);
         }
         match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(msg) => apply(msg, &mut out, target, reopen_pending),
+            Ok(msg) => apply(msg, &mut out),
             Err(RecvTimeoutError::Timeout) => out.flush(),
             Err(RecvTimeoutError::Disconnected) => {
                 out.flush();
@@ -177,17 +186,22 @@ fn writer(
         }
         // Flush whenever the queue runs dry, so a quiet proxy's log is current.
         match rx.try_recv() {
-            Ok(msg) => apply(msg, &mut out, target, reopen_pending),
+            Ok(msg) => apply(msg, &mut out),
             Err(_) => out.flush(),
         }
     }
 }
 
 /// Writes a line, or flushes and reopens the target; one that cannot be reopened leaves the
-/// old one in use (the lines still land somewhere) and says so.
-fn apply(msg: Msg, out: &mut Sink, target: &str, reopen_pending: &std::sync::atomic::AtomicBool) {
+/// old one in use (the lines still land somewhere) and says so. False: a line was lost.
+fn apply(
+    msg: Msg,
+    out: &mut Sink,
+    target: &str,
+    reopen_pending: &std::sync::atomic::AtomicBool,
+) -> bool {
     match msg {
-        Msg::Line(line) => out.line(&line),
+        Msg::Line(line) => return out.line(&line),
         // A queued reopen whose flag an earlier one already cleared is the same request: done.
         Msg::Reopen if !reopen_pending.swap(false, Ordering::Relaxed) => {}
         Msg::Reopen => {
@@ -203,4 +217,5 @@ fn apply(msg: Msg, out: &mut Sink, target: &str, reopen_pending: &std::sync::ato
             }
         }
     }
+    true
 }

@@ -14,8 +14,8 @@ const PRIORITY: u8 = 16 * 8 + 6;
 pub(super) enum Sink {
     /// A file or a standard stream, buffered (flushed when the queue runs dry).
     Stream(BufWriter<Box<dyn Write + Send>>),
-    /// A syslog socket: each line is a datagram of its own.
-    Syslog(UnixDatagram),
+    /// A syslog socket (and its path, to reconnect): each line is a datagram of its own.
+    Syslog(UnixDatagram, String),
 }
 
 impl Sink {
@@ -36,20 +36,29 @@ impl Sink {
         Ok(Sink::Stream(BufWriter::with_capacity(64 * 1024, stream)))
     }
 
-    /// Writes `line` (newline included). A syslog datagram that cannot be sent (the daemon is
-    /// restarting, its queue is full) is lost, as the syslog(3) call would lose it.
-    pub(super) fn line(&mut self, line: &str) {
+    /// Writes `line` (newline included); false when it was lost. A syslog daemon restarted
+    /// since (rsyslog re-creates `/dev/log`) is connected to again and the line sent once more,
+    /// as syslog(3) does; one that takes nothing within a second loses the line (counted), rather
+    /// than holding the writer.
+    pub(super) fn line(&mut self, line: &str) -> bool {
         match self {
-            Sink::Stream(w) => {
-                let _ = w.write_all(line.as_bytes());
-            }
-            Sink::Syslog(s) => {
+            Sink::Stream(w) => w.write_all(line.as_bytes()).is_ok(),
+            Sink::Syslog(s, path) => {
                 let msg = format!(
                     "<{PRIORITY}>zerocache[{}]: {}",
                     std::process::id(),
                     line.trim_end_matches('\n')
                 );
-                let _ = s.send(msg.as_bytes());
+                if s.send(msg.as_bytes()).is_ok() {
+                    return true;
+                }
+                match connect(path) {
+                    Ok(again) => {
+                        *s = again;
+                        s.send(msg.as_bytes()).is_ok()
+                    }
+                    Err(_) => false,
+                }
             }
         }
     }
@@ -62,8 +71,14 @@ impl Sink {
 }
 
 fn syslog(path: &str) -> io::Result<Sink> {
-    let s = UnixDatagram::unbound()?;
-    s.connect(path)
+    let s = connect(path)
         .map_err(|e| io::Error::new(e.kind(), format!("syslog socket {path}: {e}")))?;
-    Ok(Sink::Syslog(s))
+    Ok(Sink::Syslog(s, path.to_string()))
+}
+
+fn connect(path: &str) -> io::Result<UnixDatagram> {
+    let s = UnixDatagram::unbound()?;
+    s.connect(path)?;
+    s.set_write_timeout(Some(std::time::Duration::from_secs(1)))?;
+    Ok(s)
 }

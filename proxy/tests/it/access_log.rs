@@ -134,12 +134,28 @@ fn lines_go_to_syslog_one_datagram_each() {
     assert_eq!(c.get("/obj/10", &[]).status, 200);
     assert_eq!(c.get("/obj/10", &[]).status, 200);
     let pid = proxy.child.id();
-    for want in ["GET /obj/10 200 MISS", "GET /obj/10 200 HIT"] {
+    let next = |syslog: &std::os::unix::net::UnixDatagram| {
         let mut buf = [0u8; 2048];
         let n = syslog.recv(&mut buf).expect("a datagram");
-        assert_eq!(
-            std::str::from_utf8(&buf[..n]).expect("utf8"),
-            format!("<134>zerocache[{pid}]: {want}")
-        );
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    for want in ["GET /obj/10 200 MISS", "GET /obj/10 200 HIT"] {
+        assert_eq!(next(&syslog), format!("<134>zerocache[{pid}]: {want}"));
     }
+    // The daemon restarts and makes its socket anew (rsyslog does): the next line reaches it.
+    drop(syslog);
+    std::fs::remove_file(&sock).expect("remove");
+    let syslog = std::os::unix::net::UnixDatagram::bind(&sock).expect("bind again");
+    syslog
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    assert_eq!(c.get("/obj/11", &[]).status, 200);
+    assert_eq!(
+        next(&syslog),
+        format!("<134>zerocache[{pid}]: GET /obj/11 200 MISS")
+    );
+    assert_eq!(
+        metric(&proxy.metrics(), "zerocache_access_log_dropped_total"),
+        0
+    );
 }
