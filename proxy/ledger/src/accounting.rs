@@ -5,7 +5,7 @@
 
 use crate::join::ConnState;
 use crate::records::ResponseRecord;
-use crate::routes::{NO_ROUTE, RouteCounters, RouteTable};
+use crate::routes::{RouteCounters, RouteTable};
 use crate::vocabulary::{CacheStatus, ConnId, DataPath, Protocol, REJECT_REASONS, RejectReason};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -93,6 +93,8 @@ pub struct Accounting {
     purges: [[AtomicU64; 2]; 3],
     /// Responses by route (the `route` label), with `zerocache_request_duration_seconds`.
     routes: RouteTable,
+    /// `routes`'s `-`, without its lock.
+    no_route: Arc<RouteCounters>,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) closed_capacity: usize,
     pub(crate) probe_attached: bool,
@@ -122,6 +124,7 @@ impl Accounting {
             &["cache_status", "route"],
         )
         .expect("static histogram options are valid");
+        let (routes, no_route) = RouteTable::new(durations);
         let upstream_seconds = prometheus::HistogramVec::new(
             prometheus::HistogramOpts::new(
                 "zerocache_upstream_response_seconds",
@@ -156,7 +159,8 @@ impl Accounting {
             by_code: (0..Protocol::ALL.len() * 500 * CacheStatus::ALL.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            routes: RouteTable::new(durations),
+            routes,
+            no_route,
             state: Mutex::new(ConnState::default()),
             closed_capacity,
             probe_attached,
@@ -340,8 +344,8 @@ impl Accounting {
     }
 
     /// The counters of requests that matched no route (`route="-"`).
-    pub fn no_route(&self) -> Arc<RouteCounters> {
-        self.routes.named(NO_ROUTE)
+    pub fn no_route(&self) -> &RouteCounters {
+        &self.no_route
     }
 
     /// Every route's counters, `-` first.

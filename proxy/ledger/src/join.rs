@@ -483,8 +483,8 @@ mod tests {
     fn clean_hits_have_ratio_one_and_no_violation() {
         let a = Accounting::new(10, true);
         let id = a.conn_opened(7, "127.0.0.1:1".parse().expect("addr"));
-        a.response(id, &rec(DataPath::Zerocopy, 1000), &a.no_route(), false);
-        a.response(id, &rec(DataPath::Zerocopy, 1000), &a.no_route(), false);
+        a.response(id, &rec(DataPath::Zerocopy, 1000), a.no_route(), false);
+        a.response(id, &rec(DataPath::Zerocopy, 1000), a.no_route(), false);
         a.conn_closed(id);
         a.kernel_closed(&ClosedFd {
             pid: 1,
@@ -505,7 +505,7 @@ mod tests {
         let a = Accounting::new(10, true);
         let id = a.conn_opened(7, "127.0.0.1:1".parse().expect("addr"));
         for _ in 0..3 {
-            a.response(id, &rec(DataPath::Zerocopy, 1000), &a.no_route(), false);
+            a.response(id, &rec(DataPath::Zerocopy, 1000), a.no_route(), false);
         }
         a.conn_closed(id);
         a.kernel_closed(&ClosedFd {
@@ -547,7 +547,7 @@ mod tests {
         // number goes to a dashboard socket (generation 5) that writes 4,077 bytes and closes.
         let a = with_generations();
         let id = a.conn_opened(7, "127.0.0.1:1".parse().expect("addr"));
-        a.response(id, &rec(DataPath::Zerocopy, 1000), &a.no_route(), false);
+        a.response(id, &rec(DataPath::Zerocopy, 1000), a.no_route(), false);
         a.conn_closed(id);
         a.kernel_closed(&closed_fd(7, 5, counts(0, 4077)));
         assert_eq!(a.body_totals().connections, 0);
@@ -567,7 +567,7 @@ mod tests {
     fn a_kernel_record_that_comes_first_waits_for_its_connection() {
         let a = with_generations();
         let id = a.conn_opened(9, "127.0.0.1:1".parse().expect("addr"));
-        a.response(id, &rec(DataPath::Zerocopy, 2000), &a.no_route(), false);
+        a.response(id, &rec(DataPath::Zerocopy, 2000), a.no_route(), false);
         a.kernel_closed(&closed_fd(9, 1, counts(2000, 100)));
         assert_eq!(a.body_totals().connections, 0);
         a.conn_closed(id);
@@ -582,10 +582,10 @@ mod tests {
     fn records_of_one_fd_join_their_own_generation_whatever_the_order() {
         let a = with_generations();
         let first = a.conn_opened(4, "127.0.0.1:1".parse().expect("addr"));
-        a.response(first, &rec(DataPath::Zerocopy, 100), &a.no_route(), false);
+        a.response(first, &rec(DataPath::Zerocopy, 100), a.no_route(), false);
         a.conn_closed(first);
         let second = a.conn_opened(4, "127.0.0.1:2".parse().expect("addr"));
-        a.response(second, &rec(DataPath::Zerocopy, 300), &a.no_route(), false);
+        a.response(second, &rec(DataPath::Zerocopy, 300), a.no_route(), false);
         a.conn_closed(second);
         a.kernel_closed(&closed_fd(4, 2, counts(300, 100)));
         a.kernel_closed(&closed_fd(4, 1, counts(0, 200)));

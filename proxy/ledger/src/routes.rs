@@ -3,7 +3,7 @@
 //! tell which route's hit ratio fell or which one answers 5xx. A route's counters are found by
 //! its name (`routes[].name`, else its index) when the config is compiled and kept across
 //! reloads, so a reload that keeps a name keeps its counts; `-` counts requests that matched no
-//! route (a bad request, a PURGE, a request for no configured host). The label's values are the
+//! route (a bad request before its head was whole, a request for no configured host). The label's values are the
 //! names configured since start-up: bounded by the config, never by what clients send.
 
 use crate::records::ResponseRecord;
@@ -19,14 +19,29 @@ pub const NO_ROUTE: &str = "-";
 /// Where a response came from: a client, or a fleet peer that forwarded its client's request.
 const SOURCES: [&str; 2] = ["client", "peer"];
 
+/// The status codes counted without a lock: every one RFC 9110 defines and the common extensions
+/// (nginx's 499 among them). An origin's rarer code goes to a small map under a lock.
+const CODES: [u16; 56] = [
+    100, 101, 103, 200, 201, 202, 203, 204, 205, 206, 207, 300, 301, 302, 303, 304, 305, 307, 308,
+    400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 421,
+    422, 425, 426, 428, 429, 431, 451, 499, 500, 501, 502, 503, 504, 505, 507, 508, 510, 511,
+];
+
+/// A code's place in [`CODES`].
+fn slot(code: u16) -> Option<usize> {
+    CODES.binary_search(&code).ok()
+}
+
 /// One route's counts.
 pub struct RouteCounters {
     name: Arc<str>,
     /// By protocol, source, cache status.
     requests: [[[AtomicU64; 7]; 2]; 2],
-    /// By (protocol, status code, cache status): the codes a route answers are few, so a map
-    /// under a lock rather than 7,000 counters a route.
-    by_code: Mutex<HashMap<(Protocol, u16, CacheStatus), u64>>,
+    /// By protocol, [`CODES`] slot and cache status: one relaxed add a response, no lock
+    /// (all workers serve the same hot route).
+    by_code: Box<[[[AtomicU64; 7]; CODES.len()]; 2]>,
+    /// Codes outside [`CODES`], which only an unusual origin sends.
+    other_codes: Mutex<HashMap<(Protocol, u16, CacheStatus), u64>>,
     /// `zerocache_request_duration_seconds{route=name}`, by cache status in
     /// [`CacheStatus::ALL`] order.
     durations: Vec<prometheus::Histogram>,
@@ -49,12 +64,18 @@ impl RouteCounters {
         let cs = r.cache_status.index();
         self.requests[protocol.index()][usize::from(from_peer)][cs].fetch_add(1, Ordering::Relaxed);
         self.durations[cs].observe(r.duration.as_secs_f64());
-        if (100..600).contains(&r.status) {
-            *self
-                .by_code
-                .lock()
-                .entry((protocol, r.status, r.cache_status))
-                .or_default() += 1;
+        match slot(r.status) {
+            Some(i) => {
+                self.by_code[protocol.index()][i][cs].fetch_add(1, Ordering::Relaxed);
+            }
+            None if (100..600).contains(&r.status) => {
+                *self
+                    .other_codes
+                    .lock()
+                    .entry((protocol, r.status, r.cache_status))
+                    .or_default() += 1;
+            }
+            None => {}
         }
     }
 
@@ -79,11 +100,21 @@ impl RouteCounters {
     /// Responses by (protocol, status code, cache status), the codes sent so far, sorted.
     pub fn by_code(&self) -> Vec<(Protocol, u16, CacheStatus, u64)> {
         let mut v: Vec<_> = self
-            .by_code
+            .other_codes
             .lock()
             .iter()
             .map(|((p, code, cs), n)| (*p, *code, *cs, *n))
             .collect();
+        for p in Protocol::ALL {
+            for (i, code) in CODES.iter().enumerate() {
+                for cs in CacheStatus::ALL {
+                    let n = self.by_code[p.index()][i][cs.index()].load(Ordering::Relaxed);
+                    if n > 0 {
+                        v.push((p, *code, cs, n));
+                    }
+                }
+            }
+        }
         v.sort_by_key(|(p, code, cs, _)| (p.index(), *code, cs.index()));
         v
     }
@@ -97,13 +128,15 @@ pub(crate) struct RouteTable {
 }
 
 impl RouteTable {
-    pub(crate) fn new(durations: prometheus::HistogramVec) -> RouteTable {
+    /// The table, with `-`'s counters made first (and returned: the accounting keeps them at
+    /// hand, since a client decides how often a request matches no route).
+    pub(crate) fn new(durations: prometheus::HistogramVec) -> (RouteTable, Arc<RouteCounters>) {
         let t = RouteTable {
             routes: Mutex::default(),
             durations,
         };
-        t.named(NO_ROUTE);
-        t
+        let none = t.named(NO_ROUTE);
+        (t, none)
     }
 
     /// The counters of the route named `name`, made on first use.
@@ -115,7 +148,10 @@ impl RouteTable {
         let r = Arc::new(RouteCounters {
             name: name.into(),
             requests: Default::default(),
-            by_code: Mutex::default(),
+            by_code: Box::new(std::array::from_fn(|_| {
+                std::array::from_fn(|_| Default::default())
+            })),
+            other_codes: Mutex::default(),
             durations: CacheStatus::ALL
                 .iter()
                 .map(|cs| self.durations.with_label_values(&[cs.as_str(), name]))
@@ -162,12 +198,13 @@ mod tests {
             &["cache_status", "route"],
         )
         .expect("histogram");
-        let t = RouteTable::new(durations);
+        let (t, _) = RouteTable::new(durations);
         let api = t.named("api");
         assert!(Arc::ptr_eq(&api, &t.named("api")), "one counter set a name");
         api.response(Protocol::Http1, false, &rec(200, CacheStatus::Hit));
         api.response(Protocol::Http1, true, &rec(200, CacheStatus::Hit));
         api.response(Protocol::H2, false, &rec(502, CacheStatus::Error));
+        api.response(Protocol::Http1, false, &rec(299, CacheStatus::Miss));
         let n = |p: Protocol, source: &str, cs: CacheStatus| {
             api.requests()
                 .into_iter()
@@ -183,10 +220,15 @@ mod tests {
             "peers use HTTP/1.1"
         );
         assert_eq!(api.requests().len(), 3 * CacheStatus::ALL.len());
+        assert!(
+            CODES.windows(2).all(|w| w[0] < w[1]),
+            "sorted for the search"
+        );
         assert_eq!(
             api.by_code(),
             [
                 (Protocol::Http1, 200, CacheStatus::Hit, 2),
+                (Protocol::Http1, 299, CacheStatus::Miss, 1),
                 (Protocol::H2, 502, CacheStatus::Error, 1)
             ]
         );

@@ -168,11 +168,11 @@ mod tests {
             tls,
             crate::TlsTransport::Userspace(crate::UserspaceReason::KernelHasNoKtls),
         );
-        a.response(tls, &hit(DataPath::Copy, 10_000), &a.no_route(), false);
+        a.response(tls, &hit(DataPath::Copy, 10_000), a.no_route(), false);
         a.conn_closed(tls);
         a.kernel_closed(&closed(7, 0, 12_345));
         let plain = a.conn_opened(8, "127.0.0.1:2".parse().expect("addr"));
-        a.response(plain, &hit(DataPath::Zerocopy, 1000), &a.no_route(), false);
+        a.response(plain, &hit(DataPath::Zerocopy, 1000), a.no_route(), false);
         a.conn_closed(plain);
         a.kernel_closed(&closed(8, 1000, 100));
         assert_eq!(a.violations(), 0);
@@ -197,7 +197,7 @@ mod tests {
         a.response(
             good,
             &hit(DataPath::Zerocopy, 1_000_000),
-            &a.no_route(),
+            a.no_route(),
             false,
         );
         a.conn_tls_control(good, 2);
@@ -213,7 +213,7 @@ mod tests {
         a.response(
             bad,
             &hit(DataPath::Zerocopy, 1_000_000),
-            &a.no_route(),
+            a.no_route(),
             false,
         );
         a.conn_closed(bad);
@@ -237,7 +237,7 @@ mod tests {
         let t = crate::TlsTransport::Userspace(crate::UserspaceReason::CipherNotOffloadable);
         a.tls.connection(t);
         a.conn_tls(c, t);
-        a.response(c, &hit(DataPath::Copy, 10), &a.no_route(), false);
+        a.response(c, &hit(DataPath::Copy, 10), a.no_route(), false);
         a.conn_closed(c);
         let (page, _, _) = a.closed_page(0, 10, crate::SortKey::Id, true);
         assert_eq!(

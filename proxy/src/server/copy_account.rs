@@ -44,7 +44,7 @@ impl Conn {
         let r = &ResponseRecord { path, ..r.clone() };
         match &self.log_info.route {
             Some(route) => acc.response(self.id, r, route, self.from_peer),
-            None => acc.response(self.id, r, &acc.no_route(), self.from_peer),
+            None => acc.response(self.id, r, acc.no_route(), self.from_peer),
         }
         if let Some(log) = &self.ctx.access_log {
             log.log(&self.peer, r, &self.log_info);
