@@ -47,6 +47,13 @@ fn check_cache_dir_untouched(dir: &std::path::Path) -> Result<(), Invalid> {
                     fail(format!("cannot {what} `{}`: {e}", at.display()))
                 });
             }
+            // A link to nothing: `run` could not create the directory where the link is.
+            Err(_) if std::fs::symlink_metadata(at).is_ok_and(|m| m.is_symlink()) => {
+                return Err(fail(format!(
+                    "`{}` is a symbolic link to a path that does not exist",
+                    at.display()
+                )));
+            }
             // Absent, or below a file: the nearest parent that exists says why.
             Err(e)
                 if matches!(

@@ -430,6 +430,19 @@ fn check_creates_nothing_and_says_where_the_cache_directory_could_not_be_made() 
     assert_eq!(code, 0, "{err}");
     assert!(!tmp.path().join("a").exists(), "check created a directory");
 
+    // A link to nothing: run's create_dir_all would fail with EEXIST.
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("gone"), &dangling).expect("symlink");
+    let (code, _, err) = zerocache(&["check", "-q", "-c", &config(&dangling)]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!(
+            "cache.path: `{}` is a symbolic link to a path that does not exist",
+            dangling.display()
+        )),
+        "{err}"
+    );
+
     std::fs::write(tmp.path().join("file"), b"").expect("file");
     let (code, _, err) = zerocache(&["check", "-q", "-c", &config(&tmp.path().join("file/cache"))]);
     assert_eq!(code, 1);
