@@ -10,7 +10,7 @@ use zerocache_config::Config;
 pub struct Route {
     /// Its counts, under its name (`routes[].name`, else its index): the metrics' `route`
     /// label and the access log's `$route`.
-    pub counters: Arc<zerocache_ledger::RouteCounters>,
+    pub counters: &'static zerocache_ledger::RouteCounters,
     host: String,
     prefix: String,
     /// The upstream group.

@@ -9,7 +9,6 @@ use crate::routes::{RouteCounters, RouteTable};
 use crate::vocabulary::{CacheStatus, ConnId, DataPath, Protocol, REJECT_REASONS, RejectReason};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -94,7 +93,7 @@ pub struct Accounting {
     /// Responses by route (the `route` label), with `zerocache_request_duration_seconds`.
     routes: RouteTable,
     /// `routes`'s `-`, without its lock.
-    no_route: Arc<RouteCounters>,
+    no_route: &'static RouteCounters,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) closed_capacity: usize,
     pub(crate) probe_attached: bool,
@@ -339,17 +338,17 @@ impl Accounting {
 
     /// The counters of the route named `name` (its `routes[].name`, else its index), made on
     /// first use and kept across reloads.
-    pub fn route(&self, name: &str) -> Arc<RouteCounters> {
+    pub fn route(&self, name: &str) -> &'static RouteCounters {
         self.routes.named(name)
     }
 
     /// The counters of requests that matched no route (`route="-"`).
-    pub fn no_route(&self) -> &RouteCounters {
-        &self.no_route
+    pub fn no_route(&self) -> &'static RouteCounters {
+        self.no_route
     }
 
     /// Every route's counters, `-` first.
-    pub fn routes(&self) -> Vec<Arc<RouteCounters>> {
+    pub fn routes(&self) -> Vec<&'static RouteCounters> {
         self.routes.all()
     }
 

@@ -10,7 +10,6 @@ use crate::records::ResponseRecord;
 use crate::vocabulary::{CacheStatus, Protocol};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The route label of a request that matched no route.
@@ -34,7 +33,7 @@ fn slot(code: u16) -> Option<usize> {
 
 /// One route's counts.
 pub struct RouteCounters {
-    name: Arc<str>,
+    name: Box<str>,
     /// By protocol, source, cache status.
     requests: [[[AtomicU64; 7]; 2]; 2],
     /// By protocol, [`CODES`] slot and cache status: one relaxed add a response, no lock
@@ -120,9 +119,12 @@ impl RouteCounters {
     }
 }
 
-/// Every route's counters, by name.
+/// Every route's counters, by name. Each lives as long as the process (it is leaked when made):
+/// a name's counts outlive every reload that keeps it, the set is bounded by the names
+/// configured, and a request refers to its route's counters without a reference count that
+/// every worker would bump on the same cache line.
 pub(crate) struct RouteTable {
-    routes: Mutex<Vec<Arc<RouteCounters>>>,
+    routes: Mutex<Vec<&'static RouteCounters>>,
     /// Request durations by cache status and route.
     durations: prometheus::HistogramVec,
 }
@@ -130,7 +132,7 @@ pub(crate) struct RouteTable {
 impl RouteTable {
     /// The table, with `-`'s counters made first (and returned: the accounting keeps them at
     /// hand, since a client decides how often a request matches no route).
-    pub(crate) fn new(durations: prometheus::HistogramVec) -> (RouteTable, Arc<RouteCounters>) {
+    pub(crate) fn new(durations: prometheus::HistogramVec) -> (RouteTable, &'static RouteCounters) {
         let t = RouteTable {
             routes: Mutex::default(),
             durations,
@@ -140,12 +142,12 @@ impl RouteTable {
     }
 
     /// The counters of the route named `name`, made on first use.
-    pub(crate) fn named(&self, name: &str) -> Arc<RouteCounters> {
+    pub(crate) fn named(&self, name: &str) -> &'static RouteCounters {
         let mut routes = self.routes.lock();
         if let Some(r) = routes.iter().find(|r| &*r.name == name) {
-            return r.clone();
+            return r;
         }
-        let r = Arc::new(RouteCounters {
+        let r: &'static RouteCounters = Box::leak(Box::new(RouteCounters {
             name: name.into(),
             requests: Default::default(),
             by_code: Box::new(std::array::from_fn(|_| {
@@ -156,13 +158,13 @@ impl RouteTable {
                 .iter()
                 .map(|cs| self.durations.with_label_values(&[cs.as_str(), name]))
                 .collect(),
-        });
-        routes.push(r.clone());
+        }));
+        routes.push(r);
         r
     }
 
     /// Every route's counters, `-` first, then in the order they were first configured.
-    pub(crate) fn all(&self) -> Vec<Arc<RouteCounters>> {
+    pub(crate) fn all(&self) -> Vec<&'static RouteCounters> {
         self.routes.lock().clone()
     }
 
@@ -200,7 +202,7 @@ mod tests {
         .expect("histogram");
         let (t, _) = RouteTable::new(durations);
         let api = t.named("api");
-        assert!(Arc::ptr_eq(&api, &t.named("api")), "one counter set a name");
+        assert!(std::ptr::eq(api, t.named("api")), "one counter set a name");
         api.response(Protocol::Http1, false, &rec(200, CacheStatus::Hit));
         api.response(Protocol::Http1, true, &rec(200, CacheStatus::Hit));
         api.response(Protocol::H2, false, &rec(502, CacheStatus::Error));

@@ -59,7 +59,7 @@ pub struct RequestInfo {
     pub relayed_cache: Option<zerocache_ledger::CacheStatus>,
     /// The route the request matched (its counts and name); none before routing or when none
     /// matched.
-    pub route: Option<std::sync::Arc<zerocache_ledger::RouteCounters>>,
+    pub route: Option<&'static zerocache_ledger::RouteCounters>,
     /// The connection's TLS handshake, on a TLS listener.
     pub tls: Option<std::sync::Arc<TlsInfo>>,
 }

@@ -39,7 +39,7 @@ impl Conn {
             .ctx
             .routes
             .find(&req.host, if req.target == "*" { "/" } else { &req.target })
-            .map(|r| r.counters.clone());
+            .map(|r| r.counters);
         let body = match self.admit(&mut req, started).await? {
             Ok(body) => body,
             Err(keep) => return Ok(keep),
