@@ -33,18 +33,19 @@ impl Conn {
         mut req: RequestHead,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        // Counted under its route from the start, whatever answers it (a 413 for its body
-        // too); `-` when it matches none.
-        self.log_info.route = self
-            .ctx
+        let ctx = self.ctx.clone();
+        // Found once, before anything answers: the request is counted under its route whatever
+        // answers it (a 413 for its body too; `-` when it matches none), and routed by it below
+        // (neither the admission nor the fleet intake changes its host or target). `OPTIONS *`
+        // names the server, not a path: it is routed by its host alone.
+        let found = ctx
             .routes
-            .find(&req.host, if req.target == "*" { "/" } else { &req.target })
-            .map(|r| r.counters);
+            .find(&req.host, if req.target == "*" { "/" } else { &req.target });
+        self.log_info.route = found.map(|r| r.counters);
         let body = match self.admit(&mut req, started).await? {
             Ok(body) => body,
             Err(keep) => return Ok(keep),
         };
-        let ctx = self.ctx.clone();
         use super::fleet_intake::Intake;
         let from_peer = match self.fleet_intake(&mut req, &body).await? {
             Intake::Answered(keep) => return Ok(keep),
@@ -56,12 +57,10 @@ impl Conn {
         {
             return self.purge_by_method(&req, rules, started).await;
         }
-        // `OPTIONS *` names the server, not a path: it is routed by its host alone.
-        let route_path = if req.target == "*" { "/" } else { &req.target };
         // No route: 404. TRACE echoes the request back, cookies and credentials included, to
         // any script that can read the answer (cross-site tracing); only a route that allows it
         // forwards it (RFC 9110 §9.3.8, §15.5.6).
-        let route = match ctx.routes.find(&req.host, route_path) {
+        let route = match found {
             Some(r) if req.method != "TRACE" || r.allow_trace => r,
             found => {
                 let (status, allow): (u16, &[(&str, &str)]) = match found {
