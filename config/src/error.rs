@@ -312,10 +312,17 @@ fn locate(text: &str, path: &str) -> (usize, usize) {
                 (start, end, parent) = (i + 1, stop, col as i64);
             }
             Segment::Index(n) => {
-                let items: Vec<usize> = (start..end)
+                let dashes: Vec<usize> = (start..end)
                     .filter(|&i| {
                         lines[i].trim_start().starts_with("- ") && indent(lines[i]) as i64 >= parent
                     })
+                    .collect();
+                // The list's items are the dashes at its first one's indent; deeper ones belong to
+                // lists inside the items (a route's `rules`).
+                let depth = dashes.first().map(|&i| indent(lines[i]));
+                let items: Vec<usize> = dashes
+                    .into_iter()
+                    .filter(|&i| Some(indent(lines[i])) == depth)
                     .collect();
                 let Some(&i) = items.get(n) else { return found };
                 let col = indent(lines[i]);
@@ -359,5 +366,9 @@ mod tests {
         assert_eq!(locate(text, "routes"), (2, 1));
         assert_eq!(locate(text, "listen"), (1, 1));
         assert_eq!(locate(text, "dashboard.listen"), (8, 3));
+        // A list inside a list's item is not more items of the outer one.
+        let nested = "routes:\n  - name: a\n    rules:\n      - name: x\n      - name: y\n        deny: 1\n  - name: b\n";
+        assert_eq!(locate(nested, "routes[0].rules[1].deny"), (6, 9));
+        assert_eq!(locate(nested, "routes[1].name"), (7, 5));
     }
 }

@@ -10,6 +10,7 @@ mod cache_dir;
 pub mod cidr;
 pub mod error;
 pub mod fleet;
+pub mod rules_check;
 pub mod schema;
 mod sections;
 pub mod tls;

@@ -275,7 +275,7 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
     let mut names = std::collections::HashMap::new();
     for (i, r) in config.routes.iter().enumerate() {
         let name = r.name_or_index(i);
-        if let Some(why) = route_name_problem(&name) {
+        if let Some(why) = name_problem(&name) {
             errs.push(invalid(format!("routes[{i}].name"), why));
         } else if let Some(first) = names.insert(name.clone(), i) {
             errs.push(invalid(
@@ -324,6 +324,7 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
                 ),
             ));
         }
+        crate::rules_check::check(i, r, config, errs);
         for (j, h) in r.cache_key.headers.iter().enumerate() {
             if let Some(why) = never_forwarded(config, h) {
                 errs.push(invalid(
@@ -386,7 +387,7 @@ pub const HOP_BY_HOP: &[&str] = &[
 
 /// Why a request field never reaches the origin, if it doesn't: such a field in the key would
 /// split entries on something the origin never saw.
-fn never_forwarded(config: &Config, name: &str) -> Option<&'static str> {
+pub(crate) fn never_forwarded(config: &Config, name: &str) -> Option<&'static str> {
     if name.contains('_') {
         Some("dropped (field names with `_` are never forwarded)")
     } else if HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) {
@@ -405,8 +406,8 @@ fn never_forwarded(config: &Config, name: &str) -> Option<&'static str> {
     }
 }
 
-/// Why `name` cannot name a route in a metric label and a log field, if it cannot.
-fn route_name_problem(name: &str) -> Option<String> {
+/// Why `name` cannot name a route or a rule in a metric label and a log field, if it cannot.
+pub(crate) fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() || name.len() > 64 {
         return Some(format!("`{name}` must have 1 to 64 characters"));
     }

@@ -52,6 +52,15 @@ pub struct Limits {
     /// a client that stops reading is disconnected after it.
     #[serde(default = "default_send_timeout", with = "crate::units::duration")]
     pub send_timeout: Duration,
+    /// Keys the rules' rate limits remember at once, all rules together (each about 32 bytes):
+    /// the table is made this size at start-up and never grows; past it the least recently seen
+    /// key of a slot's four is forgotten (it starts again with a full bucket).
+    #[serde(default = "default_rate_limit_keys")]
+    pub rate_limit_keys: usize,
+}
+
+fn default_rate_limit_keys() -> usize {
+    65_536
 }
 
 /// mod_reqtimeout's suggested `MinRate=500`.
@@ -104,6 +113,7 @@ impl Default for Limits {
             lame_duck: Duration::ZERO,
             drain_timeout: default_drain_timeout(),
             send_timeout: default_send_timeout(),
+            rate_limit_keys: default_rate_limit_keys(),
         }
     }
 }

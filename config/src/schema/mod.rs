@@ -10,6 +10,7 @@ mod limits;
 mod listen;
 mod purge;
 mod route;
+mod rules;
 mod status_ttl;
 mod upstream;
 
@@ -19,6 +20,7 @@ pub use limits::*;
 pub use listen::*;
 pub use purge::*;
 pub use route::*;
+pub use rules::*;
 pub use status_ttl::*;
 pub use upstream::*;
 

@@ -79,6 +79,14 @@ pub struct Route {
     /// This route's `cache.min_object_size` (unset: the cache's).
     #[serde(default, with = "crate::units::opt_size")]
     pub min_object_size: Option<bytesize::ByteSize>,
+    /// The query as the cache key, the upstream request and purges see it: parameters sorted,
+    /// kept or dropped by name (`{sort: true, drop: ["utm_*", fbclid]}`). Applied first;
+    /// `cache_key.query: false` then leaves the query out of the key altogether.
+    #[serde(default, skip_serializing_if = "super::QueryRules::is_noop")]
+    pub query: super::QueryRules,
+    /// Edge rules, in order: each one's actions apply when its `match` holds (docs/rules.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<super::Rule>,
 }
 
 impl Route {
