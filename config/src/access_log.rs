@@ -66,6 +66,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     ("request_id", "the request id (logging.request_id_header)"),
     ("route", "the route's name (routes[].name, else its index)"),
+    (
+        "rule",
+        "the names of the route's rules that matched, comma-separated",
+    ),
     ("user_agent", "User-Agent"),
     ("referer", "Referer"),
     (

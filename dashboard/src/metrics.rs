@@ -107,6 +107,32 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         }
     }
 
+    // Per edge rule: names from the config, so the series are the operator's to bound. Made at
+    // load, so a rule that never matched reads 0 rather than being absent.
+    let matches = counter_vec(
+        &r,
+        "zerocache_rule_matches_total",
+        "Requests an edge rule (routes[].rules) matched, by route and rule name.",
+        &["route", "rule"],
+    )?;
+    let limited = counter_vec(
+        &r,
+        "zerocache_rule_limited_total",
+        "Requests an edge rule's rate limit answered 429, by route and rule name.",
+        &["route", "rule"],
+    )?;
+    for route in &routes {
+        for rule in route.rules() {
+            let (m, l) = rule.counts();
+            matches
+                .with_label_values(&[route.name(), rule.name()])
+                .inc_by(m);
+            limited
+                .with_label_values(&[route.name(), rule.name()])
+                .inc_by(l);
+        }
+    }
+
     let rejected = counter_vec(
         &r,
         "zerocache_connections_rejected_total",

@@ -35,6 +35,11 @@ pub(crate) fn shifted(t: SystemTime) -> SystemTime {
     t + Duration::from_secs(OFFSET_SECS.load(Ordering::Relaxed))
 }
 
+/// How far a test has moved the clock (zero outside tests).
+pub(crate) fn offset() -> Duration {
+    Duration::from_secs(OFFSET_SECS.load(Ordering::Relaxed))
+}
+
 /// Moves the clock `secs` forward; returns the whole offset.
 pub(crate) fn advance(secs: u64) -> u64 {
     OFFSET_SECS

@@ -375,6 +375,113 @@ fn h1_form(parts: &http::request::Parts) -> Vec<u8> {
     out
 }
 
+/// The edge rules (`cache::rules`) on a request as a client sends it, under a fixed route with a
+/// query rule and rules of every action that edits: the query's normalisation is idempotent and
+/// keeps the path; every field a rule writes is a field (a token, a value without CR, LF or NUL);
+/// a redirect's `Location` is one line; and the request sent upstream, written out in its
+/// version, parses again as the same request (method, target, host).
+pub fn edge_rules(data: &[u8]) {
+    use crate::cache::rules::{Answer, Rules, query::QueryNorm};
+    use crate::http::field_edit::FieldEdits;
+    type Compiled = (zerocache_ledger::Accounting, Rules, Option<QueryNorm>);
+    static RULES: std::sync::OnceLock<Compiled> = std::sync::OnceLock::new();
+    let Ok(Some((mut req, _))) = request::parse(data, REQUEST_LIMITS) else {
+        return;
+    };
+    // The accounting is kept with the rules, whose counters it holds: nothing for the leak
+    // checker to report.
+    let (_, rules, query) = RULES.get_or_init(|| {
+        let cfg = zerocache_config::parse(EDGE_RULES, "fuzz.yaml").expect("the harness's config");
+        let acc = zerocache_ledger::Accounting::new(16, false);
+        let route = &cfg.routes[0];
+        let rules = Rules::new(route, acc.route("site")).expect("compiles");
+        (acc, rules, QueryNorm::new(&route.query))
+    });
+    if let Some(t) = query.as_ref().and_then(|q| q.apply(&req.target)) {
+        assert_eq!(
+            t.split('?').next(),
+            Some(req.path()),
+            "the path changed: {t}"
+        );
+        let again = query.as_ref().and_then(|q| q.apply(&t));
+        assert_eq!(again, None, "not idempotent: {t}");
+        req.target = t;
+    }
+    let limiter = crate::rate_limit::Limiter::new(64);
+    let mut edits = FieldEdits::default();
+    let client = std::net::IpAddr::from([192, 0, 2, 1]);
+    let v = rules.on_request(&mut req, client, &limiter, 0, &mut edits);
+    for (_, name, value) in edits.iter() {
+        assert!(zerocache_config::rules_check::is_token(name), "{name}");
+        assert!(
+            !value.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)),
+            "{value:?}"
+        );
+    }
+    if let Some(Answer::Redirect(_, location)) = &v.answer {
+        assert!(!location.contains(['\r', '\n', '\0']), "{location:?}");
+    }
+    let version = if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" };
+    let mut h1 = format!("{} {} {version}\r\n", req.method, req.target).into_bytes();
+    // `Host` as the upstream request writes it: from the request's host, which an absolute-form
+    // target decides over the field.
+    if !req.host.is_empty() {
+        h1.extend_from_slice(format!("Host: {}\r\n", req.host).as_bytes());
+    }
+    for (k, val) in req
+        .fields
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("host"))
+    {
+        h1.extend_from_slice(k.as_bytes());
+        h1.extend_from_slice(b": ");
+        h1.extend_from_slice(val);
+        h1.extend_from_slice(b"\r\n");
+    }
+    h1.extend_from_slice(b"\r\n");
+    match request::parse(&h1, REQUEST_LIMITS) {
+        Ok(Some((sent, _))) => {
+            assert_eq!(
+                (&sent.method, &sent.target, &sent.host),
+                (&req.method, &req.target, &req.host)
+            );
+        }
+        // The rules' fields took it past the field count (or size) a client may send: the origin
+        // may refuse it, as it may any large request; nothing is misread.
+        Err(request::RequestError::HeadTooLarge) => {}
+        other => panic!(
+            "the upstream request does not parse: {other:?}\n{}",
+            String::from_utf8_lossy(&h1)
+        ),
+    }
+}
+
+/// The route [`edge_rules`] runs: a query rule, and rules that redirect with groups, edit both
+/// sides with templates, key on a field and split by URL.
+const EDGE_RULES: &str = r#"listen: 127.0.0.1:1
+cache: { path: /tmp/zerocache-fuzz, max_size: 1MiB }
+upstreams:
+  o: { servers: ["127.0.0.1:2"] }
+  canary: { servers: ["127.0.0.1:3"] }
+routes:
+  - name: site
+    match: { path_prefix: / }
+    upstream: o
+    query: { sort: true, keep: ["*"], drop: ["utm_*", "fbclid", "a*b*c"] }
+    rules:
+      - name: tag
+        request_headers: { set: { X-Path: "$path$query" }, append: { X-Edge-Host: "$host via $route $client" }, remove: [X-Debug] }
+        response_headers: { set: { X-Target: "$target" } }
+      - name: beta
+        match: { headers: [{ name: X-Beta, regex: "^[0-9]+$" }], cookies: [s] }
+        request_headers: { set: { X-Variant: "b-$method" } }
+      - name: split
+        upstream: { to: canary, percent: 50, key: url }
+      - name: old
+        match: { path_regex: "^/blog/([^/]*)/(.*)$" }
+        redirect: { status: 301, location: "https://$host/p/$2?y=$1$query" }
+"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,7 +565,7 @@ mod tests {
     #[test]
     fn committed_corpus_passes() {
         type Harness = fn(&[u8]);
-        let targets: [(&str, Harness); 7] = [
+        let targets: [(&str, Harness); 8] = [
             ("request_head", request_head),
             ("chunked", chunked),
             ("response_head", response_head),
@@ -466,6 +573,7 @@ mod tests {
             ("cache_fields", cache_fields),
             ("proxy_header", proxy_header),
             ("h2_request", h2_request),
+            ("edge_rules", edge_rules),
         ];
         for (target, harness) in targets {
             let dir = corpus().join(target);

@@ -19,6 +19,7 @@ pub(crate) mod notify;
 pub(crate) mod pid_file;
 pub mod probe_check;
 pub(crate) mod purge;
+pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 pub(crate) mod residency;
 pub(crate) mod routing;

@@ -21,6 +21,10 @@ pub(crate) struct Purger<'a> {
     pub accounting: &'a zerocache_ledger::Accounting,
     pub locks: &'a Arc<FillLocks>,
     pub hash_bits: u32,
+    /// The routes whose `query` rules a purged URL goes through, as a request's target does, so
+    /// a purge of `/p?b=2&a=1&utm_source=x` finds what `/p?a=1&b=2` stored. `None`: a fleet
+    /// peer's logged purges, which were normalised where they were made.
+    pub routes: Option<&'a crate::routing::Routes>,
 }
 
 impl Purger<'_> {
@@ -37,8 +41,17 @@ impl Purger<'_> {
                 return Ok(self.purge_tags(tags, p.soft));
             }
         };
-        let (host, target) = split_absolute(raw)
+        let (host, mut target) = split_absolute(raw)
             .ok_or_else(|| format!("`{raw}` is not an absolute http:// or https:// URL"))?;
+        if !prefix
+            && let Some(t) = self
+                .routes
+                .and_then(|r| r.find(&host, &target))
+                .and_then(|r| r.query.as_ref())
+                .and_then(|q| q.apply(&target))
+        {
+            target = t;
+        }
         self.accounting.purge(
             if prefix {
                 zerocache_ledger::PurgeKind::Prefix

@@ -37,6 +37,37 @@ pub struct Route {
     pub accept_encoding: Option<Vec<String>>,
     /// Upgrade requests are tunnelled (`upgrade: true`).
     pub upgrade: bool,
+    /// `routes[].query`, compiled (`None`: the query as sent).
+    pub(crate) query: Option<crate::cache::rules::query::QueryNorm>,
+    /// `routes[].rules`, compiled.
+    pub(crate) rules: crate::cache::rules::Rules,
+}
+
+/// A route as one request uses it: the route, with the upstream and the freshness its edge
+/// rules chose (a canary's upstream, a rule's `ttl`); everything else is the route's.
+pub(crate) struct Routed<'a> {
+    route: &'a Route,
+    /// The upstream group this request goes to.
+    pub upstream: &'a Arc<Group>,
+    /// The freshness of what is stored from it.
+    pub ttls: &'a Ttls,
+}
+
+impl<'a> Routed<'a> {
+    pub(crate) fn new(route: &'a Route, upstream: &'a Arc<Group>, ttls: &'a Ttls) -> Routed<'a> {
+        Routed {
+            route,
+            upstream,
+            ttls,
+        }
+    }
+}
+
+impl std::ops::Deref for Routed<'_> {
+    type Target = Route;
+    fn deref(&self) -> &Route {
+        self.route
+    }
 }
 
 /// A route's freshness for responses that carry none: `status_ttl` by status, then (for the
@@ -47,6 +78,8 @@ pub struct Ttls {
     pub default: Option<std::time::Duration>,
     /// `status_ttl` (`None` when empty).
     pub by_status: Option<Arc<zerocache_config::StatusTtl>>,
+    /// A rule's `ttl`: over the origin's freshness too.
+    pub forced: Option<std::time::Duration>,
 }
 
 impl Ttls {
@@ -56,6 +89,7 @@ impl Ttls {
             max,
             default_ttl: self.default,
             status_ttl: self.by_status.as_deref(),
+            forced: self.forced,
         }
     }
 }
@@ -89,6 +123,13 @@ impl Route {
             .retain(|(k, _)| !k.eq_ignore_ascii_case("accept-encoding"));
         if let Some(v) = canonical {
             req.fields.push(("Accept-Encoding".into(), v.into_bytes()));
+        }
+    }
+
+    /// `req`'s target with the route's query rules applied (see `cache::rules::query`).
+    pub(crate) fn normalise_query(&self, req: &mut crate::http::request::RequestHead) {
+        if let Some(t) = self.query.as_ref().and_then(|q| q.apply(&req.target)) {
+            req.target = t;
         }
     }
 
@@ -160,8 +201,20 @@ impl Routes {
             .iter()
             .enumerate()
             .filter_map(|(i, r)| {
+                let counters = accounting.route(&r.name_or_index(i));
+                // Validated already: a rule that does not compile here is a bug, and the route
+                // is left out rather than run without it.
+                let rules = match crate::cache::rules::Rules::new(r, counters) {
+                    Ok(rules) => rules,
+                    Err(e) => {
+                        tracing::error!(route = counters.name(), error = %e, "a route's rules did not compile; the route is left out");
+                        return None;
+                    }
+                };
                 Some(Route {
-                    counters: accounting.route(&r.name_or_index(i)),
+                    counters,
+                    query: crate::cache::rules::query::QueryNorm::new(&r.query),
+                    rules,
                     host: r.matcher.host.to_ascii_lowercase(),
                     prefix: r.matcher.path_prefix.clone(),
                     upstream: groups.get(&r.upstream)?.clone(),
@@ -170,6 +223,7 @@ impl Routes {
                         default: r.default_ttl,
                         by_status: (!r.status_ttl.is_empty())
                             .then(|| Arc::new(r.status_ttl.clone())),
+                        forced: None,
                     },
                     key_query: r.cache_key.query,
                     key_headers: r.cache_key.headers.clone(),

@@ -15,6 +15,7 @@
 //! | `config`        | `zerocache_config::parse` on UTF-8 input                            |
 //! | `proxy_header`  | `net::proxy_protocol::parse`: within bounds, prefixes incomplete    |
 //! | `h2_request`    | `server::h2::request::to_request` against `request::parse` of the same head as HTTP/1.1: the same request, or the same status |
+//! | `edge_rules`    | `cache::rules` on a parsed request: idempotent query, fields that are fields, an upstream request that parses again |
 //!
 //! # Where things go
 //!
@@ -80,6 +81,7 @@ pub const TARGETS: &[&str] = &[
     "config",
     "proxy_header",
     "h2_request",
+    "edge_rules",
 ];
 
 /// libFuzzer's per-input time limit: a hang is reported (as a `timeout-*` artifact) instead of

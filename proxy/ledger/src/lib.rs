@@ -21,7 +21,7 @@ mod vocabulary;
 pub use accounting::{Accounting, H2_EVENTS, PurgeKind};
 pub use copy_reason::{CopiedBytes, CopyReason};
 pub use records::{BodyTotals, ConnRecord, KernelView, ResponseRecord, SortKey, Violation};
-pub use routes::{NO_ROUTE, RouteCounters};
+pub use routes::{NO_ROUTE, RouteCounters, RuleCounters};
 pub use tls_stats::{HandshakeResult, TlsSnapshot, TlsStats};
 pub use tls_transport::{KTLS_VERDICT, TLS_USERSPACE_VERDICT, TlsTransport, UserspaceReason};
 pub use vocabulary::{CacheStatus, ConnId, DataPath, Protocol, REJECT_REASONS, RejectReason};

@@ -44,6 +44,42 @@ pub struct RouteCounters {
     /// `zerocache_request_duration_seconds{route=name}`, by cache status in
     /// [`CacheStatus::ALL`] order.
     durations: Vec<prometheus::Histogram>,
+    /// Its rules' counts, by rule name (made when a config names them, kept as the route's are).
+    rules: Mutex<Vec<&'static RuleCounters>>,
+}
+
+/// One rule's counts: `zerocache_rule_matches_total{route,rule}` and
+/// `zerocache_rule_limited_total{route,rule}`.
+#[derive(Debug)]
+pub struct RuleCounters {
+    name: Box<str>,
+    matches: AtomicU64,
+    limited: AtomicU64,
+}
+
+impl RuleCounters {
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts a request it matched.
+    pub fn matched(&self) {
+        self.matches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request its rate limit refused.
+    pub fn limited(&self) {
+        self.limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (matches, refused by its rate limit).
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.matches.load(Ordering::Relaxed),
+            self.limited.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl std::fmt::Debug for RouteCounters {
@@ -56,6 +92,27 @@ impl RouteCounters {
     /// The route's name, as the label and the access log say it.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The counters of its rule `name`, made on first use and kept for the process's life (a
+    /// reload that keeps the name keeps the counts).
+    pub fn rule(&self, name: &str) -> &'static RuleCounters {
+        let mut rules = self.rules.lock();
+        if let Some(r) = rules.iter().find(|r| &*r.name == name) {
+            return r;
+        }
+        let r: &'static RuleCounters = Box::leak(Box::new(RuleCounters {
+            name: name.into(),
+            matches: AtomicU64::new(0),
+            limited: AtomicU64::new(0),
+        }));
+        rules.push(r);
+        r
+    }
+
+    /// Its rules' counters, in the order first configured.
+    pub fn rules(&self) -> Vec<&'static RuleCounters> {
+        self.rules.lock().clone()
     }
 
     /// Counts a response sent in `protocol`, to a fleet peer when `from_peer`.
@@ -158,6 +215,7 @@ impl RouteTable {
                 .iter()
                 .map(|cs| self.durations.with_label_values(&[cs.as_str(), name]))
                 .collect(),
+            rules: Mutex::default(),
         }));
         routes.push(r);
         r

@@ -176,6 +176,12 @@ fn variable(
             .as_ref()
             .map_or(zerocache_ledger::NO_ROUTE, |r| r.name())
             .into(),
+        "rule" => info
+            .rules
+            .iter()
+            .map(|r| r.name())
+            .collect::<Vec<_>>()
+            .join(","),
         "user_agent" => escape(&info.user_agent).into_owned(),
         "referer" => escape(&info.referer).into_owned(),
         "tls_version" => tls.map(|t| t.version.to_string()).unwrap_or_default(),
@@ -293,6 +299,7 @@ mod tests {
             upstream: None,
             relayed_cache: None,
             route: None,
+            rules: Vec::new(),
             tls: None,
         };
         assert_eq!(
@@ -399,6 +406,10 @@ mod tests {
             upstream: None,
             relayed_cache: None,
             route: Some(acc.route("static")),
+            rules: vec![
+                acc.route("static").rule("hsts"),
+                acc.route("static").rule("api"),
+            ],
             tls: Some(std::sync::Arc::new(super::super::TlsInfo {
                 version: "TLSv1.3",
                 cipher: "TLS_AES_256_GCM_SHA384".into(),
@@ -407,11 +418,12 @@ mod tests {
         };
         assert_eq!(
             format_line(&f, t, &peer, &r, &hit),
-            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/2.0|test.example|200|1024|0.000213|complete|HIT|yes|-|-|-|0123456789abcdef|static|curl/8.5.0|-|TLSv1.3|TLS_AES_256_GCM_SHA384|test.example\n"
+            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/2.0|test.example|200|1024|0.000213|complete|HIT|yes|-|-|-|0123456789abcdef|static|hsts,api|curl/8.5.0|-|TLSv1.3|TLS_AES_256_GCM_SHA384|test.example\n"
         );
         let failed = RequestInfo {
             h2: false,
             route: None,
+            rules: Vec::new(),
             tls: None,
             upstream: Some(UpstreamInfo {
                 addr: "127.0.0.1:9".into(),
@@ -430,7 +442,7 @@ mod tests {
         };
         assert_eq!(
             format_line(&f, t, &peer, &r502, &failed),
-            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/1.1|test.example|502|0|0.000213|complete|ERROR|-|127.0.0.1:9|-|0.002|0123456789abcdef|-|curl/8.5.0|-|-|-|-\n"
+            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/1.1|test.example|502|0|0.000213|complete|ERROR|-|127.0.0.1:9|-|0.002|0123456789abcdef|-|-|curl/8.5.0|-|-|-|-\n"
         );
     }
 }

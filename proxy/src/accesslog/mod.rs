@@ -60,6 +60,8 @@ pub struct RequestInfo {
     /// The route the request matched (its counts and name); none before routing or when none
     /// matched.
     pub route: Option<&'static zerocache_ledger::RouteCounters>,
+    /// The route's rules that matched, in order (`$rule`).
+    pub rules: Vec<&'static zerocache_ledger::RuleCounters>,
     /// The connection's TLS handshake, on a TLS listener.
     pub tls: Option<std::sync::Arc<TlsInfo>>,
 }
@@ -101,6 +103,7 @@ impl RequestInfo {
             upstream: None,
             relayed_cache: None,
             route: None,
+            rules: Vec::new(),
             tls: None,
         }
     }

@@ -29,6 +29,9 @@ pub struct Heuristics<'a> {
     pub default_ttl: Option<Duration>,
     /// The route's `status_ttl`.
     pub status_ttl: Option<&'a zerocache_config::StatusTtl>,
+    /// An edge rule's `ttl`: the lifetime whatever the response says (the caller has refused
+    /// `no-store` and `private` already).
+    pub forced: Option<Duration>,
 }
 
 /// The freshness lifetime of `res` (§4.2.1): `s-maxage` over `max-age` over `Expires`; an invalid
@@ -52,6 +55,9 @@ pub fn lifetime(
         .field("date")
         .and_then(crate::http::date::parse)
         .unwrap_or(response_time);
+    if let Some(t) = h.forced {
+        return Some((t, Source::Configured));
+    }
     if let Some(s) = d.s_maxage.or(d.max_age) {
         return Some((Duration::from_secs(s), Source::Explicit));
     }
@@ -201,6 +207,7 @@ mod tests {
         max: Duration::from_secs(86_400),
         default_ttl: None,
         status_ttl: None,
+        forced: None,
     };
     fn life(extra: &str, t: SystemTime) -> Option<(Duration, Source)> {
         let r = res(extra);

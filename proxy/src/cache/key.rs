@@ -93,6 +93,27 @@ impl CacheKey {
     }
 }
 
+impl CacheKey {
+    /// Appends the names of the edge rules that edited the request on a match beyond the URL
+    /// (`cache::rules`): `\n:rules=` + length + `:` + names. A field name cannot hold `:`, so
+    /// this part is never a key field's.
+    pub fn with_rules(mut self, rules: Option<&str>, hash_bits: u32) -> CacheKey {
+        let Some(r) = rules else { return self };
+        self.text.push_str(&format!("\n:rules={}:{r}", r.len()));
+        self.hash = xxh3_128(self.text.as_bytes());
+        if hash_bits < 128 {
+            self.hash &= (1u128 << hash_bits) - 1;
+        }
+        self
+    }
+
+    /// Whether the key has the rules' part: a request whose response depends on something only
+    /// this node saw of its client, so it is never forwarded to a fleet owner.
+    pub fn has_rules(&self) -> bool {
+        self.text.contains("\n:rules=")
+    }
+}
+
 /// The URL scheme of a request, by the listener it came in on: part of the cache key, so an
 /// origin's `http`→`https` redirect cached for plain clients is never served to TLS clients.
 pub(crate) fn scheme(tls: bool) -> &'static str {

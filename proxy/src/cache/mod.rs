@@ -14,6 +14,7 @@ pub mod invalidation;
 pub mod key;
 pub mod lock;
 pub mod policy;
+pub(crate) mod rules;
 pub mod scrub;
 pub mod stale;
 pub mod store;

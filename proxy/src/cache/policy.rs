@@ -206,6 +206,7 @@ pub fn storable(
         Heuristics {
             default_ttl: None,
             status_ttl: None,
+            forced: None,
             ..heuristics
         }
     } else {
@@ -250,6 +251,7 @@ mod tests {
         max: Duration::from_secs(86_400),
         default_ttl: None,
         status_ttl: None,
+        forced: None,
     };
 
     fn rules(t: &Targeted) -> Rules<'_> {
@@ -365,6 +367,42 @@ mod tests {
             Some(NotStored::SetCookie)
         );
         assert!(storable(&req(""), &explicit, t, t, H, opted_in).is_ok());
+    }
+
+    #[test]
+    fn a_rules_ttl_is_over_the_origins_freshness_but_never_over_no_store_private_or_a_cookie() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
+        let targeted = Targeted::default();
+        let forced = Heuristics {
+            forced: Some(Duration::from_secs(300)),
+            ..H
+        };
+        let opted_in = rules(&targeted);
+        let life = |extra: &str| {
+            storable(&req(""), &res(200, extra), t, t, forced, opted_in)
+                .map(|s| (s.lifetime, s.source))
+        };
+        let five_minutes = Ok((Duration::from_secs(300), Source::Configured));
+        assert_eq!(life("Cache-Control: max-age=0\r\n"), five_minutes);
+        assert_eq!(
+            life("Cache-Control: s-maxage=5, max-age=9\r\n"),
+            five_minutes
+        );
+        assert_eq!(life("Expires: 0\r\n"), five_minutes);
+        assert_eq!(life(""), five_minutes);
+        assert_eq!(
+            life("Cache-Control: no-store\r\n"),
+            Err(NotStored::Directive)
+        );
+        assert_eq!(
+            life("Cache-Control: private, max-age=60\r\n"),
+            Err(NotStored::Directive)
+        );
+        // Even where the route stores cookies: freshness the origin did not give.
+        assert_eq!(
+            life("Cache-Control: max-age=60\r\nSet-Cookie: s=1\r\n"),
+            Err(NotStored::SetCookie)
+        );
     }
 
     #[test]

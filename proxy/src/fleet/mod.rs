@@ -132,6 +132,7 @@ impl Fleet {
             accounting: &self.accounting,
             locks: &self.locks,
             hash_bits: self.hash_bits,
+            routes: None,
         }
     }
 

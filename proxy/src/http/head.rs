@@ -137,12 +137,15 @@ const NOT_IN_H2: [&str; 6] = [
 #[derive(Debug, Default)]
 pub(crate) struct HeadBuf {
     /// HTTP/1.1: the head's bytes, then a generated body. HTTP/2: a generated body alone.
-    wire: Vec<u8>,
+    pub(super) wire: Vec<u8>,
     /// HTTP/2: the head as fields.
-    h2: Option<Box<H2Head>>,
+    pub(super) h2: Option<Box<H2Head>>,
     /// Whether `Via` names this proxy (`proxy.via`); without, a relayed response's own hops
     /// still go on.
     via_self: bool,
+    /// The rules' edits of this request's final response heads (`response_headers`), made by
+    /// [`Head::end`]; empty for most requests.
+    pub(crate) edits: super::field_edit::FieldEdits,
 }
 
 /// A response head for an HTTP/2 stream: its status and fields, what it said of its body's
@@ -171,6 +174,7 @@ impl HeadBuf {
             wire: Vec::with_capacity(n),
             h2: None,
             via_self: true,
+            edits: Default::default(),
         }
     }
 
@@ -180,6 +184,7 @@ impl HeadBuf {
             wire: Vec::new(),
             h2: Some(Box::default()),
             via_self: true,
+            edits: Default::default(),
         }
     }
 
@@ -243,7 +248,7 @@ impl HeadBuf {
     }
 
     /// `name: value`, in the head's protocol. HTTP/2 leaves out what it forbids.
-    fn put(&mut self, name: &str, value: &[u8]) {
+    pub(super) fn put(&mut self, name: &str, value: &[u8]) {
         let Some(h) = &mut self.h2 else {
             put(&mut self.wire, name, value);
             return;
@@ -438,6 +443,7 @@ impl<'b> Head<'b> {
     /// `Connection: close` when `close`, and the blank line (neither for an h2 stream, whose
     /// size counts them). Returns the head's length.
     pub(crate) fn end(self, close: bool) -> usize {
+        self.buf.edit();
         match &mut self.buf.h2 {
             Some(h) => h.size += (if close { 19 } else { 0 }) + 2,
             None => {

@@ -4,6 +4,7 @@
 pub(crate) mod accept_encoding;
 pub mod chunked;
 pub mod date;
+pub(crate) mod field_edit;
 pub mod framing;
 pub(crate) mod head;
 pub mod headers;

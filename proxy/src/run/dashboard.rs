@@ -84,6 +84,7 @@ pub(super) fn dashboard_state(
                         accounting: &purge_accounting,
                         locks: &Arc::new(FillLocks::default()),
                         hash_bits: 128,
+                        routes: None,
                     }
                     .purge(p),
                 }

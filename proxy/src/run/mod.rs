@@ -57,6 +57,8 @@ struct Kept {
     connection_cap: usize,
     nofile: u64,
     fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The rules' rate-limit buckets (`limits.rate_limit_keys`, read at start-up).
+    limiter: Arc<crate::rate_limit::Limiter>,
 }
 
 /// How many data-plane workers to run and where (see `cpu::placement`). By default one worker
@@ -105,6 +107,7 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
         locks: kept.locks.clone(),
         accounting: kept.accounting.clone(),
         access_log: kept.access_log.clone(),
+        limiter: kept.limiter.clone(),
         tls,
         fleet: crate::fleet::Fleet::for_config(&kept.fleet, config),
         max_connections: config.limits.max_connections.min(kept.connection_cap),
@@ -248,6 +251,9 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         connection_cap,
         nofile,
         fleet,
+        limiter: Arc::new(crate::rate_limit::Limiter::new(
+            config.limits.rate_limit_keys,
+        )),
     };
     // The dashboard starts before the request context exists; what it reads of the context
     // (the upstream groups, replaced on reload) it finds here once set.

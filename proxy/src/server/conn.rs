@@ -243,7 +243,10 @@ impl Conn {
                 req.close = true;
             }
             let started = Instant::now();
-            if !self.handle(*req, started).await? || self.must_close {
+            let keep = self.handle(*req, started).await?;
+            // A rule's response edits are its request's: not the next 408's or 400's.
+            self.head.edits.clear();
+            if !keep || self.must_close {
                 return Ok(());
             }
         }

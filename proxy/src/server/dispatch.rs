@@ -57,21 +57,20 @@ impl Conn {
         {
             return self.purge_by_method(&req, rules, started).await;
         }
-        // No route: 404. TRACE echoes the request back, cookies and credentials included, to
-        // any script that can read the answer (cross-site tracing); only a route that allows it
-        // forwards it (RFC 9110 §9.3.8, §15.5.6).
-        let route = match found {
-            Some(r) if req.method != "TRACE" || r.allow_trace => r,
-            found => {
-                let (status, allow): (u16, &[(&str, &str)]) = match found {
-                    None => (404, &[]),
-                    Some(_) => (405, &[("Allow", ALLOW)]),
-                };
-                return self
-                    .respond_simple(&req, status, CacheStatus::Error, allow, None, started)
-                    .await;
-            }
+        let route = match self.route_or_refusal(found, &req, started).await? {
+            Ok(route) => route,
+            Err(keep) => return Ok(keep),
         };
+        // The route's query rules and edge rules, before anything reads the target or the
+        // fields: the key, the upstream request and Vary all see what they leave.
+        let ruled = match self.edge_rules(&mut req, route, from_peer, started).await? {
+            Ok(ruled) => ruled,
+            Err(keep) => return Ok(keep),
+        };
+        // The upstream and freshness the rules chose, else the route's.
+        let forced = ruled.ttls(route);
+        let ttls = forced.as_ref().unwrap_or(&route.ttls);
+        let route = &crate::routing::Routed::new(route, ruled.upstream(route, &ctx.routes), ttls);
         // An Upgrade on a route that tunnels: past the cache, past HTTP (see `tunnel`).
         if route.upgrade && super::tunnel::wants_tunnel(&req) {
             return Box::pin(self.tunnel(&req, route.upstream.clone(), started)).await;
@@ -82,7 +81,7 @@ impl Conn {
         // A request the cache may answer is one request from here on: its key and its upstream
         // request both see the route's Accept-Encoding. One that goes past the cache keeps the
         // client's field (a zstd-capable client of an uncached API loses nothing).
-        let bypassed = route.bypasses(&req);
+        let bypassed = ruled.bypass || route.bypasses(&req);
         if route.cache && !bypassed && matches!(req.method.as_str(), "GET" | "HEAD") {
             route.normalise_accept_encoding(&mut req);
         }
@@ -99,8 +98,9 @@ impl Conn {
         let mut keys: Option<(CacheKey, CacheKey)> = None;
         let mut found: Option<Arc<Entry>> = None;
         let mut plan = Plan::of(&ask, || {
-            let (url, primary) = keys_of(&req, route, ctx.hash_bits);
-            let e = lookup(&ctx, &primary, &req);
+            let (url, primary) =
+                super::keys::keys_of(&req, route, ruled.key_part.as_deref(), ctx.hash_bits);
+            let e = super::keys::lookup(&ctx, &primary, &req);
             keys = Some((url, primary));
             let stored = e.as_ref().map_or(Stored::Nothing, |e| {
                 Stored::of(e, crate::clock::now(), &directives)
@@ -178,6 +178,27 @@ impl Conn {
         }
     }
 
+    /// The route that answers `req`, or its refusal sent (`Err(keep)`). No route: 404. TRACE
+    /// echoes the request back, cookies and credentials included, to any script that can read
+    /// the answer (cross-site tracing); only a route that allows it forwards it (RFC 9110
+    /// §9.3.8, §15.5.6).
+    async fn route_or_refusal<'r>(
+        &mut self,
+        found: Option<&'r crate::routing::Route>,
+        req: &RequestHead,
+        started: Instant,
+    ) -> Result<Result<&'r crate::routing::Route, bool>, ConnError> {
+        let (status, allow): (u16, &[(&str, &str)]) = match found {
+            Some(r) if req.method != "TRACE" || r.allow_trace => return Ok(Ok(r)),
+            None => (404, &[]),
+            Some(_) => (405, &[("Allow", ALLOW)]),
+        };
+        let keep = self
+            .respond_simple(req, status, CacheStatus::Error, allow, None, started)
+            .await?;
+        Ok(Err(keep))
+    }
+
     /// What comes before routing: the request id (with an access log), the body read (or
     /// refused), and a connection made for another host refused. `Err(keep)`: answered already.
     async fn admit(
@@ -237,7 +258,7 @@ impl Conn {
     fn refresh_behind(
         &self,
         req: &RequestHead,
-        route: &crate::routing::Route,
+        route: &crate::routing::Routed<'_>,
         (url, primary): &(CacheKey, CacheKey),
         e: &Arc<Entry>,
     ) {
@@ -264,7 +285,7 @@ impl Conn {
         &mut self,
         req: &RequestHead,
         body: RequestBody,
-        route: &crate::routing::Route,
+        route: &crate::routing::Routed<'_>,
         plan: Plan,
         (keys, found, from_peer): Looked,
         directives: &crate::cache::directives::RequestDirectives,
@@ -272,7 +293,7 @@ impl Conn {
     ) -> Result<bool, ConnError> {
         let ctx = self.ctx.clone();
         let upstream = route.upstream.clone();
-        let ttls = &route.ttls;
+        let ttls = route.ttls;
         // Every plan after a lookup made the keys, and only a miss's plan comes here.
         let (Some((url, primary)), Some(m)) = (keys, Miss::of(plan, found.is_some(), from_peer))
         else {
@@ -291,7 +312,7 @@ impl Conn {
         let owner = || {
             ctx.fleet
                 .as_ref()
-                .filter(|_| m.ask_owner)
+                .filter(|_| m.ask_owner && !primary.has_rules())
                 .and_then(|f| f.plan(&primary.text))
         };
         // The fetch of this miss, with what its plan adds.
@@ -413,7 +434,7 @@ impl Conn {
             }
             // The leader is done: what it stored is a hit now.
             Ok(None) => {
-                if let Some(e) = lookup(&ctx, primary, req)
+                if let Some(e) = super::keys::lookup(&ctx, primary, req)
                     && fresh(&e)
                     && let HitOutcome::Served(keep) = self
                         .serve_hit(req, &e, HitKind::Coalesced, &[], started)
@@ -437,7 +458,7 @@ type Looked = (Option<(CacheKey, CacheKey)>, Option<Arc<Entry>>, bool);
 fn past_the_cache<'r>(
     req: &'r RequestHead,
     body: RequestBody,
-    route: &crate::routing::Route,
+    route: &crate::routing::Routed<'_>,
     (status, detail): (CacheStatus, &'static str),
     opts: FetchOptions,
     started: Instant,
@@ -451,40 +472,4 @@ fn past_the_cache<'r>(
         detail,
         opts,
     })
-}
-
-/// The request's URL key and its primary key (the URL with the route's key fields).
-fn keys_of(
-    req: &RequestHead,
-    route: &crate::routing::Route,
-    hash_bits: u32,
-) -> (CacheKey, CacheKey) {
-    let target = if route.key_query {
-        req.target.as_str()
-    } else {
-        req.path()
-    };
-    let url = CacheKey::new(
-        &req.method,
-        crate::cache::key::scheme(req.tls),
-        &req.host,
-        target,
-        hash_bits,
-    );
-    let primary = url.clone().with_headers(
-        &route.key_headers,
-        |h| crate::http::headers::exact(&req.fields, h),
-        hash_bits,
-    );
-    (url, primary)
-}
-
-/// The stored response for `primary`, under the secondary key of this request when its URL's
-/// responses vary; one that predates a fleet purge this node missed is dropped.
-fn lookup(ctx: &super::Ctx, primary: &CacheKey, req: &RequestHead) -> Option<Arc<Entry>> {
-    ctx.store
-        .lookup_varying(primary, |names| {
-            variance::variant(primary, names, req, ctx.hash_bits)
-        })
-        .filter(|e| !crate::fleet::Fleet::drops(ctx.fleet.as_deref(), &ctx.store, e))
 }

@@ -11,10 +11,12 @@ pub mod conn;
 mod conn_error;
 mod copy_account;
 mod dispatch;
+mod edge_rules;
 pub mod fetch;
 mod fleet_intake;
 pub(crate) mod h2;
 pub mod hit;
+mod keys;
 mod purge_method;
 mod refusal;
 mod relay;
@@ -50,6 +52,8 @@ pub struct Ctx {
     pub accounting: Arc<Accounting>,
     /// The access log, if configured.
     pub access_log: Option<Arc<AccessLog>>,
+    /// The rules' rate-limit buckets (kept across reloads).
+    pub(crate) limiter: Arc<crate::rate_limit::Limiter>,
     /// The `tls:` listener's certificates and settings, reloaded with the config.
     pub tls: Option<Arc<crate::tls::server::TlsServer>>,
     /// The fleet this node is a member of, if any (kept across reloads).
@@ -74,6 +78,7 @@ impl Ctx {
             accounting: &self.accounting,
             locks: &self.locks,
             hash_bits: self.hash_bits,
+            routes: Some(&self.routes),
         }
     }
 }

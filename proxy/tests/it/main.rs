@@ -19,6 +19,7 @@ mod cold_hits;
 mod dashboard;
 mod dashboard_csrf;
 mod data_plane;
+mod edge_rules;
 mod faults;
 mod fd_limit;
 mod fleet_deploy;

@@ -1,0 +1,313 @@
+//! A route's edge rules (`routes[].rules`) and query normalisation (`routes[].query`), run on
+//! the request before its cache key is made: pure functions of the request, the client's
+//! address and, for rate limits, the process's bucket table, beside [`super::decide`] and
+//! tested the same way.
+//!
+//! Rules run in order and every one whose `match` holds acts, in this order within a rule:
+//! its rate limit (past it: 429, and nothing after runs), its answer (`deny`, `respond` or
+//! `redirect`: answered, nothing after runs), its request field edits (made at once, so later
+//! rules and the key see them), `bypass`, and its response field edits (kept for the answer,
+//! whoever makes it; also for a rule's own answer).
+//!
+//! The cache key follows what the origin is asked: a rule that edits the request on a condition
+//! beyond the URL (a field, a cookie, the query, the client, the method or protocol) adds its
+//! name to the key, so the response made for its matches is never served to the others.
+
+pub(crate) mod action;
+mod matcher;
+pub(crate) mod query;
+
+use crate::http::field_edit::FieldEdits;
+use crate::http::request::RequestHead;
+use crate::rate_limit::Limiter;
+use action::{Edits, Template, Vars};
+use matcher::{Matcher, Seen};
+use std::net::IpAddr;
+use std::sync::Arc;
+use zerocache_ledger::{RouteCounters, RuleCounters};
+
+/// A rule's own answer, as configured.
+#[derive(Debug)]
+enum Reply {
+    Redirect(u16, Template),
+    Respond(u16, Arc<str>, Arc<str>),
+    Deny(u16),
+}
+
+/// Whose bucket a request takes from.
+#[derive(Debug)]
+enum LimitKey {
+    Client,
+    Url,
+    Header(String),
+}
+
+impl LimitKey {
+    fn of(key: &str) -> LimitKey {
+        match (key, key.strip_prefix("header:")) {
+            (_, Some(h)) => LimitKey::Header(h.to_string()),
+            ("url", None) => LimitKey::Url,
+            _ => LimitKey::Client,
+        }
+    }
+
+    /// The key's value for `req` from `client`, hashed with `seed`.
+    fn hash(&self, req: &RequestHead, client: IpAddr, seed: u64) -> u64 {
+        use xxhash_rust::xxh3::xxh3_64_with_seed as h;
+        match self {
+            LimitKey::Client => match client {
+                IpAddr::V4(a) => h(&a.octets(), seed),
+                IpAddr::V6(a) => h(&a.octets(), seed),
+            },
+            LimitKey::Url => h(req.target.as_bytes(), seed),
+            LimitKey::Header(name) => h(req.joined(name).unwrap_or_default().as_bytes(), seed),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Limit {
+    /// Tells this rule's buckets apart from every other's (route and rule names hashed).
+    salt: u64,
+    key: LimitKey,
+    rate: f64,
+    burst: f64,
+}
+
+/// `upstream:` of a rule, compiled.
+#[derive(Debug)]
+struct Split {
+    to: String,
+    /// This rule's own hash seed (route and rule names): two canaries split independently.
+    seed: u64,
+    /// Out of 10,000: a request whose key hashes below it goes `to`.
+    below: u64,
+    key: LimitKey,
+}
+
+/// One compiled rule.
+#[derive(Debug)]
+struct Rule {
+    counters: &'static RuleCounters,
+    matcher: Matcher,
+    /// Request edits on a match beyond the URL: its name goes into the key.
+    keyed: bool,
+    /// Its templates use `path_regex`'s groups (else a match is a yes or no, no captures).
+    groups: bool,
+    request: Edits,
+    response: Edits,
+    reply: Option<Reply>,
+    limit: Option<Limit>,
+    bypass: bool,
+    split: Option<Split>,
+    ttl: Option<std::time::Duration>,
+}
+
+/// What the rules answer a request with instead of the cache and the origin.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// A redirect: status and `Location`.
+    Redirect(u16, String),
+    /// Status, body, `Content-Type`.
+    Respond(u16, Arc<str>, Arc<str>),
+    /// A 4xx with no more to say.
+    Deny(u16),
+    /// 429, and the seconds for `Retry-After`.
+    Limited(u64),
+}
+
+/// What the rules decided for a request.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict {
+    /// Answered here, if so.
+    pub answer: Option<Answer>,
+    /// Past the cache.
+    pub bypass: bool,
+    /// What the key adds: the names of the rules that edited the request on a match beyond the
+    /// URL, in order.
+    pub key_part: Option<String>,
+    /// The rules that matched, a bit each by their place (at most 64 a route; counted
+    /// already): the access log's `$rule` ([`Rules::matched`]).
+    pub matched: u64,
+    /// The upstream a canary rule chose (the last one that did).
+    pub upstream: Option<String>,
+    /// The freshness a rule gave what is stored (the last one that did).
+    pub ttl: Option<std::time::Duration>,
+}
+
+/// A route's rules, compiled.
+#[derive(Debug, Default)]
+pub(crate) struct Rules {
+    rules: Vec<Rule>,
+    /// Some rule has a rate limit (the clock is read only then).
+    limits: bool,
+    /// The route's name, for `$route`.
+    route: String,
+}
+
+impl Rules {
+    /// Compiles a validated route's rules, counted under `counters`.
+    pub(crate) fn new(
+        r: &zerocache_config::Route,
+        counters: &'static RouteCounters,
+    ) -> Result<Rules, String> {
+        let rules = r
+            .rules
+            .iter()
+            .map(|rule| {
+                let matcher = Matcher::new(&rule.matcher)?;
+                let reply = if let Some(re) = &rule.redirect {
+                    Some(Reply::Redirect(re.status, Template::new(&re.location)?))
+                } else if let Some(re) = &rule.respond {
+                    Some(Reply::Respond(
+                        re.status,
+                        Arc::from(re.body.as_str()),
+                        Arc::from(re.content_type.as_str()),
+                    ))
+                } else {
+                    rule.deny.map(Reply::Deny)
+                };
+                let limit = match &rule.rate_limit {
+                    None => None,
+                    Some(l) => Some(Limit {
+                        salt: xxhash_rust::xxh3::xxh3_64(
+                            format!("{}\n{}", counters.name(), rule.name).as_bytes(),
+                        ),
+                        key: LimitKey::of(&l.key),
+                        rate: l.per_second()?,
+                        burst: f64::from(l.burst),
+                    }),
+                };
+                let request = Edits::new(&rule.request_headers)?;
+                let response = Edits::new(&rule.response_headers)?;
+                let groups = request.uses_groups()
+                    || response.uses_groups()
+                    || matches!(&reply, Some(Reply::Redirect(_, t)) if t.uses_groups());
+                Ok(Rule {
+                    groups,
+                    counters: counters.rule(&rule.name),
+                    keyed: matcher.beyond_the_url() && !request.is_empty(),
+                    matcher,
+                    request,
+                    response,
+                    reply,
+                    limit,
+                    bypass: rule.bypass,
+                    split: rule.upstream.as_ref().map(|c| Split {
+                        to: c.to.clone(),
+                        seed: xxhash_rust::xxh3::xxh3_64(
+                            format!("split\n{}\n{}", counters.name(), rule.name).as_bytes(),
+                        ),
+                        below: (c.percent * 100.0).round() as u64,
+                        key: LimitKey::of(&c.key),
+                    }),
+                    ttl: rule.ttl,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Rules {
+            limits: rules.iter().any(|r| r.limit.is_some()),
+            rules,
+            route: counters.name().to_string(),
+        })
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Whether a rule has a rate limit, which needs the limiter's clock.
+    pub(crate) fn needs_clock(&self) -> bool {
+        self.limits
+    }
+
+    /// The counters (and names) of the rules in `matched`, in order.
+    pub(crate) fn matched(&self, matched: u64) -> Vec<&'static RuleCounters> {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i < 64 && matched & (1 << i) != 0)
+            .map(|(_, r)| r.counters)
+            .collect()
+    }
+
+    /// Runs the rules on `req` from `client` at `now` (the limiter's clock, read by the caller
+    /// when [`Rules::needs_clock`]); edits `req`, and adds the response edits to `response`.
+    pub(crate) fn on_request(
+        &self,
+        req: &mut RequestHead,
+        client: IpAddr,
+        limiter: &Limiter,
+        now: u64,
+        response: &mut FieldEdits,
+    ) -> Verdict {
+        let mut v = Verdict::default();
+        let mut edits = FieldEdits::default();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let seen = Seen {
+                path: req.path(),
+                req: &*req,
+                client,
+            };
+            let Some(groups) = rule.matcher.matches(&seen, rule.groups) else {
+                continue;
+            };
+            rule.counters.matched();
+            v.matched |= 1u64.checked_shl(i as u32).unwrap_or(0);
+            let vars = Vars {
+                seen: &seen,
+                groups: &groups,
+                route: &self.route,
+            };
+            if let Some(l) = &rule.limit {
+                let key = l.key.hash(req, client, l.salt);
+                if let Err(after) = limiter.take(key, l.rate, l.burst, now) {
+                    rule.counters.limited();
+                    rule.response.render(&vars, response);
+                    v.answer = Some(Answer::Limited(after));
+                    return v;
+                }
+            }
+            if let Some(reply) = &rule.reply {
+                v.answer = Some(match reply {
+                    Reply::Redirect(status, t) => Answer::Redirect(*status, t.render_string(&vars)),
+                    Reply::Respond(status, body, ct) => {
+                        Answer::Respond(*status, body.clone(), ct.clone())
+                    }
+                    Reply::Deny(status) => Answer::Deny(*status),
+                });
+                rule.response.render(&vars, response);
+                return v;
+            }
+            edits.clear();
+            rule.request.render(&vars, &mut edits);
+            rule.response.render(&vars, response);
+            v.bypass |= rule.bypass;
+            v.ttl = rule.ttl.or(v.ttl);
+            // The side is the same for a key at every request and every reload that keeps the
+            // rule's name, so a client or an object stays where it went.
+            let canary = rule
+                .split
+                .as_ref()
+                .filter(|s| s.key.hash(req, client, s.seed) % 10_000 < s.below);
+            if let Some(s) = canary {
+                v.upstream = Some(s.to.clone());
+            }
+            if rule.keyed || canary.is_some() {
+                let part = v.key_part.get_or_insert_with(String::new);
+                if !part.is_empty() {
+                    part.push(',');
+                }
+                part.push_str(rule.counters.name());
+            }
+            if !edits.is_empty() {
+                action::apply_to_fields(&edits, &mut req.fields);
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests;
