@@ -16,6 +16,24 @@ pub const MAX_RULES: usize = 64;
 /// Largest `respond.body`.
 pub const MAX_RESPOND_BODY: usize = 64 * 1024;
 
+/// Request fields the proxy writes or scrubs itself when it sends the request upstream (the
+/// client-address fields from an untrusted peer, the forwarding fields it appends, `Expect`): a
+/// rule that set one would be heard by the key and `Vary` but not by the origin.
+const REWRITTEN_UPSTREAM: &[&str] = &[
+    "x-forwarded-for",
+    "forwarded",
+    "x-forwarded-proto",
+    "via",
+    "expect",
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
 /// Fields a rule may never set or remove: the framing and the connection's own (the proxy
 /// writes them), and `Host` (the route and the key were chosen by it).
 const NOT_EDITABLE: &[&str] = &[
@@ -86,6 +104,7 @@ pub(crate) fn check(i: usize, r: &Route, config: &Config, errs: &mut Vec<Invalid
         }
         let groups = matcher(&at, rule, errs);
         actions(&at, rule, groups, config, errs);
+        per_request_values(&at, r, rule, errs);
     }
 }
 
@@ -218,10 +237,13 @@ fn actions(at: &str, rule: &Rule, groups: usize, config: &Config, errs: &mut Vec
         template(format!("{at}.redirect.location"), &r.location, errs);
     }
     if let Some(r) = &rule.respond {
-        if !(200..=599).contains(&r.status) {
+        if !(200..=599).contains(&r.status) || matches!(r.status, 204 | 205 | 304) {
             errs.push(invalid(
                 format!("{at}.respond.status"),
-                format!("{} is not a final status (200 to 599)", r.status),
+                format!(
+                    "{} is not a status a rule can answer with a body (200 to 599, not 204, 205 or 304, which end at their head)",
+                    r.status
+                ),
             ));
         }
         if r.body.len() > MAX_RESPOND_BODY {
@@ -336,6 +358,18 @@ fn fields(
             ));
         } else if side == "request_headers"
             && op != "remove"
+            && REWRITTEN_UPSTREAM
+                .iter()
+                .any(|n| name.eq_ignore_ascii_case(n))
+        {
+            errs.push(invalid(
+                key,
+                format!(
+                    "`{name}` is written or scrubbed by the proxy when it forwards, so the origin would not see what the key and Vary saw"
+                ),
+            ));
+        } else if side == "request_headers"
+            && op != "remove"
             && let Some(why) = crate::validate::never_forwarded(config, name)
         {
             errs.push(invalid(
@@ -351,6 +385,36 @@ fn fields(
                 errs.push(invalid(
                     format!("{at}.{side}.{op}.{name}"),
                     format!("`{name}` is both removed and written: conflicting actions"),
+                ));
+            }
+        }
+    }
+}
+
+/// A request edit whose value differs from request to request in a way the cache key does not
+/// hold (`$client` always; `$query` when `cache_key.query: false`) would store one client's
+/// answer for all: refused on a route that caches, unless the rule bypasses the cache.
+fn per_request_values(at: &str, r: &Route, rule: &Rule, errs: &mut Vec<Invalid>) {
+    if !r.cache || rule.bypass {
+        return;
+    }
+    let acts = &rule.request_headers;
+    for (op, map) in [("set", &acts.set), ("append", &acts.append)] {
+        for (name, value) in map {
+            let Ok(parts) = crate::schema::template_parts(value) else {
+                continue;
+            };
+            let unkeyed = parts.iter().find_map(|p| match p {
+                TemplatePart::Var(v @ "client") => Some(*v),
+                TemplatePart::Var(v @ "query") if !r.cache_key.query => Some(*v),
+                _ => None,
+            });
+            if let Some(v) = unkeyed {
+                errs.push(invalid(
+                    format!("{at}.request_headers.{op}.{name}"),
+                    format!(
+                        "`${v}` differs between requests that share a cache entry: one client's answer would be stored for all; add `bypass: true` to the rule or leave the route uncached"
+                    ),
                 ));
             }
         }

@@ -334,6 +334,15 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
             }
         }
     }
+    if !(1..=1 << 24).contains(&config.limits.rate_limit_keys) {
+        errs.push(invalid(
+            "limits.rate_limit_keys",
+            format!(
+                "{} keys: use 1 to 16777216 (the table is made whole at start-up, about 32 bytes a key)",
+                config.limits.rate_limit_keys
+            ),
+        ));
+    }
     for (i, c) in config.proxy.trusted_proxies.iter().enumerate() {
         if let Err(e) = crate::cidr::Cidr::parse(c) {
             errs.push(invalid(format!("proxy.trusted_proxies[{i}]"), e));

@@ -164,3 +164,48 @@ fn conflicting_and_forbidden_actions_are_refused() {
         "zc.yaml:11:9: routes[0].rules[0].match.client_in[0]: `10.0.0.0/33`: prefix length must be 0 to 32"
     );
 }
+
+#[test]
+fn answers_that_would_desync_and_edits_the_origin_would_not_see_are_refused() {
+    assert_eq!(
+        err(r#"    rules:
+      - name: r
+        respond: { status: 204, body: "ok" }
+"#),
+        "zc.yaml:11:9: routes[0].rules[0].respond.status: 204 is not a status a rule can answer with a body (200 to 599, not 204, 205 or 304, which end at their head)"
+    );
+    assert_eq!(
+        err(r#"    rules:
+      - name: r
+        request_headers: { set: { X-Real-IP: "$host" } }
+"#),
+        "zc.yaml:11:9: routes[0].rules[0].request_headers.set: `X-Real-IP` is written or scrubbed by the proxy when it forwards, so the origin would not see what the key and Vary saw"
+    );
+    // A value per client on a route that caches: one client's answer stored for all.
+    assert_eq!(
+        err(r#"    rules:
+      - name: r
+        request_headers: { set: { X-Client: "$client" } }
+"#),
+        "zc.yaml:11:9: routes[0].rules[0].request_headers.set.X-Client: `$client` differs between requests that share a cache entry: one client's answer would be stored for all; add `bypass: true` to the rule or leave the route uncached"
+    );
+    // The same with `bypass`, or in what the client gets, is fine.
+    for ok in [
+        "    rules:\n      - name: r\n        bypass: true\n        request_headers: { set: { X-Client: \"$client\" } }\n",
+        "    rules:\n      - name: r\n        response_headers: { set: { X-Client: \"$client\" } }\n",
+    ] {
+        parse(&with(ok), "zc.yaml").expect(ok);
+    }
+    assert!(
+        parse(
+            &with("").replace(
+                "max_size: 1GiB }",
+                "max_size: 1GiB }\nlimits: { rate_limit_keys: 100000000 }"
+            ),
+            "zc.yaml"
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("limits.rate_limit_keys: 100000000 keys: use 1 to 16777216")
+    );
+}

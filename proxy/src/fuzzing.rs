@@ -470,8 +470,8 @@ routes:
     query: { sort: true, keep: ["*"], drop: ["utm_*", "fbclid", "a*b*c"] }
     rules:
       - name: tag
-        request_headers: { set: { X-Path: "$path$query" }, append: { X-Edge-Host: "$host via $route $client" }, remove: [X-Debug] }
-        response_headers: { set: { X-Target: "$target" } }
+        request_headers: { set: { X-Path: "$path$query" }, append: { X-Edge-Host: "$host via $route" }, remove: [X-Debug] }
+        response_headers: { set: { X-Target: "$target", X-Client: "$client" } }
       - name: beta
         match: { headers: [{ name: X-Beta, regex: "^[0-9]+$" }], cookies: [s] }
         request_headers: { set: { X-Variant: "b-$method" } }

@@ -140,7 +140,7 @@ impl Route {
             .iter()
             .any(|m| m.eq_ignore_ascii_case(&req.method))
             || {
-                let target = merged_slashes(&req.target);
+                let target = crate::http::target::merged_slashes(&req.target);
                 b.paths.iter().any(|p| target.starts_with(p.as_str()))
             }
             || b.headers
@@ -153,28 +153,6 @@ impl Route {
                         .any(|name| b.cookies.iter().any(|want| want == name))
                 }))
     }
-}
-
-/// `target` with runs of `/` in its path merged, for matching prefixes only: origins that merge
-/// slashes (nginx's `merge_slashes`, most frameworks) serve `//account` as `/account`, so a
-/// prefix rule for `/account` must match it too. The key and the upstream request keep the target
-/// as it is (merging is not RFC 3986 normalisation, and some origins do distinguish).
-fn merged_slashes(target: &str) -> std::borrow::Cow<'_, str> {
-    let path = target.split('?').next().unwrap_or(target);
-    if !path.contains("//") {
-        return std::borrow::Cow::Borrowed(target);
-    }
-    let mut out = String::with_capacity(target.len());
-    let mut last_slash = false;
-    for c in path.chars() {
-        if c == '/' && last_slash {
-            continue;
-        }
-        last_slash = c == '/';
-        out.push(c);
-    }
-    out.push_str(&target[path.len()..]);
-    std::borrow::Cow::Owned(out)
 }
 
 /// All routes, in config order.
@@ -255,7 +233,7 @@ impl Routes {
     /// The first route matching `host` (lower-cased, port allowed) and `target`.
     pub fn find(&self, host: &str, target: &str) -> Option<&Route> {
         let bare = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
-        let target = merged_slashes(target);
+        let target = crate::http::target::merged_slashes(target);
         let target = target.as_ref();
         self.routes.iter().find(|r| {
             (r.host == "*" || r.host == host || r.host == bare) && target.starts_with(&r.prefix)
@@ -300,6 +278,9 @@ mod tests {
                 .map(|r| r.upstream.name.as_str()),
             Some("b")
         );
-        assert_eq!(merged_slashes("//i//1?a=//b"), "/i/1?a=//b");
+        assert_eq!(
+            crate::http::target::merged_slashes("//i//1?a=//b"),
+            "/i/1?a=//b"
+        );
     }
 }

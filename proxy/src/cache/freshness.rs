@@ -55,7 +55,7 @@ pub fn lifetime(
         .field("date")
         .and_then(crate::http::date::parse)
         .unwrap_or(response_time);
-    if let Some(t) = h.forced {
+    if let Some(t) = h.forced.filter(|_| FORCED_STATUSES.contains(&res.status)) {
         return Some((t, Source::Configured));
     }
     if let Some(s) = d.s_maxage.or(d.max_age) {
@@ -89,6 +89,13 @@ pub fn lifetime(
     }
     None
 }
+
+/// The statuses an edge rule's `ttl` may give a lifetime to, over the origin's freshness: the
+/// successes and permanent redirects that say the same to everyone (nginx's
+/// `proxy_cache_valid 10m` alone covers 200, 301 and 302). Never an error a client can cause
+/// for everyone (a 400, 403, 404, 429 or 431 the origin made for one request), which keeps the
+/// origin's own freshness or none.
+const FORCED_STATUSES: [u16; 5] = [200, 203, 300, 301, 308];
 
 /// The corrected initial age (§4.2.3): the larger of the apparent age (`response_time − Date`)
 /// and the received `Age` plus the response delay.

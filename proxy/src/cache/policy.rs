@@ -398,6 +398,21 @@ mod tests {
             life("Cache-Control: private, max-age=60\r\n"),
             Err(NotStored::Directive)
         );
+        // Not for an error one request can cause for everyone: a 404, 403 or 429 keeps the
+        // origin's own freshness, or is not stored.
+        for status in [400, 403, 404, 429, 431] {
+            let r = storable(&req(""), &res(status, ""), t, t, forced, opted_in);
+            assert_eq!(r.err(), Some(NotStored::NoFreshness), "{status}");
+        }
+        let own = storable(
+            &req(""),
+            &res(404, "Cache-Control: max-age=7\r\n"),
+            t,
+            t,
+            forced,
+            opted_in,
+        );
+        assert_eq!(own.map(|s| s.lifetime), Ok(Duration::from_secs(7)));
         // Even where the route stores cookies: freshness the origin did not give.
         assert_eq!(
             life("Cache-Control: max-age=60\r\nSet-Cookie: s=1\r\n"),

@@ -267,6 +267,28 @@ fn remove_dot_segments(path: &str) -> String {
     s
 }
 
+/// `target` with runs of `/` in its path merged, for matching prefixes only: origins that merge
+/// slashes (nginx's `merge_slashes`, most frameworks) serve `//account` as `/account`, so a
+/// prefix rule for `/account` must match it too. The key and the upstream request keep the target
+/// as it is (merging is not RFC 3986 normalisation, and some origins do distinguish).
+pub(crate) fn merged_slashes(target: &str) -> std::borrow::Cow<'_, str> {
+    let path = target.split('?').next().unwrap_or(target);
+    if !path.contains("//") {
+        return std::borrow::Cow::Borrowed(target);
+    }
+    let mut out = String::with_capacity(target.len());
+    let mut last_slash = false;
+    for c in path.chars() {
+        if c == '/' && last_slash {
+            continue;
+        }
+        last_slash = c == '/';
+        out.push(c);
+    }
+    out.push_str(&target[path.len()..]);
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -312,7 +312,9 @@ impl Conn {
         let owner = || {
             ctx.fleet
                 .as_ref()
-                .filter(|_| m.ask_owner && !primary.has_rules())
+                // The owner runs no rules: a key with the rules' part, or a lifetime a rule
+                // gives, is this node's to fill.
+                .filter(|_| m.ask_owner && !primary.has_rules() && route.ttls.forced.is_none())
                 .and_then(|f| f.plan(&primary.text))
         };
         // The fetch of this miss, with what its plan adds.

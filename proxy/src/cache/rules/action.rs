@@ -27,6 +27,12 @@ impl Template {
         })
     }
 
+    /// Whether it starts with a variable or a group (not with text the operator wrote): a
+    /// redirect made from it must not start with `//`, which a browser reads as another host.
+    pub(crate) fn starts_with_a_variable(&self) -> bool {
+        !matches!(self.parts.first(), Some(TemplatePart::Literal(_)) | None)
+    }
+
     /// Whether it uses a group of the rule's `path_regex`.
     pub(crate) fn uses_groups(&self) -> bool {
         self.parts
@@ -54,7 +60,7 @@ impl Template {
                 TemplatePart::Var(name) => match *name {
                     "host" => &req.host,
                     "path" => path,
-                    "query" => &req.target[path.len()..],
+                    "query" => v.seen.query,
                     "target" => &req.target,
                     "scheme" => crate::cache::key::scheme(req.tls),
                     "method" => &req.method,

@@ -12,8 +12,12 @@ use zerocache_config::cidr::Cidr;
 /// left it), and the client's address.
 pub(crate) struct Seen<'a> {
     pub req: &'a RequestHead,
-    /// Its path (the target up to `?`), found once for all the rules.
+    /// Its path (the target up to `?`) with runs of `/` merged, as the routes match it (origins
+    /// that merge slashes serve `//admin/` as `/admin/`, so a deny of `/admin/` must hold for it
+    /// too); found once for all the rules.
     pub path: &'a str,
+    /// `?` and the query, or nothing.
+    pub query: &'a str,
     /// The peer, or the source a PROXY header gave.
     pub client: IpAddr,
 }
@@ -71,7 +75,7 @@ impl Cond {
                 .filter(|(k, _)| k.eq_ignore_ascii_case(name))
                 .any(|(_, val)| std::str::from_utf8(val).is_ok_and(|val| v.holds(val.trim()))),
             Cond::Query(name, v) => {
-                let query = &req.target[s.path.len()..];
+                let query = s.query;
                 !query.is_empty() && query_params(query).any(|(n, val)| n == name && v.holds(val))
             }
             // Every `Cookie` line is a list of its own: a cookie is present when any line names

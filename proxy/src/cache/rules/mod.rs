@@ -55,9 +55,11 @@ impl LimitKey {
     fn hash(&self, req: &RequestHead, client: IpAddr, seed: u64) -> u64 {
         use xxhash_rust::xxh3::xxh3_64_with_seed as h;
         match self {
+            // An IPv6 client is its /64: one host is given a whole /64, and keying by /128
+            // would give it a fresh bucket per address.
             LimitKey::Client => match client {
                 IpAddr::V4(a) => h(&a.octets(), seed),
-                IpAddr::V6(a) => h(&a.octets(), seed),
+                IpAddr::V6(a) => h(&a.octets()[..8], seed),
             },
             LimitKey::Url => h(req.target.as_bytes(), seed),
             LimitKey::Header(name) => h(req.joined(name).unwrap_or_default().as_bytes(), seed),
@@ -186,7 +188,9 @@ impl Rules {
                 Ok(Rule {
                     groups,
                     counters: counters.rule(&rule.name),
-                    keyed: matcher.beyond_the_url() && !request.is_empty(),
+                    // A ttl on a condition beyond the URL is a lifetime some clients choose for
+                    // an entry others share: keyed like a request edit.
+                    keyed: matcher.beyond_the_url() && (!request.is_empty() || rule.ttl.is_some()),
                     matcher,
                     request,
                     response,
@@ -245,8 +249,10 @@ impl Rules {
         let mut v = Verdict::default();
         let mut edits = FieldEdits::default();
         for (i, rule) in self.rules.iter().enumerate() {
+            let path = crate::http::target::merged_slashes(req.path());
             let seen = Seen {
-                path: req.path(),
+                path: &path,
+                query: &req.target[req.path().len()..],
                 req: &*req,
                 client,
             };
@@ -271,7 +277,15 @@ impl Rules {
             }
             if let Some(reply) = &rule.reply {
                 v.answer = Some(match reply {
-                    Reply::Redirect(status, t) => Answer::Redirect(*status, t.render_string(&vars)),
+                    Reply::Redirect(status, t) => {
+                        let mut location = t.render_string(&vars);
+                        // `$path/` for `GET //evil.example/x` would say `//evil.example/x/`: a
+                        // location that starts with a client's text starts with one `/`.
+                        if t.starts_with_a_variable() && location.starts_with("//") {
+                            location = format!("/{}", location.trim_start_matches('/'));
+                        }
+                        Answer::Redirect(*status, location)
+                    }
                     Reply::Respond(status, body, ct) => {
                         Answer::Respond(*status, body.clone(), ct.clone())
                     }

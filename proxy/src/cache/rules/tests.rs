@@ -260,3 +260,49 @@ fn a_canary_takes_its_share_of_10000_keys_and_keys_what_it_answered_apart() {
 
 /// How many of `/item/0`..`/item/9999` a 10% canary by URL takes (9.88%).
 const CANARY_10000: usize = 988;
+
+#[test]
+fn hostile_spellings_meet_the_same_rules() {
+    let (r, c) = rules(
+        r#"    rules:
+      - name: admin
+        match: { path_prefix: "/admin/", client_not_in: ["10.0.0.0/8"] }
+        deny: 403
+      - name: slash
+        match: { path_prefix: "/go/" }
+        redirect: { location: "$target" }
+      - name: api
+        match: { path_prefix: "/api/" }
+        rate_limit: { key: client, rate: 1/h, burst: 1 }
+"#,
+    );
+    let l = Limiter::new(64);
+    let mut e = FieldEdits::default();
+    // Slashes merged, as origins that merge them read it.
+    let v = r.on_request(
+        &mut req("GET //admin//users HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ip("192.0.2.1"),
+        &l,
+        0,
+        &mut e,
+    );
+    assert_eq!(v.answer, Some(Answer::Deny(403)));
+    // A location made from the client's target never starts with `//` (another host).
+    let v = r.on_request(
+        &mut req("GET //go/x HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ip("192.0.2.1"),
+        &l,
+        0,
+        &mut e,
+    );
+    assert_eq!(v.answer, Some(Answer::Redirect(302, "/go/x".into())));
+    // One IPv6 host is its /64: a new address in it is not a new bucket.
+    let api = "GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n";
+    let v = r.on_request(&mut req(api), ip("2001:db8:1:2::1"), &l, 0, &mut e);
+    assert_eq!(v.answer, None);
+    let v = r.on_request(&mut req(api), ip("2001:db8:1:2::ffff"), &l, 0, &mut e);
+    assert_eq!(v.answer, Some(Answer::Limited(3600)));
+    let v = r.on_request(&mut req(api), ip("2001:db8:1:3::1"), &l, 0, &mut e);
+    assert_eq!(v.answer, None);
+    assert_eq!(counts(c)[2], ("api".into(), 3, 1));
+}
