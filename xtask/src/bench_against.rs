@@ -25,9 +25,9 @@ use std::time::Instant;
 const SIZES: [usize; 2] = [1024, 65_536];
 
 /// A running zerocache binary.
-struct Proxy {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Proxy {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Drop for Proxy {
@@ -80,8 +80,14 @@ fn git_out(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Starts `bin` in `dir` in front of `origin`, the probe off.
-fn start(bin: &Path, dir: &Path, origin: SocketAddr) -> anyhow::Result<Proxy> {
+/// Starts `bin` in `dir` in front of `origin`, the probe off; `route_yaml` goes on in the one
+/// route (its `rules:`, for `bench --rules`).
+pub(crate) fn start(
+    bin: &Path,
+    dir: &Path,
+    origin: SocketAddr,
+    route_yaml: &str,
+) -> anyhow::Result<Proxy> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
     let port = free_port()?;
@@ -90,7 +96,7 @@ fn start(bin: &Path, dir: &Path, origin: SocketAddr) -> anyhow::Result<Proxy> {
     std::fs::write(
         &conf,
         format!(
-            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: false\nlogging:\n  level: warn\n",
+            "listen: 127.0.0.1:{port}\ncache:\n  path: {}\n  max_size: 4GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\nroutes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route_yaml}dashboard:\n  listen: 127.0.0.1:{dport}\nprobe:\n  enabled: false\nlogging:\n  level: warn\n",
             dir.join("cache").display()
         ),
     )?;
@@ -122,8 +128,9 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
         &root().join("target/release/zerocache"),
         &base.join("ours"),
         origin.addr,
+        "",
     )?;
-    let other = start(&theirs_bin, &base.join("theirs"), origin.addr)?;
+    let other = start(&theirs_bin, &base.join("theirs"), origin.addr, "")?;
     warm(mine.addr, Server::Zerocache, &sizes)?;
     warm(other.addr, Server::Zerocache, &sizes)?;
     println!("xtask: bench --against: both warm, bodies checked");

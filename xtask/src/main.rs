@@ -6,6 +6,7 @@ mod bench_against;
 mod bench_fleet;
 mod bench_h2;
 mod bench_index;
+mod bench_rules;
 mod bench_tls;
 mod bench_watch;
 mod demo;
@@ -136,6 +137,12 @@ enum Task {
         /// writes xtask/bench/results/against.md. Uses --duration, --reps and --sizes.
         #[arg(long, value_name = "REV")]
         against: Option<String>,
+        /// What edge rules cost a 1 KiB HIT: no rules, 20 that never match, and 21 with one
+        /// matching that sets two fields, three proxies of one binary side by side
+        /// (xtask/src/bench_rules.rs); writes xtask/bench/results/rules.md. Uses --duration
+        /// and --reps.
+        #[arg(long)]
+        rules: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -239,6 +246,12 @@ fn main() -> ExitCode {
             ..
         } => setup::setup()
             .and_then(|_| bench_against::bench_against(&rev, duration, reps, &sizes)),
+        Task::Bench {
+            rules: true,
+            duration,
+            reps,
+            ..
+        } => setup::setup().and_then(|_| bench_rules::bench_rules(duration, reps)),
         Task::Bench {
             index: true,
             objects,
