@@ -91,48 +91,16 @@ pub enum Part {
 
 /// The parts of `template`, or why it is not one.
 pub fn parts(template: &str) -> Result<Vec<Part>, String> {
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut rest = template;
-    while let Some(i) = rest.find('$') {
-        text.push_str(&rest[..i]);
-        rest = &rest[i + 1..];
-        if let Some(r) = rest.strip_prefix('$') {
-            text.push('$');
-            rest = r;
-            continue;
-        }
-        let (name, after) = match rest.strip_prefix('{') {
-            Some(r) => {
-                let end = r
-                    .find('}')
-                    .ok_or_else(|| format!("`${{{r}` has no closing `}}`"))?;
-                (&r[..end], &r[end + 1..])
-            }
-            None => {
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
-                    .unwrap_or(rest.len());
-                (&rest[..end], &rest[end..])
-            }
-        };
-        let Some((known, _)) = VARIABLES.iter().find(|(v, _)| *v == name) else {
-            let names: Vec<String> = VARIABLES.iter().map(|(v, _)| format!("${v}")).collect();
-            return Err(format!(
-                "`${name}` is not a variable; write `$$` for a `$`; the variables: {}",
-                names.join(", ")
-            ));
-        };
-        if !text.is_empty() {
-            out.push(Part::Literal(std::mem::take(&mut text)));
-        }
-        out.push(Part::Var(known));
-        rest = after;
-    }
-    text.push_str(rest);
-    if !text.is_empty() {
-        out.push(Part::Literal(text));
-    }
+    use crate::template::TemplatePart;
+    let out: Vec<Part> = crate::template::scan(template, VARIABLES, false, "")?
+        .into_iter()
+        .filter_map(|p| match p {
+            TemplatePart::Literal(t) => Some(Part::Literal(t)),
+            TemplatePart::Var(v) => Some(Part::Var(v)),
+            // Not scanned for (`groups` is false).
+            TemplatePart::Group(_) => None,
+        })
+        .collect();
     if !out.iter().any(|p| matches!(p, Part::Var(_))) {
         return Err("a template needs at least one $variable".into());
     }

@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod rules_check;
 pub mod schema;
 mod sections;
+pub mod template;
 pub mod tls;
 pub mod units;
 pub mod validate;
@@ -21,6 +22,7 @@ pub mod watch;
 pub use cache_dir::Dirs;
 pub use error::ConfigError;
 pub use schema::*;
+pub use template::TemplatePart;
 
 use std::path::Path;
 

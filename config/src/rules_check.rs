@@ -17,21 +17,15 @@ pub const MAX_RULES: usize = 64;
 pub const MAX_RESPOND_BODY: usize = 64 * 1024;
 
 /// Request fields the proxy writes or scrubs itself when it sends the request upstream (the
-/// client-address fields from an untrusted peer, the forwarding fields it appends, `Expect`): a
-/// rule that set one would be heard by the key and `Vary` but not by the origin.
+/// forwarding fields it appends, `Expect`; and [`crate::validate::CLIENT_ADDRESS_FIELDS`] from an
+/// untrusted peer): a rule that set one would be heard by the key and `Vary` but not by the
+/// origin.
 const REWRITTEN_UPSTREAM: &[&str] = &[
     "x-forwarded-for",
     "forwarded",
     "x-forwarded-proto",
     "via",
     "expect",
-    "x-real-ip",
-    "true-client-ip",
-    "x-client-ip",
-    "client-ip",
-    "cf-connecting-ip",
-    "fastly-client-ip",
-    "x-cluster-client-ip",
 ];
 
 /// Fields a rule may never set or remove: the framing and the connection's own (the proxy
@@ -360,6 +354,7 @@ fn fields(
             && op != "remove"
             && REWRITTEN_UPSTREAM
                 .iter()
+                .chain(crate::validate::CLIENT_ADDRESS_FIELDS)
                 .any(|n| name.eq_ignore_ascii_case(n))
         {
             errs.push(invalid(

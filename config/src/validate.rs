@@ -394,6 +394,19 @@ pub const HOP_BY_HOP: &[&str] = &[
     "proxy-authorization",
 ];
 
+/// Fields in which a client states its own address, as origins read them for geolocation and
+/// rate limits: forwarded only from a trusted proxy (the data plane drops them from anyone else,
+/// and `check` refuses a rule that writes one, from this one list).
+pub const CLIENT_ADDRESS_FIELDS: &[&str] = &[
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
 /// Why a request field never reaches the origin, if it doesn't: such a field in the key would
 /// split entries on something the origin never saw.
 pub(crate) fn never_forwarded(config: &Config, name: &str) -> Option<&'static str> {

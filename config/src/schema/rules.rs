@@ -271,16 +271,7 @@ pub const TEMPLATE_VARIABLES: &[(&str, &str)] = &[
     ("route", "the route's name"),
 ];
 
-/// A piece of a rule's template.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TemplatePart {
-    /// Text as written.
-    Literal(String),
-    /// A variable of [`TEMPLATE_VARIABLES`].
-    Var(&'static str),
-    /// A group of the rule's `path_regex` (1 to 9).
-    Group(u8),
-}
+pub use crate::template::TemplatePart;
 
 /// The parts of `template`, or why it cannot be one: an unknown variable, or a CR, LF or NUL,
 /// which would end a header field early.
@@ -288,59 +279,12 @@ pub fn template_parts(template: &str) -> Result<Vec<TemplatePart>, String> {
     if template.contains(['\r', '\n', '\0']) {
         return Err("a CR, LF or NUL has no place in a header field or a redirect".into());
     }
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut rest = template;
-    while let Some(i) = rest.find('$') {
-        text.push_str(&rest[..i]);
-        rest = &rest[i + 1..];
-        if let Some(r) = rest.strip_prefix('$') {
-            text.push('$');
-            rest = r;
-            continue;
-        }
-        let (name, after) = match rest.strip_prefix('{') {
-            Some(r) => {
-                let end = r
-                    .find('}')
-                    .ok_or_else(|| format!("`${{{r}` has no closing `}}`"))?;
-                (&r[..end], &r[end + 1..])
-            }
-            None if rest.starts_with(|c: char| c.is_ascii_digit()) => (&rest[..1], &rest[1..]),
-            None => {
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
-                    .unwrap_or(rest.len());
-                (&rest[..end], &rest[end..])
-            }
-        };
-        let part = match name.parse::<u8>() {
-            Ok(n @ 1..=9) => TemplatePart::Group(n),
-            _ => match TEMPLATE_VARIABLES.iter().find(|(v, _)| *v == name) {
-                Some((known, _)) => TemplatePart::Var(known),
-                None => {
-                    let names: Vec<String> = TEMPLATE_VARIABLES
-                        .iter()
-                        .map(|(v, _)| format!("${v}"))
-                        .collect();
-                    return Err(format!(
-                        "`${name}` is not a variable; write `$$` for a `$`; the variables: {}, and $1 to $9 for path_regex's groups",
-                        names.join(", ")
-                    ));
-                }
-            },
-        };
-        if !text.is_empty() {
-            out.push(TemplatePart::Literal(std::mem::take(&mut text)));
-        }
-        out.push(part);
-        rest = after;
-    }
-    text.push_str(rest);
-    if !text.is_empty() {
-        out.push(TemplatePart::Literal(text));
-    }
-    Ok(out)
+    crate::template::scan(
+        template,
+        TEMPLATE_VARIABLES,
+        true,
+        ", and $1 to $9 for path_regex's groups",
+    )
 }
 
 #[cfg(test)]

@@ -11,17 +11,9 @@ use crate::http::request_out::RequestOut;
 use crate::server::request_body::{Remaining, RequestBody};
 use std::net::IpAddr;
 
-/// Fields in which a client states its own address, as origins read them for geolocation and
-/// rate limits: forwarded only from a trusted proxy.
-const CLIENT_ADDRESS_FIELDS: &[&str] = &[
-    "x-real-ip",
-    "true-client-ip",
-    "x-client-ip",
-    "client-ip",
-    "cf-connecting-ip",
-    "fastly-client-ip",
-    "x-cluster-client-ip",
-];
+// Fields in which a client states its own address: forwarded only from a trusted proxy (the
+// config's list, which `check` also refuses in a rule's request edits).
+use zerocache_config::validate::CLIENT_ADDRESS_FIELDS;
 
 /// The `for=` pairs of a trusted proxy's `Forwarded` field, one element each: `host=`, `proto=`
 /// and `by=` describe the request as the client framed it, and none of them is in the cache key,
