@@ -255,9 +255,13 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
             config.limits.rate_limit_keys,
         )),
     };
-    // The dashboard starts before the request context exists; what it reads of the context
-    // (the upstream groups, replaced on reload) it finds here once set.
+    // What the dashboard reads of the request context (the upstream groups, replaced on reload)
+    // it finds here. Set before the dashboard serves: the listeners are bound already, so a
+    // scrape the kernel queued must not find a context that does not exist yet (its upstream
+    // series were missing from the first /metrics after start-up).
     let shared_slot: Arc<std::sync::OnceLock<Arc<Shared>>> = Arc::default();
+    let shared = Shared::new(build_ctx(&config, &kept, tls.server));
+    let _ = shared_slot.set(shared.clone());
     // Sent once a successor serves: the dashboard stops accepting, as the data plane does.
     let (handed_over, _) = tokio::sync::watch::channel(false);
     if let Some(l) = dashboard_listener {
@@ -281,8 +285,6 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         });
         tracing::info!(%addr, "dashboard listening");
     }
-    let shared = Shared::new(build_ctx(&config, &kept, tls.server));
-    let _ = shared_slot.set(shared.clone());
     warn_of_debug_hooks(&config);
     let addrs: Vec<String> = listeners
         .iter()
@@ -324,8 +326,8 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every route's series and every certificate's expiry from the first scrape, which the
-/// dashboard may answer before the request context (and its routes) is built.
+/// Every route's series and every certificate's expiry from the first scrape, made from the
+/// config itself (the accounting outlives every context).
 fn series_from_start(
     config: &Config,
     accounting: &Accounting,
