@@ -142,13 +142,8 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
             // Alternated, so neither always runs first.
             let which = (k + rep) % 2;
             let p = if which == 0 { &mine } else { &other };
-            let server_pids = pids(p.child.id());
             for (i, &size) in sizes.iter().enumerate() {
-                wrk(p.addr, size, 1, false, &server_pids, None)?;
-                let before = cpu_ns(&server_pids);
-                let s = wrk(p.addr, size, duration, false, &server_pids, None)?;
-                let cpu_s = cpu_ns(&server_pids).saturating_sub(before) as f64 / 1e9;
-                let per_req = cpu_s * 1e6 / (s.rps * duration as f64).max(1.0);
+                let (s, per_req) = measured_run(p, size, duration)?;
                 println!(
                     "xtask: bench --against: rep {} {:<6} {:>8} {:>10.0} req/s {:>7.1} µs CPU/req errors {}",
                     rep + 1,
@@ -208,10 +203,31 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
             paired(|s| s.1)
         )?;
     }
+    write_result("against", &r)
+}
+
+/// One measured run on `p`: 1 s of warm-up, then `duration` s of wrk on `size`-byte objects;
+/// its figures and the proxy's CPU µs per request (from /proc schedstat over the run).
+pub(crate) fn measured_run(
+    p: &Proxy,
+    size: usize,
+    duration: u64,
+) -> anyhow::Result<(crate::bench::Sample, f64)> {
+    let server_pids = pids(p.child.id());
+    wrk(p.addr, size, 1, false, &server_pids, None)?;
+    let before = cpu_ns(&server_pids);
+    let s = wrk(p.addr, size, duration, false, &server_pids, None)?;
+    let cpu_s = cpu_ns(&server_pids).saturating_sub(before) as f64 / 1e9;
+    let per_req = cpu_s * 1e6 / (s.rps * duration as f64).max(1.0);
+    Ok((s, per_req))
+}
+
+/// Writes `xtask/bench/results/NAME.md` and prints it.
+pub(crate) fn write_result(name: &str, report: &str) -> anyhow::Result<()> {
     let out = root().join("xtask/bench/results");
     std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("against.md"), &r)?;
-    println!("\n{r}");
-    println!("xtask: bench --against: written to xtask/bench/results/against.md");
+    std::fs::write(out.join(format!("{name}.md")), report)?;
+    println!("\n{report}");
+    println!("xtask: bench --{name}: written to xtask/bench/results/{name}.md");
     Ok(())
 }

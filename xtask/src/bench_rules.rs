@@ -7,8 +7,8 @@
 //! wrk drives one at a time, alternating the order, `--reps` times; the median of the paired
 //! ratios (CPU per request and req/s, against no rules) goes to `xtask/bench/results/rules.md`.
 
-use crate::bench::{Server, cpu_ns, median, pids, size_name, start_origin, warm, wrk};
-use crate::bench_against::start;
+use crate::bench::{Server, median, size_name, start_origin, warm};
+use crate::bench_against::{measured_run, start, write_result};
 use crate::root;
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -73,12 +73,7 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
         for k in 0..configs.len() {
             let which = (k + rep) % configs.len();
             let p = &proxies[which];
-            let server_pids = pids(p.child.id());
-            wrk(p.addr, size, 1, false, &server_pids, None)?;
-            let before = cpu_ns(&server_pids);
-            let s = wrk(p.addr, size, duration, false, &server_pids, None)?;
-            let cpu_s = cpu_ns(&server_pids).saturating_sub(before) as f64 / 1e9;
-            let per_req = cpu_s * 1e6 / (s.rps * duration as f64).max(1.0);
+            let (s, per_req) = measured_run(p, size, duration)?;
             println!(
                 "xtask: bench --rules: rep {} {:<38} {:>10.0} req/s {:>7.1} µs CPU/req errors {}",
                 rep + 1,
@@ -129,10 +124,5 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
             paired(|s| s.1)
         )?;
     }
-    let out = root().join("xtask/bench/results");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("rules.md"), &r)?;
-    println!("\n{r}");
-    println!("xtask: bench --rules: written to xtask/bench/results/rules.md");
-    Ok(())
+    write_result("rules", &r)
 }
