@@ -64,6 +64,19 @@ pub struct FleetConfig {
     /// How long a fleet purge stays in the purge log.
     #[serde(default = "default_purge_log_age", with = "crate::units::duration")]
     pub purge_log_age: Duration,
+    /// The hop header this member signs peer requests with: 3 (names the member it is sent
+    /// to, so it is good at that member only) or 2 (the header of releases before 2026-12-05,
+    /// which any member accepts: only while a fleet upgrades from one of them).
+    #[serde(default = "default_hop_version")]
+    pub hop_version: u8,
+    /// Also accept version-2 hop headers while signing with 3: the middle step of that upgrade,
+    /// while some members still sign with 2. Implied by `hop_version: 2`.
+    #[serde(default)]
+    pub accept_hop_v2: bool,
+}
+
+fn default_hop_version() -> u8 {
+    3
 }
 
 fn default_purge_log_max() -> usize {
@@ -184,6 +197,15 @@ pub(crate) fn check(config: &Config, errs: &mut Vec<Invalid>) {
     }
     if f.weight == 0 {
         bad("weight", "must be at least 1".into());
+    }
+    if !(2..=3).contains(&f.hop_version) {
+        bad(
+            "hop_version",
+            format!(
+                "must be 3 (or 2 while upgrading a fleet), not {}",
+                f.hop_version
+            ),
+        );
     }
     for (k, d) in [
         ("dns_interval", f.dns_interval),

@@ -39,6 +39,8 @@ fn a_fleet_parses_with_its_defaults() {
     assert_eq!(f.on_owner_down, OnOwnerDown::Next);
     assert_eq!(f.local_hot_max.as_u64(), 256 << 20);
     assert_eq!(f.health_interval, std::time::Duration::from_secs(1));
+    // Hop headers name the member they are for, and version 2 is not accepted.
+    assert_eq!((f.hop_version, f.accept_hop_v2), (3, false));
     assert!(parse(GOOD, "zc.yaml").expect("valid").fleet.is_none());
     let mut c = c;
     zerocache_config::apply_env(&mut c, |k| {
@@ -69,6 +71,10 @@ fn fleet_errors_name_the_line_and_key() {
     );
     let e = err(&format!("{GOOD}{}", FLEET.replace("10.0.0.3:8080", "nope")));
     assert!(e.contains("fleet.peers[1]: `nope` is not host:port"), "{e}");
+    assert_eq!(
+        err(&format!("{GOOD}{FLEET}  hop_version: 1\n")),
+        "zc.yaml:15:3: fleet.hop_version: must be 3 (or 2 while upgrading a fleet), not 1"
+    );
     let e = err(&format!("{GOOD}{FLEET}  on_owner_down: elsewhere\n"));
     assert!(
         e.contains("zc.yaml:15:18: fleet.on_owner_down: unknown variant `elsewhere`"),

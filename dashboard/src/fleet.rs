@@ -55,7 +55,7 @@ pub struct FleetView {
     /// Response body bytes relayed from owners to clients (through user space).
     pub relayed_body_bytes: u64,
     /// Hop headers refused (served as clients' requests), by reason: malformed, forged, stale,
-    /// replayed, overloaded.
+    /// replayed, overloaded, misdirected, unaddressed.
     pub hop_refused: std::collections::BTreeMap<String, u64>,
     /// Catch-ups after missed fleet purges: `replayed` from a peer's purge log, or `wiped`
     /// (the log no longer reached back: everything stored before was treated as purged).
@@ -172,7 +172,7 @@ pub(crate) fn render(r: &Registry, state: &DashboardState) -> prometheus::Result
     let refused = IntCounterVec::new(
         Opts::new(
             "zerocache_fleet_hop_refused_total",
-            "Requests whose fleet hop header was refused (they were served as clients'), by reason: malformed, forged (not signed with the fleet secret), stale (outside the 30 s window), replayed (a nonce seen before), overloaded (too many nonces to remember).",
+            "Requests whose fleet hop header was refused (they were served as clients'), by reason: malformed, forged (not signed with the fleet secret), stale (outside the 30 s window), replayed (a nonce seen before), overloaded (too many nonces to remember), misdirected (signed for another member), unaddressed (a version-2 header without `to`).",
         ),
         &["reason"],
     )?;

@@ -128,14 +128,7 @@ pub(crate) async fn exchange(
         host,
         body: b"",
     };
-    let line = super::hop::line(
-        &f.self_id().unwrap_or_default(),
-        ours,
-        &f.keys,
-        None,
-        &signed,
-    );
-    let hopped = with_hop(request, &line, host);
+    let self_id = f.self_id().unwrap_or_default();
     let mut store_at_origin = true;
     for &i in &plan.order {
         if Some(i) == plan.view.self_index {
@@ -153,6 +146,9 @@ pub(crate) async fn exchange(
             continue;
         }
         interim.clear();
+        // Signed for this peer: the header is good at no other member.
+        let line = super::hop::line(&self_id, &peer.id, ours, &f.keys, None, &signed);
+        let hopped = with_hop(request, &line, host);
         match peer
             .group
             .exchange(&hopped, true, key, interim, &mut None)

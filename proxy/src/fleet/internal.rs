@@ -170,6 +170,7 @@ pub(crate) async fn call(
         "{method} {target} HTTP/1.1\r\nHost: {HOST}\r\n{}",
         super::hop::line(
             &fleet.self_id().unwrap_or_default(),
+            &peer.id,
             fleet.routing(),
             &fleet.keys,
             Some(op),

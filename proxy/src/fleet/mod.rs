@@ -55,7 +55,7 @@ pub struct Fleet {
     /// Nonces of peer requests seen within the replay window.
     pub(crate) replay: Mutex<hop::Replay>,
     /// Hop headers refused, by [`hop::Refused`] (in `ALL` order).
-    pub(crate) hop_refused: [AtomicU64; 5],
+    pub(crate) hop_refused: [AtomicU64; hop::Refused::ALL.len()],
     /// Every fleet purge applied here, for members that missed some.
     pub(crate) purge_log: purge_log::PurgeLog,
     /// What applying a purge needs besides the store: the fill locks and the key hash width.
@@ -89,7 +89,7 @@ impl Fleet {
             relayed: AtomicU64::new(0),
             hot_stored: AtomicU64::new(0),
             remote_objects: AtomicU64::new(0),
-            keys: hop::Keys::new(&cfg.secret, cfg.previous_secret.as_deref()),
+            keys: hop::Keys::of(&cfg),
             replay: Mutex::new(hop::Replay::default()),
             hop_refused: Default::default(),
             purge_log: purge_log::PurgeLog::load(

@@ -33,7 +33,12 @@ impl Conn {
             RequestBody::Whole(b) => Some(b.as_slice()),
             RequestBody::Streaming { .. } => None,
         };
-        let hop = match crate::fleet::hop::take(req, whole, &fleet.keys, &fleet.replay) {
+        let self_id = fleet.self_id();
+        let at = crate::fleet::hop::Receiver {
+            self_id: self_id.as_deref(),
+            replay: &fleet.replay,
+        };
+        let hop = match crate::fleet::hop::take(req, whole, &fleet.keys, &at) {
             None => return Ok(Intake::Client),
             Some(Err(why)) => {
                 fleet.hop_refused(why, self.peer.ip());

@@ -411,9 +411,10 @@ fn a_client_cannot_forge_the_hop_header() {
     let (origin, _rt) = origin();
     let f = TestFleet::start(origin.addr(), 2, "", false);
     let host = f.client(0).host.clone();
+    let me = f.id(0);
     let now = unix_now();
     let sign = |secret: &str, target: &str, ts: u64, nonce: u128| {
-        signed_hop(secret, "health", "GET", target, &host, b"", ts, nonce)
+        signed_hop(secret, &me, "health", "GET", target, &host, b"", ts, nonce)
     };
     // (header, the refusal it must be counted as)
     let forged = [
@@ -879,6 +880,7 @@ fn an_implausible_purge_epoch_is_refused() {
     let mut c = f.client(0);
     let hop = signed_hop(
         FLEET_SECRET,
+        &f.id(0),
         "purge",
         "POST",
         "/_zerocache/fleet/purge",
@@ -902,6 +904,7 @@ fn an_implausible_purge_epoch_is_refused() {
     let mut h = f.client(0);
     let hop = signed_hop(
         FLEET_SECRET,
+        &f.id(0),
         "health",
         "GET",
         "/_zerocache/fleet/health",
@@ -916,4 +919,142 @@ fn an_implausible_purge_epoch_is_refused() {
     );
     let json: serde_json::Value = serde_json::from_slice(&health.body).expect("json");
     assert_eq!(json["purge_epoch"], 0, "{json}");
+}
+
+/// The refusals of node `i`'s hop headers, by reason, as `/metrics` prints them.
+fn refusals(f: &TestFleet, i: usize) -> BTreeMap<String, u64> {
+    let m = f.metrics(i);
+    [
+        "malformed",
+        "forged",
+        "stale",
+        "replayed",
+        "overloaded",
+        "misdirected",
+        "unaddressed",
+    ]
+    .iter()
+    .map(|r| {
+        let n = metric(
+            &m,
+            &format!("zerocache_fleet_hop_refused_total{{reason=\"{r}\"}}"),
+        );
+        (r.to_string(), n)
+    })
+    .filter(|(_, n)| *n > 0)
+    .collect()
+}
+
+/// Issue #43, item 10: a fleet signature did not name the receiving member, so a signed purge
+/// sent to one member was accepted by another within 30 s. The version-3 header names it: the
+/// purge signed for node 0 purges there, and the same bytes sent to node 1 are refused
+/// (`misdirected`) and served as a client's request; a version-2 header, which names no member,
+/// is refused (`unaddressed`) by a member that has finished upgrading.
+#[test]
+fn a_purge_signed_for_one_member_is_refused_by_another() {
+    let (origin, _rt) = origin();
+    let f = TestFleet::start(origin.addr(), 2, "", false);
+    let body = br#"{"url":"http://a/obj/1","epoch":1,"from":"127.0.0.9:1"}"#;
+    let host = f.client(0).host.clone();
+    let purge = signed_hop(
+        FLEET_SECRET,
+        &f.id(0),
+        "purge",
+        "POST",
+        "/_zerocache/fleet/purge",
+        &host,
+        body,
+        unix_now(),
+        21,
+    );
+    let send = |node: usize, hop: &str| {
+        let mut c = f.client(node);
+        // Node 1 is sent node 0's `Host` too: the captured request, byte for byte.
+        c.host = host.clone();
+        c.send_with_body(
+            "POST",
+            "/_zerocache/fleet/purge",
+            &[("Zerocache-Fleet", hop)],
+            body,
+        )
+    };
+    // Replayed to node 1 first, inside the window: not its header.
+    let r = send(1, &purge);
+    assert!(
+        !String::from_utf8_lossy(&r.body).contains("purged"),
+        "node 1 applied a purge signed for node 0: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(
+        origin.hits("/_zerocache/fleet/purge"),
+        1,
+        "served as a client's"
+    );
+    assert_eq!(
+        refusals(&f, 1),
+        BTreeMap::from([("misdirected".to_string(), 1)])
+    );
+    assert_eq!(f.api_fleet(1)["purge_epoch"], 0, "{}", f.api_fleet(1));
+    // At node 0, the member it was signed for, it is a purge.
+    let r = send(0, &purge);
+    assert_eq!(
+        (r.status, String::from_utf8_lossy(&r.body).to_string()),
+        (200, r#"{"purged":0}"#.to_string())
+    );
+    // The header of the releases before, without `to`: refused by default.
+    let v2 = signed_hop(
+        FLEET_SECRET,
+        "",
+        "purge",
+        "POST",
+        "/_zerocache/fleet/purge",
+        &host,
+        body,
+        unix_now(),
+        22,
+    );
+    let r = send(0, &v2);
+    assert!(!String::from_utf8_lossy(&r.body).contains("purged"));
+    assert_eq!(
+        refusals(&f, 0),
+        BTreeMap::from([("unaddressed".to_string(), 1)])
+    );
+}
+
+/// Upgrading a fleet from a release that signs version-2 hop headers, one member at a time,
+/// in the three steps docs/fleet.md gives: every member on `hop_version: 2`; then each on 3 with
+/// `accept_hop_v2`; then each on the defaults. After every restart both members see each other
+/// up (their health checks, signed each way, are accepted) and no hop header was refused.
+#[test]
+fn a_fleet_upgrades_its_hop_header_one_member_at_a_time() {
+    let (origin, _rt) = origin();
+    let mut f = TestFleet::start(origin.addr(), 2, "  hop_version: 2\n", false);
+    let restart_with = |f: &mut TestFleet, i: usize, from: &str, to: &str| {
+        let yaml = std::fs::read_to_string(&f.nodes[i].config).expect("config");
+        assert!(yaml.contains(from), "{yaml}");
+        std::fs::write(&f.nodes[i].config, yaml.replace(from, to)).expect("write");
+        f.kill(i);
+        // The other member has seen it go, so seeing it up again means a new health check.
+        f.wait_peers_up(1 - i, 0);
+        f.start_node(i);
+        f.wait_peers_up(i, 1);
+        f.wait_peers_up(1 - i, 1);
+    };
+    let step2 = "  hop_version: 3\n  accept_hop_v2: true\n";
+    for i in [0, 1] {
+        restart_with(&mut f, i, "  hop_version: 2\n", step2);
+        assert_eq!((refusals(&f, 0), refusals(&f, 1)), Default::default());
+    }
+    for i in [0, 1] {
+        restart_with(&mut f, i, step2, "");
+        assert_eq!((refusals(&f, 0), refusals(&f, 1)), Default::default());
+    }
+    // Forwarding works across the upgraded fleet: each object from the origin once.
+    for i in 0..20 {
+        for node in [0, 1] {
+            let r = f.client(node).get(&path(i), &[]);
+            assert_eq!(r.status, 200);
+        }
+        assert_eq!(origin.hits(&path(i)), 1, "{}", path(i));
+    }
 }

@@ -209,6 +209,11 @@ impl TestFleet {
         }
     }
 
+    /// Node `i`'s member id, as the others name it (and as hop headers address it).
+    pub fn id(&self, i: usize) -> String {
+        self.nodes[i].addr.to_string()
+    }
+
     /// A client of node `i`.
     pub fn client(&self, i: usize) -> Client {
         Client::connect(self.nodes[i].addr)
@@ -245,12 +250,14 @@ impl Drop for TestFleet {
     }
 }
 
-/// A `Zerocache-Fleet` header value as a member signs it (the wire format, written out here
-/// independently of the proxy's code): HMAC-SHA256 with `secret` over the header's fields and
-/// the request's method, target, `Host` and body.
+/// A `Zerocache-Fleet` header value as a member signs it for member `to` (the wire format,
+/// written out here independently of the proxy's code): HMAC-SHA256 with `secret` over the
+/// header's fields and the request's method, target, `Host` and body. `to` empty: a version-2
+/// header, as releases before 2026-12-05 sign (no `to`).
 #[allow(clippy::too_many_arguments)]
 pub fn signed_hop(
     secret: &str,
+    to: &str,
     op: &str,
     method: &str,
     target: &str,
@@ -263,12 +270,19 @@ pub fn signed_hop(
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let (from, cfg) = ("127.0.0.9:1", 0u64);
     let bh = hex(digest::digest(&digest::SHA256, body).as_ref());
+    let (version, signed_to, sent_to) = if to.is_empty() {
+        ("v2", String::new(), String::new())
+    } else {
+        ("v3", format!("\n{to}"), format!(" to={to}"))
+    };
     let msg = format!(
-        "zerocache-fleet v2\n{from}\n{cfg:016x}\n{op}\n{ts}\n{nonce:032x}\n{bh}\n{method}\n{target}\n{host}"
+        "zerocache-fleet {version}\n{from}{signed_to}\n{cfg:016x}\n{op}\n{ts}\n{nonce:032x}\n{bh}\n{method}\n{target}\n{host}"
     );
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
     let sig = hex(hmac::sign(&key, msg.as_bytes()).as_ref());
-    format!("v2 from={from} cfg={cfg:016x} op={op} ts={ts} nonce={nonce:032x} bh={bh} sig={sig}")
+    format!(
+        "{version} from={from}{sent_to} cfg={cfg:016x} op={op} ts={ts} nonce={nonce:032x} bh={bh} sig={sig}"
+    )
 }
 
 /// Seconds since the Unix epoch now.
