@@ -427,6 +427,46 @@ fn hostile_heads_are_refused_never_forwarded_and_the_friendly_twin_is_served() {
     );
 }
 
+/// Issue #43, item 10, pinned as it stands (docs/security.md, known limits): an h2 `:path`
+/// with a fragment, `/obj/20#a/../p`, reaches the proxy as `/obj/20`: the `h2` crate (0.4.20)
+/// parses `:path` with `http::PathAndQuery`, which cuts at `#` before the request is handed
+/// over. HTTP/1.1 answers the same target 400. What it must never do is store under one name
+/// what another hop reads as another: the origin is asked for `/obj/20` exactly, the entry is
+/// `/obj/20`'s, and an HTTP/1.1 client's `/obj/20` is a HIT of those same bytes. If the crate
+/// ever hands the fragment over, the request path refuses it and this test fails on purpose.
+#[test]
+fn an_h2_path_with_a_fragment_names_the_path_before_it_at_every_hop() {
+    let (origin, _rt) = origin();
+    let proxy = h2c_proxy(origin.addr(), "");
+    let mut c = RawH2::connect(proxy.addr, &[]);
+    c.send(&one_request(&h2raw::get("/obj/20#a/../p", &[])));
+    let frames = c.until_end(1, WAIT);
+    let body: Vec<u8> = frames
+        .iter()
+        .filter(|f| f.kind == h2raw::DATA)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    assert!(body == zerocache_origin::body(20), "{frames:?}");
+    let paths: Vec<String> = origin.received().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/obj/20"]);
+    let mut h1 = proxy.client();
+    h1.host = "a.example".into();
+    let r = h1.get("/obj/20", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body == zerocache_origin::body(20));
+    assert!(
+        r.header("cache-status").is_some_and(|s| s.contains("hit")),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(origin.request_count(), 1);
+    // HTTP/1.1's own answer to the fragment.
+    let mut c = proxy.client();
+    c.send(b"GET /obj/20#a/../p HTTP/1.1\r\nHost: a.example\r\n\r\n");
+    let r = c.try_read_response(false).expect("an answer");
+    assert_eq!(r.status, 400);
+}
+
 #[test]
 fn rapid_reset_gets_enhance_your_calm_while_other_clients_are_served() {
     let (origin, _rt) = origin();
