@@ -22,8 +22,8 @@ pub(crate) struct Purger<'a> {
     pub locks: &'a Arc<FillLocks>,
     pub hash_bits: u32,
     /// The routes whose `query` rules a purged URL goes through, as a request's target does, so
-    /// a purge of `/p?b=2&a=1&utm_source=x` finds what `/p?a=1&b=2` stored. `None`: a fleet
-    /// peer's logged purges, which were normalised where they were made.
+    /// a purge of `/p?b=2&a=1&utm_source=x` finds what `/p?a=1&b=2` stored (a purge the fleet's
+    /// log replays too: the log holds URLs as they were sent). `None`: no normalisation.
     pub routes: Option<&'a crate::routing::Routes>,
 }
 

@@ -45,9 +45,17 @@ pub fn split_absolute(uri: &str) -> Option<(String, String)> {
 }
 
 /// The URL key texts a non-error response to an unsafe request invalidates: the target URI,
-/// and `Location` and `Content-Location` when they share the request's origin.
-pub fn invalidated(host: &str, target: &str, res: &ResponseHead, keep_query: bool) -> Vec<String> {
-    let mut out = vec![url_text(host, target, keep_query)];
+/// and `Location` and `Content-Location` when they share the request's origin. `key_of` makes
+/// a target on `host` (normalised by the request grammar) the URL key text a request for it
+/// would be stored under: its route's `query` rules and `cache_key.query`, so a `Location` of
+/// `/a?utm_source=x&b=1` invalidates what `/a?b=1` stored.
+pub fn invalidated(
+    host: &str,
+    target: &str,
+    res: &ResponseHead,
+    key_of: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let mut out = vec![key_of(target)];
     for field in ["location", "content-location"] {
         let Some(v) = res.field(field) else { continue };
         let v = v.trim();
@@ -57,7 +65,7 @@ pub fn invalidated(host: &str, target: &str, res: &ResponseHead, keep_query: boo
             split_absolute(v).and_then(|(h, t)| (h == host).then_some(t))
         };
         if let Some(t) = same_origin {
-            let u = url_text(host, &t, keep_query);
+            let u = key_of(&t);
             if !out.contains(&u) {
                 out.push(u);
             }
@@ -79,7 +87,11 @@ mod tests {
         .expect("complete")
         .0;
         assert_eq!(
-            invalidated("shop.example", "/items", &res, true),
+            invalidated("shop.example", "/items", &res, |t| url_text(
+                "shop.example",
+                t,
+                true
+            )),
             vec![
                 "GET http://shop.example/items",
                 "GET http://shop.example/items/7"
@@ -92,7 +104,11 @@ mod tests {
         .expect("complete")
         .0;
         assert_eq!(
-            invalidated("shop.example", "/items", &same, false),
+            invalidated("shop.example", "/items", &same, |t| url_text(
+                "shop.example",
+                t,
+                false
+            )),
             vec!["GET http://shop.example/items", "GET http://shop.example/a"]
         );
         assert!(is_safe("GET") && !is_safe("POST") && !is_safe("M-SEARCH"));
@@ -113,7 +129,11 @@ mod tests {
         .expect("complete")
         .0;
         assert_eq!(
-            invalidated("shop.example", "/items", &res, true),
+            invalidated("shop.example", "/items", &res, |t| url_text(
+                "shop.example",
+                t,
+                true
+            )),
             vec![
                 "GET http://shop.example/items",
                 "GET http://shop.example/items/7/"

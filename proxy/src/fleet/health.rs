@@ -106,7 +106,8 @@ async fn catch_up(fleet: Arc<Fleet>, peer: Arc<PeerState>, theirs: u64) {
     };
     match log {
         Ok((entries, true)) => {
-            let purger = fleet.purger();
+            let routes = fleet.routes.load_full();
+            let purger = fleet.purger(&routes);
             let (mut applied, mut newest) = (0usize, theirs);
             for l in &entries {
                 let Some(p) = l.purge() else { continue };

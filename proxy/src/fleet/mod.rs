@@ -66,6 +66,9 @@ pub struct Fleet {
     pub(crate) catch_up_failures: AtomicU64,
     /// Catch-ups: replayed from a peer's log, or everything stored treated as purged.
     pub(crate) catch_ups: [AtomicU64; 2],
+    /// The routes in force, whose `query` rules a replayed purge's URL goes through (replaced on
+    /// every reload).
+    pub(crate) routes: ArcSwap<crate::routing::Routes>,
 }
 
 impl Fleet {
@@ -77,6 +80,7 @@ impl Fleet {
         store: &Arc<Store>,
         locks: &Arc<crate::cache::lock::FillLocks>,
         accounting: &Arc<zerocache_ledger::Accounting>,
+        routes: &Arc<crate::routing::Routes>,
     ) -> Option<Arc<Fleet>> {
         let cfg = config.fleet.clone()?;
         let fleet = Arc::new(Fleet {
@@ -102,6 +106,7 @@ impl Fleet {
             catching_up: std::sync::atomic::AtomicBool::new(false),
             catch_up_failures: AtomicU64::new(0),
             catch_ups: Default::default(),
+            routes: ArcSwap::new(routes.clone()),
             cfg,
         });
         fleet.refresh().await;
@@ -111,10 +116,15 @@ impl Fleet {
         Some(fleet)
     }
 
-    /// The fleet for a context built from `config` (at start and on every reload): the routing
-    /// hash follows the routes and keys in force.
-    pub fn for_config(fleet: &Option<Arc<Fleet>>, config: &Config) -> Option<Arc<Fleet>> {
+    /// The fleet for a context built from `config` and its `routes` (at start and on every
+    /// reload): the routing hash and the purge log's URL normalisation follow the routes in force.
+    pub fn for_config(
+        fleet: &Option<Arc<Fleet>>,
+        config: &Config,
+        routes: &Arc<crate::routing::Routes>,
+    ) -> Option<Arc<Fleet>> {
         let f = fleet.as_ref()?;
+        f.routes.store(routes.clone());
         let h = zerocache_config::fleet::routing_hash(config);
         if f.routing.swap(h, Ordering::Relaxed) != h {
             tracing::info!(
@@ -125,14 +135,17 @@ impl Fleet {
         Some(f.clone())
     }
 
-    /// A purger of this node's store.
-    pub(crate) fn purger(&self) -> crate::purge::Purger<'_> {
+    /// A purger of this node's store, normalising URLs with `routes`.
+    pub(crate) fn purger<'a>(
+        &'a self,
+        routes: &'a crate::routing::Routes,
+    ) -> crate::purge::Purger<'a> {
         crate::purge::Purger {
             store: &self.store,
             accounting: &self.accounting,
             locks: &self.locks,
             hash_bits: self.hash_bits,
-            routes: None,
+            routes: Some(routes),
         }
     }
 

@@ -351,7 +351,7 @@ impl RequestHead {
 
     /// The path part of the target (without the query).
     pub fn path(&self) -> &str {
-        self.target.split('?').next().unwrap_or("")
+        self.target.split_once('?').map_or(&self.target, |(p, _)| p)
     }
 }
 

@@ -90,8 +90,14 @@ fn worker_placement(config: &zerocache_config::schema::WorkersConfig) -> Placeme
     placement
 }
 
-fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::TlsServer>>) -> Ctx {
-    let routes = Routes::new(config, &kept.accounting);
+/// The request context of `config`; `routes` its routes, built once for it (and given to the
+/// fleet, whose purge-log catch-ups normalise URLs with them).
+fn build_ctx(
+    config: &Config,
+    kept: &Kept,
+    tls: Option<Arc<crate::tls::server::TlsServer>>,
+    routes: Arc<Routes>,
+) -> Ctx {
     // The certificates served from now on, for their expiry gauge.
     kept.accounting
         .tls
@@ -102,6 +108,7 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
         }
     }
     Ctx {
+        fleet: crate::fleet::Fleet::for_config(&kept.fleet, config, &routes),
         routes,
         store: kept.store.clone(),
         locks: kept.locks.clone(),
@@ -109,7 +116,6 @@ fn build_ctx(config: &Config, kept: &Kept, tls: Option<Arc<crate::tls::server::T
         access_log: kept.access_log.clone(),
         limiter: kept.limiter.clone(),
         tls,
-        fleet: crate::fleet::Fleet::for_config(&kept.fleet, config),
         max_connections: config.limits.max_connections.min(kept.connection_cap),
         hash_bits: config.debug.key_hash_bits.unwrap_or(128).min(128) as u32,
         client: ClientRules {
@@ -242,7 +248,10 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // stops sending new clients while responses in flight finish.
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let locks = Arc::new(FillLocks::default());
-    let fleet = crate::fleet::Fleet::start(&config, &store, &locks, &accounting).await;
+    // Built before the fleet starts: a member that missed purges catches up before it serves,
+    // and normalises the logged URLs with these routes' `query` rules, as its requests are.
+    let routes = Arc::new(Routes::new(&config, &accounting));
+    let fleet = crate::fleet::Fleet::start(&config, &store, &locks, &accounting, &routes).await;
     let kept = Kept {
         store,
         locks,
@@ -260,7 +269,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // scrape the kernel queued must not find a context that does not exist yet (its upstream
     // series were missing from the first /metrics after start-up).
     let shared_slot: Arc<std::sync::OnceLock<Arc<Shared>>> = Arc::default();
-    let shared = Shared::new(build_ctx(&config, &kept, tls.server));
+    let shared = Shared::new(build_ctx(&config, &kept, tls.server, routes));
     let _ = shared_slot.set(shared.clone());
     // Sent once a successor serves: the dashboard stops accepting, as the data plane does.
     let (handed_over, _) = tokio::sync::watch::channel(false);

@@ -65,7 +65,12 @@ pub(super) fn reload(
             return None;
         }
     };
-    let old_ctx = shared.ctx.swap(Arc::new(build_ctx(&new, kept, tls)));
+    let old_ctx = shared.ctx.swap(Arc::new(build_ctx(
+        &new,
+        kept,
+        tls,
+        Arc::new(crate::routing::Routes::new(&new, &kept.accounting)),
+    )));
     // Responses in flight keep the old groups until they end; their health checks stop now.
     for group in old_ctx.routes.groups.values() {
         group.retire();

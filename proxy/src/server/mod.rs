@@ -43,7 +43,7 @@ use zerocache_ledger::Accounting;
 /// ([`Storing`]) and how hits are sent ([`Sending`]).
 pub struct Ctx {
     /// Routes and upstream groups.
-    pub routes: Routes,
+    pub routes: Arc<Routes>,
     /// The disk cache (kept across reloads).
     pub store: Arc<Store>,
     /// Miss coalescing (kept across reloads).

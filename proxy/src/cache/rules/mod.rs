@@ -248,11 +248,18 @@ impl Rules {
     ) -> Verdict {
         let mut v = Verdict::default();
         let mut edits = FieldEdits::default();
+        // The path and query once for all the rules (no rule edits the target): a copy only when
+        // slashes were merged, and a request edit between rules needs `req` mutable, so the path
+        // is held apart from it.
+        let path_len = req.path().len();
+        let merged = match crate::http::target::merged_slashes(&req.target[..path_len]) {
+            std::borrow::Cow::Owned(m) => Some(m),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
         for (i, rule) in self.rules.iter().enumerate() {
-            let path = crate::http::target::merged_slashes(req.path());
             let seen = Seen {
-                path: &path,
-                query: &req.target[req.path().len()..],
+                path: merged.as_deref().unwrap_or(&req.target[..path_len]),
+                query: &req.target[path_len..],
                 req: &*req,
                 client,
             };

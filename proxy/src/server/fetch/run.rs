@@ -305,7 +305,15 @@ impl Fetch<'_> {
         if let Some(keep_query) = self.invalidate
             && (200..400).contains(&head.status)
         {
-            for url in invalidation::invalidated(&req.host, &req.target, head, keep_query)
+            // Each URL as a request for it is keyed: through its own route's query rules.
+            let key_of = |t: &str| match ctx.routes.find(&req.host, t) {
+                Some(r) => {
+                    let normal = r.query.as_ref().and_then(|q| q.apply(t));
+                    invalidation::url_text(&req.host, normal.as_deref().unwrap_or(t), r.key_query)
+                }
+                None => invalidation::url_text(&req.host, t, keep_query),
+            };
+            for url in invalidation::invalidated(&req.host, &req.target, head, key_of)
                 .into_iter()
                 .flat_map(crate::cache::key::with_https_twin)
             {

@@ -47,6 +47,18 @@ impl TestFleet {
         probe: bool,
         upstream_extra: &str,
     ) -> TestFleet {
+        TestFleet::start_routed(origin, n, fleet_extra, probe, upstream_extra, "")
+    }
+
+    /// [`TestFleet::start_with`] with `route_extra` added to the one route (indented 4 spaces).
+    pub fn start_routed(
+        origin: SocketAddr,
+        n: usize,
+        fleet_extra: &str,
+        probe: bool,
+        upstream_extra: &str,
+        route_extra: &str,
+    ) -> TestFleet {
         let dir = tempfile::tempdir().expect("tempdir");
         let addrs: Vec<SocketAddr> = (0..n)
             .map(|i| {
@@ -67,7 +79,7 @@ impl TestFleet {
             let config = dir.path().join(format!("node-{i}.yaml"));
             let pid_file = dir.path().join(format!("node-{i}.pid"));
             let yaml = format!(
-                "pid_file: {pid}\nlisten: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\n{upstream_extra}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\ndashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
+                "pid_file: {pid}\nlisten: {addr}\ncache:\n  path: {cache}\n  max_size: 1GiB\nupstreams:\n  origin:\n    servers: [\"{origin}\"]\n{upstream_extra}routes:\n  - match: {{ host: \"*\", path_prefix: / }}\n    upstream: origin\n{route_extra}dashboard:\n  listen: {dashboard}\nprobe:\n  enabled: {probe}\nfleet:\n  self: {addr}\n  peers: [{peers}]\n  secret: {FLEET_SECRET}\n  health_interval: 200ms\n  health_timeout: 500ms\n{fleet_extra}",
                 cache = cache.display(),
                 pid = pid_file.display(),
             );
