@@ -272,10 +272,18 @@ fn remove_dot_segments(path: &str) -> String {
 /// prefix rule for `/account` must match it too. The key and the upstream request keep the target
 /// as it is (merging is not RFC 3986 normalisation, and some origins do distinguish).
 pub(crate) fn merged_slashes(target: &str) -> std::borrow::Cow<'_, str> {
-    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    let end = target
+        .bytes()
+        .position(|b| b == b'?')
+        .unwrap_or(target.len());
+    let path = &target[..end];
     // Every request's route is found through here: one plain pass over pairs of bytes, not a
     // substring search or a vector scan, whose setup costs more than the short path searched.
-    if !path.as_bytes().windows(2).any(|w| w == b"//") {
+    if !path
+        .as_bytes()
+        .windows(2)
+        .any(|w| w[0] == b'/' && w[1] == b'/')
+    {
         return std::borrow::Cow::Borrowed(target);
     }
     let mut out = String::with_capacity(target.len());

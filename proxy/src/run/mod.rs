@@ -9,6 +9,7 @@ use crate::cpu::affinity;
 use crate::cpu::placement::Placement;
 use crate::fd_limits::{connection_cap, open_files_for, raise_nofile, warn_if_clamped};
 use crate::http::request::Limits;
+use crate::rate_limit::Limiter;
 use crate::routing::Routes;
 use crate::server::{self, ClientRules, Ctx, Forwarding, Sending, Shared, Storing};
 use anyhow::Context;
@@ -248,8 +249,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     // stops sending new clients while responses in flight finish.
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let locks = Arc::new(FillLocks::default());
-    // Built before the fleet starts: a member that missed purges catches up before it serves,
-    // and normalises the logged URLs with these routes' `query` rules, as its requests are.
+    // Before the fleet: its catch-up before serving normalises purged URLs with their `query`.
     let routes = Arc::new(Routes::new(&config, &accounting));
     let fleet = crate::fleet::Fleet::start(&config, &store, &locks, &accounting, &routes).await;
     let kept = Kept {
@@ -260,9 +260,7 @@ pub async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         connection_cap,
         nofile,
         fleet,
-        limiter: Arc::new(crate::rate_limit::Limiter::new(
-            config.limits.rate_limit_keys,
-        )),
+        limiter: Arc::new(Limiter::new(config.limits.rate_limit_keys)),
     };
     // What the dashboard reads of the request context (the upstream groups, replaced on reload)
     // it finds here. Set before the dashboard serves: the listeners are bound already, so a

@@ -1079,7 +1079,9 @@ fn a_replayed_purge_goes_through_the_query_rules() {
         .find(|&i| {
             let r = f.client(1).get(&target(i), &[]);
             assert!(r.body == body(1000 + i));
-            !r.header("cache-status").unwrap_or("").contains("detail=peer")
+            !r.header("cache-status")
+                .unwrap_or("")
+                .contains("detail=peer")
         })
         .expect("node 1 owns one of 40 objects");
     let normal = format!("/obj/{}?a=1&b=2", 1000 + x);
@@ -1087,7 +1089,10 @@ fn a_replayed_purge_goes_through_the_query_rules() {
     f.kill(1);
     f.wait_peers_up(0, 0);
     let mut c = Client::connect_dashboard(f.nodes[0].dashboard);
-    let url = format!("http://test.example/obj/{}?utm_source=mail&b=2&a=1", 1000 + x);
+    let url = format!(
+        "http://test.example/obj/{}?utm_source=mail&b=2&a=1",
+        1000 + x
+    );
     let r = c.send_with_body(
         "POST",
         "/api/purge",

@@ -185,6 +185,25 @@ impl Matcher {
         })
     }
 
+    /// What its conditions cannot hold without (see `facts`), the field names given bits in
+    /// `names`.
+    pub(crate) fn needs(&self, names: &mut super::facts::FieldNames) -> super::facts::Needs {
+        let mut n = super::facts::Needs::default();
+        // The first path condition (they come first): the path must start with its text.
+        if let Some(Cond::PathPrefix(p) | Cond::Path(p)) = self.conds.first() {
+            n.path_starts_with(p);
+        }
+        for c in &self.conds {
+            match c {
+                Cond::Header(name, _) => n.fields |= names.bit(name),
+                Cond::Query(..) => n.query = true,
+                Cond::Cookies(want) if !want.is_empty() => n.cookie = true,
+                _ => {}
+            }
+        }
+        n
+    }
+
     /// Whether its outcome depends on more than the URL the cache key holds (fields, cookies, the
     /// query, the client, the method or protocol): a rule that changes the upstream request on
     /// such a match must put itself in the key.

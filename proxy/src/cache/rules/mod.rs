@@ -14,6 +14,7 @@
 //! name to the key, so the response made for its matches is never served to the others.
 
 pub(crate) mod action;
+mod facts;
 mod matcher;
 pub(crate) mod query;
 
@@ -92,6 +93,8 @@ struct Split {
 struct Rule {
     counters: &'static RuleCounters,
     matcher: Matcher,
+    /// What its conditions cannot hold without: a request that lacks it skips the rule.
+    needs: facts::Needs,
     /// Request edits on a match beyond the URL: its name goes into the key.
     keyed: bool,
     /// Its templates use `path_regex`'s groups (else a match is a yes or no, no captures).
@@ -141,6 +144,8 @@ pub(crate) struct Verdict {
 #[derive(Debug, Default)]
 pub(crate) struct Rules {
     rules: Vec<Rule>,
+    /// What the rules' conditions need of a request, looked for once a request.
+    wanted: facts::Wanted,
     /// Some rule has a rate limit (the clock is read only then).
     limits: bool,
     /// The route's name, for `$route`.
@@ -153,11 +158,13 @@ impl Rules {
         r: &zerocache_config::Route,
         counters: &'static RouteCounters,
     ) -> Result<Rules, String> {
+        let mut names = facts::FieldNames::default();
         let rules = r
             .rules
             .iter()
             .map(|rule| {
                 let matcher = Matcher::new(&rule.matcher)?;
+                let needs = matcher.needs(&mut names);
                 let reply = if let Some(re) = &rule.redirect {
                     Some(Reply::Redirect(re.status, Template::new(&re.location)?))
                 } else if let Some(re) = &rule.respond {
@@ -186,6 +193,7 @@ impl Rules {
                     || response.uses_groups()
                     || matches!(&reply, Some(Reply::Redirect(_, t)) if t.uses_groups());
                 Ok(Rule {
+                    needs,
                     groups,
                     counters: counters.rule(&rule.name),
                     // A ttl on a condition beyond the URL is a lifetime some clients choose for
@@ -211,6 +219,7 @@ impl Rules {
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Rules {
             limits: rules.iter().any(|r| r.limit.is_some()),
+            wanted: facts::Wanted::of(names, rules.iter().map(|r| r.needs)),
             rules,
             route: counters.name().to_string(),
         })
@@ -256,7 +265,15 @@ impl Rules {
             std::borrow::Cow::Owned(m) => Some(m),
             std::borrow::Cow::Borrowed(_) => None,
         };
+        let mut facts = self.wanted.facts(
+            req,
+            merged.as_deref().unwrap_or(&req.target[..path_len]),
+            &req.target[path_len..],
+        );
         for (i, rule) in self.rules.iter().enumerate() {
+            if !rule.needs.met(&facts) {
+                continue;
+            }
             let seen = Seen {
                 path: merged.as_deref().unwrap_or(&req.target[..path_len]),
                 query: &req.target[path_len..],
@@ -302,8 +319,12 @@ impl Rules {
                 return v;
             }
             edits.clear();
-            rule.request.render(&vars, &mut edits);
-            rule.response.render(&vars, response);
+            if !rule.request.is_empty() {
+                rule.request.render(&vars, &mut edits);
+            }
+            if !rule.response.is_empty() {
+                rule.response.render(&vars, response);
+            }
             v.bypass |= rule.bypass;
             v.ttl = rule.ttl.or(v.ttl);
             // The side is the same for a key at every request and every reload that keeps the
@@ -324,6 +345,12 @@ impl Rules {
             }
             if !edits.is_empty() {
                 action::apply_to_fields(&edits, &mut req.fields);
+                // A later rule may need a field this one set or removed.
+                facts = self.wanted.facts(
+                    req,
+                    merged.as_deref().unwrap_or(&req.target[..path_len]),
+                    &req.target[path_len..],
+                );
             }
         }
         v
