@@ -87,6 +87,7 @@ pub(crate) fn start(
     dir: &Path,
     origin: SocketAddr,
     route_yaml: &str,
+    pinned: bool,
 ) -> anyhow::Result<Proxy> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
@@ -100,7 +101,16 @@ pub(crate) fn start(
             dir.join("cache").display()
         ),
     )?;
-    let child = Command::new(bin)
+    // Pinned: the proxy on CPU 0 alone (so one worker), wrk on CPU 1 (`measured_run`), neither
+    // scheduled on the other's core.
+    let mut cmd = if pinned {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let child = cmd
         .args(["run", "--config"])
         .arg(&conf)
         .spawn()
@@ -129,8 +139,9 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
         &base.join("ours"),
         origin.addr,
         "",
+        false,
     )?;
-    let other = start(&theirs_bin, &base.join("theirs"), origin.addr, "")?;
+    let other = start(&theirs_bin, &base.join("theirs"), origin.addr, "", false)?;
     warm(mine.addr, Server::Zerocache, &sizes)?;
     warm(other.addr, Server::Zerocache, &sizes)?;
     println!("xtask: bench --against: both warm, bodies checked");
@@ -143,7 +154,7 @@ pub fn bench_against(rev: &str, duration: u64, reps: usize, sizes: &[usize]) -> 
             let which = (k + rep) % 2;
             let p = if which == 0 { &mine } else { &other };
             for (i, &size) in sizes.iter().enumerate() {
-                let (s, per_req) = measured_run(p, size, duration)?;
+                let (s, per_req) = measured_run(p, size, duration, false)?;
                 println!(
                     "xtask: bench --against: rep {} {:<6} {:>8} {:>10.0} req/s {:>7.1} µs CPU/req errors {}",
                     rep + 1,
@@ -212,11 +223,12 @@ pub(crate) fn measured_run(
     p: &Proxy,
     size: usize,
     duration: u64,
+    pinned: bool,
 ) -> anyhow::Result<(crate::bench::Sample, f64)> {
     let server_pids = pids(p.child.id());
-    wrk(p.addr, size, 1, false, &server_pids, None)?;
+    wrk(p.addr, size, 1, pinned, &server_pids, None)?;
     let before = cpu_ns(&server_pids);
-    let s = wrk(p.addr, size, duration, false, &server_pids, None)?;
+    let s = wrk(p.addr, size, duration, pinned, &server_pids, None)?;
     let cpu_s = cpu_ns(&server_pids).saturating_sub(before) as f64 / 1e9;
     let per_req = cpu_s * 1e6 / (s.rps * duration as f64).max(1.0);
     Ok((s, per_req))

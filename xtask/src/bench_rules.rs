@@ -6,6 +6,11 @@
 //! and a second proxy without rules, a control whose ratio to the first is the run's noise.
 //! wrk drives one at a time, alternating the order, `--reps` times; the median of the paired
 //! ratios (CPU per request and req/s, against no rules) goes to `xtask/bench/results/rules.md`.
+//!
+//! Each proxy runs on CPU 0 (one worker) and wrk on CPU 1: with both on both cores, wrk's
+//! threads and the proxy's workers take turns on each. Even so the CPU time moves by more than
+//! the effect from run to run, so each config's user-space instructions per hit are counted too,
+//! under callgrind (`bench_instructions`): the figure that does not move.
 
 use crate::bench::{Server, median, size_name, start_origin, warm};
 use crate::bench_against::{measured_run, start, write_result};
@@ -60,7 +65,13 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
     ];
     let mut proxies = Vec::new();
     for (i, (_, yaml)) in configs.iter().enumerate() {
-        proxies.push(start(&bin, &base.join(i.to_string()), origin.addr, yaml)?);
+        proxies.push(start(
+            &bin,
+            &base.join(i.to_string()),
+            origin.addr,
+            yaml,
+            true,
+        )?);
     }
     let size = 1024usize;
     for p in &proxies {
@@ -73,7 +84,7 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
         for k in 0..configs.len() {
             let which = (k + rep) % configs.len();
             let p = &proxies[which];
-            let (s, per_req) = measured_run(p, size, duration)?;
+            let (s, per_req) = measured_run(p, size, duration, true)?;
             println!(
                 "xtask: bench --rules: rep {} {:<38} {:>10.0} req/s {:>7.1} µs CPU/req errors {}",
                 rep + 1,
@@ -86,6 +97,20 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
             samples[which].push((s.rps, per_req));
         }
     }
+    // The same configs, one at a time under callgrind: the ports and caches are theirs.
+    let addrs: Vec<_> = proxies.iter().map(|p| p.addr).collect();
+    drop(proxies);
+    let mut instructions = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let conf = base.join(i.to_string()).join("zerocache.yaml");
+        let n =
+            crate::bench_instructions::per_request(&bin, &conf, *addr, &format!("/obj/{size}"))?;
+        println!(
+            "xtask: bench --rules: {:<38} {n:>8.0} instructions a hit",
+            configs[i].0
+        );
+        instructions.push(n);
+    }
     let mut r = String::new();
     writeln!(
         r,
@@ -93,7 +118,7 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
     )?;
     writeln!(
         r,
-        "{} UTC. One release binary, four proxies at once (one a control without rules), the probe off; {} HIT, wrk -t2 -c32 on loopback, {duration} s per run after 1 s of warm-up, {reps} repetitions alternating the order, medians of the ratios paired rep by rep against no rules. Machine: {} cores. Took {:.0} s.\n",
+        "{} UTC. One release binary, four proxies at once (one a control without rules), each on CPU 0 (one worker), the probe off; {} HIT, wrk -t2 -c32 on CPU 1 over loopback, {duration} s per run after 1 s of warm-up, {reps} repetitions alternating the order, medians of the ratios paired rep by rep against no rules. Machine: {} cores. Took {:.0} s.\n",
         crate::bench_index::utc_now(),
         size_name(size),
         std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -101,9 +126,9 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
     )?;
     writeln!(
         r,
-        "| config | req/s | CPU µs/req | req/s ÷ no rules | CPU per request ÷ no rules |"
+        "| config | req/s | CPU µs/req | req/s ÷ no rules | CPU per request ÷ no rules | user instructions a hit (callgrind) | ÷ no rules |"
     )?;
-    writeln!(r, "|---|---|---|---|---|")?;
+    writeln!(r, "|---|---|---|---|---|---|---|")?;
     for (i, (name, _)) in configs.iter().enumerate() {
         let med = |f: fn(&(f64, f64)) -> f64| median(samples[i].iter().map(f).collect());
         let paired = |f: fn(&(f64, f64)) -> f64| {
@@ -117,12 +142,19 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
         };
         writeln!(
             r,
-            "| {name} | {:.0} | {:.1} | {:.3}× | {:.3}× |",
+            "| {name} | {:.0} | {:.1} | {:.3}× | {:.3}× | {:.0} | {:.3}× |",
             med(|s| s.0),
             med(|s| s.1),
             paired(|s| s.0),
-            paired(|s| s.1)
+            paired(|s| s.1),
+            instructions[i],
+            instructions[i] / instructions[0]
         )?;
     }
+    writeln!(
+        r,
+        "\nInstructions: {} HITs counted after as many to warm up, one keep-alive connection, the proxy alone on CPU 0 under callgrind; user space only (a rule adds no syscall).",
+        crate::bench_instructions::COUNTED
+    )?;
     write_result("rules", &r)
 }

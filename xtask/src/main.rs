@@ -6,6 +6,7 @@ mod bench_against;
 mod bench_fleet;
 mod bench_h2;
 mod bench_index;
+mod bench_instructions;
 mod bench_rules;
 mod bench_tls;
 mod bench_watch;

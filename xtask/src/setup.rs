@@ -38,7 +38,8 @@ use std::time::Instant;
 /// (depmod for the unpacked kernels, modprobe in the guest), udev (names the guest's virtio-serial
 /// ports, without which vng loses the script's output and exit code) and file (reads a kernel
 /// image's version); nghttp2-client (`nghttp` and `h2load`: the HTTP/2 tests' real clients
-/// and `bench --h2`); buildah for `cargo xtask image` (the OCI image, built without a daemon).
+/// and `bench --h2`); buildah for `cargo xtask image` (the OCI image, built without a daemon);
+/// valgrind (callgrind counts a hit's instructions in `bench --rules`).
 /// As root the tests fail rather than skip when one of these is missing.
 const APT_PACKAGES: &[&str] = &[
     "nginx",
@@ -67,6 +68,7 @@ const APT_PACKAGES: &[&str] = &[
     "file",
     "nghttp2-client",
     "buildah",
+    "valgrind",
 ];
 
 /// The kubernetes-validate release (PyPI) that checks config/k8s/ in the fleet deployment test.
