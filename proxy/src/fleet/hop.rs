@@ -328,10 +328,16 @@ impl Replay {
     }
 }
 
-/// Who checks a header: this member's id (`None` while it is not in its own membership view)
-/// and its nonce memory.
+/// Who checks a header: this member's id (`None` while it is not in its own membership view),
+/// the address the request's connection came in on, and its nonce memory.
+///
+/// A header is this member's when its `to` is either: a name that resolves to several addresses
+/// (a dual-stack name, a multi-homed host) makes each a member id, so a peer may know this
+/// member under an address other than its own id, and dials that address. A header signed for
+/// another member names an address this connection did not come in on.
 pub(crate) struct Receiver<'a> {
     pub(crate) self_id: Option<&'a str>,
+    pub(crate) dialled: Option<&'a str>,
     pub(crate) replay: &'a parking_lot::Mutex<Replay>,
 }
 
@@ -363,6 +369,7 @@ fn verify(
     }
     if let Some(to) = f.to
         && at.self_id != Some(to)
+        && at.dialled != Some(to)
     {
         return Err(Refused::Misdirected);
     }
@@ -372,6 +379,11 @@ fn verify(
         cfg: f.cfg,
         op: (f.op != "-").then(|| f.op.to_string()),
     })
+}
+
+/// Whether `req` carries a hop header (valid or not).
+pub(crate) fn present(req: &RequestHead) -> bool {
+    req.fields.iter().any(|(k, _)| k.eq_ignore_ascii_case(NAME))
 }
 
 /// Removes every hop header from `req`, on a node without a fleet: a client's copy must not
@@ -443,6 +455,7 @@ mod tests {
     fn me(replay: &parking_lot::Mutex<Replay>) -> Receiver<'_> {
         Receiver {
             self_id: Some(ME),
+            dialled: Some(ME),
             replay,
         }
     }
@@ -622,13 +635,27 @@ mod tests {
             verify(moved.as_bytes(), &request(), &keys, &me(&replay), now),
             Err(Refused::Forged)
         );
-        // A member that does not know its own id yet cannot be the one a header names.
+        // A member that does not know its own id yet is the one a header names only at the
+        // address it was dialled at.
         let lost = Receiver {
             self_id: None,
+            dialled: Some("127.0.0.9:8080"),
             replay: &replay,
         };
         assert_eq!(
             verify(&to(ME, 4), &request(), &keys, &lost, now),
+            Err(Refused::Misdirected)
+        );
+        // Known to its peers under another address of its name (`localhost` is 127.0.0.1 and
+        // ::1): the address the connection came in on is its own too.
+        let alias = Receiver {
+            self_id: Some(ME),
+            dialled: Some("[::1]:8080"),
+            replay: &replay,
+        };
+        assert!(verify(&to("[::1]:8080", 5), &request(), &keys, &alias, now).is_ok());
+        assert_eq!(
+            verify(&to("[::1]:8081", 6), &request(), &keys, &alias, now),
             Err(Refused::Misdirected)
         );
         // The misdirected copies did not use up the nonce at its own member.

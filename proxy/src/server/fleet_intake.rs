@@ -33,9 +33,18 @@ impl Conn {
             RequestBody::Whole(b) => Some(b.as_slice()),
             RequestBody::Streaming { .. } => None,
         };
+        if !crate::fleet::hop::present(req) {
+            return Ok(Intake::Client);
+        }
         let self_id = fleet.self_id();
+        let dialled = self
+            .sock
+            .tcp()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.to_string());
         let at = crate::fleet::hop::Receiver {
             self_id: self_id.as_deref(),
+            dialled: dialled.as_deref(),
             replay: &fleet.replay,
         };
         let hop = match crate::fleet::hop::take(req, whole, &fleet.keys, &at) {
