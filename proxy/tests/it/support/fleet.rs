@@ -131,6 +131,23 @@ impl TestFleet {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Started once its pid file names it (written after the listeners): an upgrade reads
+        // the file for the successor's pid, and took a killed predecessor's stale one for it
+        // once, so the real successor outlived the test's `kill` and applied purges meant to be
+        // missed.
+        let me = node.child.as_ref().map(|c| c.id());
+        while std::fs::read_to_string(&node.pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            != me
+        {
+            assert!(
+                Instant::now() < deadline,
+                "node {} never wrote its pid file",
+                node.addr
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILLs node `i`.
