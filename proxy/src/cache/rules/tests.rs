@@ -306,3 +306,44 @@ fn hostile_spellings_meet_the_same_rules() {
     assert_eq!(v.answer, None);
     assert_eq!(counts(c)[2], ("api".into(), 3, 1));
 }
+
+#[test]
+fn a_later_rule_sees_the_fields_an_earlier_one_set_or_removed() {
+    // The prefilter (`facts`) is found before the rules run: it must be found again after a
+    // request edit, or `marked` would be skipped for a field the request did not arrive with.
+    let (r, c) = rules(
+        r#"    rules:
+      - name: mark
+        match: { path_prefix: /a/ }
+        request_headers: { set: { X-Mark: "1" }, remove: [X-Gone] }
+      - name: marked
+        match: { headers: [{ name: x-mark }] }
+        response_headers: { set: { X-Was-Marked: "yes" } }
+      - name: gone
+        match: { headers: [{ name: X-Gone }] }
+        deny: 403
+"#,
+    );
+    let l = Limiter::new(16);
+    let mut q = req("GET /a/x HTTP/1.1\r\nHost: a\r\nX-Gone: 1\r\n\r\n");
+    let mut out = FieldEdits::default();
+    let v = r.on_request(&mut q, ip("192.0.2.1"), &l, 0, &mut out);
+    assert_eq!(v.answer, None, "X-Gone was removed before `gone` ran");
+    assert_eq!(v.matched, 0b011);
+    assert_eq!(
+        out.iter().collect::<Vec<_>>(),
+        vec![(Op::Set, "X-Was-Marked", &b"yes"[..])]
+    );
+    // Elsewhere `mark` does not run, and the request's own X-Gone is denied.
+    let mut q = req("GET /b HTTP/1.1\r\nHost: a\r\nX-Gone: 1\r\n\r\n");
+    let v = r.on_request(&mut q, ip("192.0.2.1"), &l, 0, &mut FieldEdits::default());
+    assert_eq!(v.answer, Some(Answer::Deny(403)));
+    assert_eq!(
+        counts(c),
+        vec![
+            ("mark".into(), 1, 0),
+            ("marked".into(), 1, 0),
+            ("gone".into(), 1, 0)
+        ]
+    );
+}
