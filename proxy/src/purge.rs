@@ -47,8 +47,7 @@ impl Purger<'_> {
             && let Some(t) = self
                 .routes
                 .and_then(|r| r.find(&host, &target))
-                .and_then(|r| r.query.as_ref())
-                .and_then(|q| q.apply(&target))
+                .and_then(|r| r.normalised(&target))
         {
             target = t;
         }

@@ -128,9 +128,15 @@ impl Route {
 
     /// `req`'s target with the route's query rules applied (see `cache::rules::query`).
     pub(crate) fn normalise_query(&self, req: &mut crate::http::request::RequestHead) {
-        if let Some(t) = self.query.as_ref().and_then(|q| q.apply(&req.target)) {
+        if let Some(t) = self.normalised(&req.target) {
             req.target = t;
         }
+    }
+
+    /// `target` through the route's `query` rules, or `None` when they leave it as it is: what a
+    /// request, a purge or an invalidation naming it is keyed by.
+    pub(crate) fn normalised(&self, target: &str) -> Option<String> {
+        self.query.as_ref().and_then(|q| q.apply(target))
     }
 
     /// True when `req` matches one of the route's bypass rules.

@@ -24,7 +24,7 @@ pub fn url_text(host: &str, target: &str, keep_query: bool) -> String {
     let target = if keep_query {
         target
     } else {
-        target.split('?').next().unwrap_or(target)
+        target::path_of(target)
     };
     CacheKey::new("GET", "http", host, target, 128).text
 }

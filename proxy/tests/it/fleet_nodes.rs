@@ -960,17 +960,21 @@ fn a_purge_signed_for_one_member_is_refused_by_another() {
     let f = TestFleet::start(origin.addr(), 2, "", false);
     let body = br#"{"url":"http://a/obj/1","epoch":1,"from":"127.0.0.9:1"}"#;
     let host = f.client(0).host.clone();
-    let purge = signed_hop(
-        FLEET_SECRET,
-        &f.id(0),
-        "purge",
-        "POST",
-        "/_zerocache/fleet/purge",
-        &host,
-        body,
-        unix_now(),
-        21,
-    );
+    // `to` empty: the header of the releases before, without it.
+    let sign = |to: &str, nonce| {
+        signed_hop(
+            FLEET_SECRET,
+            to,
+            "purge",
+            "POST",
+            "/_zerocache/fleet/purge",
+            &host,
+            body,
+            unix_now(),
+            nonce,
+        )
+    };
+    let purge = sign(&f.id(0), 21);
     let send = |node: usize, hop: &str| {
         let mut c = f.client(node);
         // Node 1 is sent node 0's `Host` too: the captured request, byte for byte.
@@ -1006,17 +1010,7 @@ fn a_purge_signed_for_one_member_is_refused_by_another() {
         (200, r#"{"purged":0}"#.to_string())
     );
     // The header of the releases before, without `to`: refused by default.
-    let v2 = signed_hop(
-        FLEET_SECRET,
-        "",
-        "purge",
-        "POST",
-        "/_zerocache/fleet/purge",
-        &host,
-        body,
-        unix_now(),
-        22,
-    );
+    let v2 = sign("", 22);
     let r = send(0, &v2);
     assert!(!String::from_utf8_lossy(&r.body).contains("purged"));
     assert_eq!(

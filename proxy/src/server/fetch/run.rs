@@ -308,7 +308,7 @@ impl Fetch<'_> {
             // Each URL as a request for it is keyed: through its own route's query rules.
             let key_of = |t: &str| match ctx.routes.find(&req.host, t) {
                 Some(r) => {
-                    let normal = r.query.as_ref().and_then(|q| q.apply(t));
+                    let normal = r.normalised(t);
                     invalidation::url_text(&req.host, normal.as_deref().unwrap_or(t), r.key_query)
                 }
                 None => invalidation::url_text(&req.host, t, keep_query),
