@@ -70,6 +70,14 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "rule",
         "the names of the route's rules that matched, comma-separated",
     ),
+    (
+        "slices",
+        "a response from slices (routes[].slice): the slices its body came from",
+    ),
+    (
+        "slices_fetched",
+        "and how many slices were fetched from the origin for it",
+    ),
     ("user_agent", "User-Agent"),
     ("referer", "Referer"),
     (

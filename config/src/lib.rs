@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod rules_check;
 pub mod schema;
 mod sections;
+mod slice_check;
 pub mod template;
 pub mod tls;
 pub mod units;

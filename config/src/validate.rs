@@ -324,6 +324,7 @@ fn checks(config: &Config, errs: &mut Vec<Invalid>) {
                 ),
             ));
         }
+        crate::slice_check::slice_check(i, r, config, errs);
         crate::rules_check::check(i, r, config, errs);
         for (j, h) in r.cache_key.headers.iter().enumerate() {
             if let Some(why) = never_forwarded(config, h) {

@@ -37,7 +37,7 @@ fn unknown_keys_are_rejected_with_a_suggestion() {
     let text = GOOD.replace("    upstream: origin", "    upstrem: origin");
     assert_eq!(
         err(&text),
-        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `name`, `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `upgrade`, `accept_encoding`, `max_object_size`, `min_object_size`, `query`, `rules`; did you mean `upstream`?"
+        "zc.yaml:12:5: routes[0]: unknown field `upstrem`, expected one of `name`, `match`, `upstream`, `cache`, `default_ttl`, `status_ttl`, `cache_key`, `stale_grace`, `bypass`, `allow_trace`, `store_set_cookie`, `upgrade`, `accept_encoding`, `max_object_size`, `min_object_size`, `slice`, `max_sliced_object_size`, `query`, `rules`; did you mean `upstream`?"
     );
 }
 

@@ -15,6 +15,7 @@ pub mod probe_state;
 pub(crate) mod process_metrics;
 pub mod processes;
 pub(crate) mod server;
+mod slice_metrics;
 mod tls_metrics;
 pub mod watch;
 

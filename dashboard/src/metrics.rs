@@ -219,6 +219,7 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
         .inc_by(bt.copy_bytes);
 
     crate::tls_metrics::register(&r, acc, &bt)?;
+    crate::slice_metrics::register(&r, acc)?;
 
     let upstream = counter_vec(
         &r,

@@ -41,6 +41,8 @@ pub struct Route {
     pub(crate) query: Option<crate::cache::rules::query::QueryNorm>,
     /// `routes[].rules`, compiled.
     pub(crate) rules: crate::cache::rules::Rules,
+    /// `routes[].slice` (`None`: objects are stored whole).
+    pub(crate) slicing: Option<crate::cache::slice::Slicing>,
 }
 
 /// A route as one request uses it: the route, with the upstream and the freshness its edge
@@ -220,6 +222,13 @@ impl Routes {
                         zerocache_config::AcceptEncoding::Codings(c) => Some(c.clone()),
                         zerocache_config::AcceptEncoding::AsSent => None,
                     },
+                    slicing: r.slice.map(|size| crate::cache::slice::Slicing {
+                        size: size.as_u64(),
+                        max_object: r
+                            .max_sliced_object_size
+                            .unwrap_or(config.cache.max_size)
+                            .as_u64(),
+                    }),
                     object_sizes: ObjectSizes {
                         min: r
                             .min_object_size

@@ -79,6 +79,17 @@ pub struct Route {
     /// This route's `cache.min_object_size` (unset: the cache's).
     #[serde(default, with = "crate::units::opt_size")]
     pub min_object_size: Option<bytesize::ByteSize>,
+    /// Store objects on this route as aligned slices of this size (256KiB to 64MiB; unset: off),
+    /// like nginx's `slice`: a GET is fetched from the origin as `Range: bytes=k*S-(k+1)*S-1`
+    /// requests, each slice an entry of its own, filled once and evicted on its own, and a
+    /// client's Range is answered from the slices that cover it. `cache.range_fill_max` does not
+    /// apply here; `max_object_size` applies to each slice (docs/slices.md).
+    #[serde(default, with = "crate::units::opt_size")]
+    pub slice: Option<bytesize::ByteSize>,
+    /// The largest whole object stored in slices on this route (unset: `cache.max_size`); a
+    /// larger one is relayed from the origin as an unsliced route would.
+    #[serde(default, with = "crate::units::opt_size")]
+    pub max_sliced_object_size: Option<bytesize::ByteSize>,
     /// The query as the cache key, the upstream request and purges see it: parameters sorted,
     /// kept or dropped by name (`{sort: true, drop: ["utm_*", fbclid]}`). Applied first;
     /// `cache_key.query: false` then leaves the query out of the key altogether.

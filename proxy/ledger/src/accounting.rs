@@ -101,6 +101,8 @@ pub struct Accounting {
     pub(crate) generations: Option<Generations>,
     /// Copied body bytes by reason.
     pub copied: crate::copy_reason::CopiedBytes,
+    /// Sliced objects (`routes[].slice`).
+    pub slices: crate::slices::SliceCounts,
     /// TLS handshakes and kTLS availability.
     pub tls: crate::tls_stats::TlsStats,
 }
@@ -165,6 +167,7 @@ impl Accounting {
             probe_attached,
             generations: None,
             copied: Default::default(),
+            slices: Default::default(),
             tls: Default::default(),
         }
     }

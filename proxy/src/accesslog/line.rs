@@ -182,6 +182,8 @@ fn variable(
             .map(|r| r.name())
             .collect::<Vec<_>>()
             .join(","),
+        "slices" => info.slices.map(|(n, _)| n.to_string()).unwrap_or_default(),
+        "slices_fetched" => info.slices.map(|(_, n)| n.to_string()).unwrap_or_default(),
         "user_agent" => escape(&info.user_agent).into_owned(),
         "referer" => escape(&info.referer).into_owned(),
         "tls_version" => tls.map(|t| t.version.to_string()).unwrap_or_default(),
@@ -301,6 +303,7 @@ mod tests {
             route: None,
             rules: Vec::new(),
             tls: None,
+            slices: None,
         };
         assert_eq!(
             format_line(&LineFormat::Text, t, &peer, &r, &hit),
@@ -415,16 +418,18 @@ mod tests {
                 cipher: "TLS_AES_256_GCM_SHA384".into(),
                 sni: Some("test.example".into()),
             })),
+            slices: Some((3, 1)),
         };
         assert_eq!(
             format_line(&f, t, &peer, &r, &hit),
-            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/2.0|test.example|200|1024|0.000213|complete|HIT|yes|-|-|-|0123456789abcdef|static|hsts,api|curl/8.5.0|-|TLSv1.3|TLS_AES_256_GCM_SHA384|test.example\n"
+            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/2.0|test.example|200|1024|0.000213|complete|HIT|yes|-|-|-|0123456789abcdef|static|hsts,api|3|1|curl/8.5.0|-|TLSv1.3|TLS_AES_256_GCM_SHA384|test.example\n"
         );
         let failed = RequestInfo {
             h2: false,
             route: None,
             rules: Vec::new(),
             tls: None,
+            slices: None,
             upstream: Some(UpstreamInfo {
                 addr: "127.0.0.1:9".into(),
                 status: None,
@@ -442,7 +447,7 @@ mod tests {
         };
         assert_eq!(
             format_line(&f, t, &peer, &r502, &failed),
-            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/1.1|test.example|502|0|0.000213|complete|ERROR|-|127.0.0.1:9|-|0.002|0123456789abcdef|-|-|curl/8.5.0|-|-|-|-\n"
+            "2026-11-30T08:26:58.499Z|30/Nov/2026:08:26:58 +0000|192.0.2.7|5555|GET|/a\\x22b|HTTP/1.1|test.example|502|0|0.000213|complete|ERROR|-|127.0.0.1:9|-|0.002|0123456789abcdef|-|-|-|-|curl/8.5.0|-|-|-|-\n"
         );
     }
 }

@@ -64,6 +64,9 @@ pub struct RequestInfo {
     pub rules: Vec<&'static zerocache_ledger::RuleCounters>,
     /// The connection's TLS handshake, on a TLS listener.
     pub tls: Option<std::sync::Arc<TlsInfo>>,
+    /// A response from slices (`routes[].slice`): the slices its body came from, and how many
+    /// slices were fetched from the origin for it (`$slices`, `$slices_fetched`).
+    pub slices: Option<(u64, u64)>,
 }
 
 /// The upstream part of a line.
@@ -105,6 +108,7 @@ impl RequestInfo {
             route: None,
             rules: Vec::new(),
             tls: None,
+            slices: None,
         }
     }
 }

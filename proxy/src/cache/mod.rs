@@ -16,6 +16,7 @@ pub mod lock;
 pub mod policy;
 pub(crate) mod rules;
 pub mod scrub;
+pub mod slice;
 pub mod stale;
 pub mod store;
 pub mod stored_meta;

@@ -94,6 +94,13 @@ impl Conn {
             has_range: req.field("range").is_some(),
             only_if_cached: directives.only_if_cached,
         };
+        // A GET on a sliced route, for an object not stored whole: from its slices.
+        if let Some(keep) = self
+            .sliced(&req, route, &ask, ruled.key_part.as_deref(), started)
+            .await?
+        {
+            return Ok(keep);
+        }
         // The keys and the stored entry, made only when the plan asks for them.
         let mut keys: Option<(CacheKey, CacheKey)> = None;
         let mut found: Option<Arc<Entry>> = None;

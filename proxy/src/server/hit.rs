@@ -101,7 +101,7 @@ impl Conn {
 
     /// The 304 for a request whose validators match the entry's: the entry's 304 fields
     /// (RFC 9110 §15.4.5) and the requester's own.
-    async fn not_modified(
+    pub(super) async fn not_modified(
         &mut self,
         req: &RequestHead,
         e: &Entry,

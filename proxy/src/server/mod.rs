@@ -21,6 +21,8 @@ mod purge_method;
 mod refusal;
 mod relay;
 pub mod request_body;
+mod sliced;
+mod sliced_send;
 mod tunnel;
 pub mod upload;
 pub mod workers;

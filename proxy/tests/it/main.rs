@@ -44,6 +44,7 @@ mod rfc9111;
 mod rfc9111_optional;
 mod rfc9213;
 mod rfc_invalidation_stale;
+mod slices;
 mod slow_clients;
 mod smuggling;
 mod systemd_unit;

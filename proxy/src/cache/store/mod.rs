@@ -76,6 +76,7 @@ pub struct Store {
     targeted: Targeted,
     /// Keys whose last fill of unknown length ran past the size bound.
     oversized: oversized::Oversized,
+    unsliced: oversized::Oversized,
     /// Bits of the key hashes (`debug.key_hash_bits`; 128 but in tests that force collisions),
     /// for the primary key hash a variant's marker is named by.
     hash_bits: u32,
@@ -152,6 +153,7 @@ impl Store {
             corrupt_sink: Mutex::new(None),
             targeted: Targeted::default(),
             oversized: Default::default(),
+            unsliced: Default::default(),
             hash_bits: 128,
             tag_settings: 0,
             loading: AtomicBool::new(false),
@@ -168,6 +170,13 @@ impl Store {
     /// Keys whose last fill of unknown length ran past the size bound (`oversized`).
     pub(crate) fn oversized(&self) -> &oversized::Oversized {
         &self.oversized
+    }
+
+    /// Objects of sliced routes whose origin answered a slice request with something no slice
+    /// is made of (a 200: no range support; a weak validator, `Vary`): served unsliced for a
+    /// while instead of asking for a slice again on every request (`cache::slice`).
+    pub(crate) fn unsliced(&self) -> &oversized::Oversized {
+        &self.unsliced
     }
 
     /// Sets the target list (`cache.targeted_fields`, `cache.targeted_fields_forward`); call

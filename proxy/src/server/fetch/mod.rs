@@ -27,6 +27,7 @@ mod background;
 mod fleet;
 mod forward;
 mod run;
+pub(crate) mod slice;
 mod stream;
 
 /// One upstream fetch for one client request.

@@ -1,0 +1,348 @@
+//! Slices: a large object stored as aligned pieces of `S` bytes (`routes[].slice`), each an entry
+//! of its own under the object's key plus its index, fetched from the origin by
+//! `Range: bytes=k*S-(k+1)*S-1` and evicted on its own, so the cold tail of a video leaves and its
+//! popular start stays (nginx's `slice`, ATS's slice plugin).
+//!
+//! This module is the pure part: which slices a client's range covers, a slice's key, whether an
+//! origin's answer to a slice request is that slice, and whether two slices are pieces of one
+//! representation. The serving and filling are `server/sliced.rs` and `server/fetch/slice.rs`.
+
+use super::key::CacheKey;
+use crate::http::range;
+
+/// A route's slicing: the slice size, and the largest whole object stored in slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slicing {
+    /// `S`, in bytes (256 KiB to 64 MiB).
+    pub size: u64,
+    /// `max_sliced_object_size`.
+    pub max_object: u64,
+}
+
+impl Slicing {
+    /// The slice holding byte `offset`.
+    pub fn index_of(&self, offset: u64) -> u64 {
+        offset / self.size
+    }
+
+    /// The bytes slice `k` asks the origin for (inclusive), before the object's length is known.
+    pub fn request_range(&self, k: u64) -> (u64, u64) {
+        let start = k.saturating_mul(self.size);
+        (start, start.saturating_add(self.size - 1))
+    }
+
+    /// The bytes slice `k` holds of an object of `total` bytes (inclusive); `None` past its end.
+    pub fn held(&self, k: u64, total: u64) -> Option<(u64, u64)> {
+        let (start, end) = self.request_range(k);
+        (start < total).then(|| (start, end.min(total - 1)))
+    }
+
+    /// The slices of an object of `total` bytes.
+    pub fn count(&self, total: u64) -> u64 {
+        total.div_ceil(self.size)
+    }
+
+    /// The slice a request's `Range` starts in, before the object's length is known: the first
+    /// byte's for `a-b` and `a-`; slice 0 for no range, a suffix range (`-n` needs the length,
+    /// which slice 0 brings, as nginx's `slice` does) or one that is not the grammar.
+    pub fn first_wanted(&self, range_field: Option<&str>) -> u64 {
+        let start = range_field
+            .and_then(|r| r.trim().strip_prefix("bytes="))
+            .and_then(|spec| spec.split_once('-'))
+            .map(|(a, _)| a.trim())
+            .filter(|a| !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|a| a.parse::<u64>().ok());
+        start.map_or(0, |s| self.index_of(s))
+    }
+
+    /// The key of slice `k` of the object keyed `primary`: `\n:slice=S/k` appended. The size is
+    /// part of it, so slices stored under another size are never joined with these. No request
+    /// key holds a line break, so no client can name a slice as its key.
+    pub fn key(&self, primary: &CacheKey, k: u64, hash_bits: u32) -> CacheKey {
+        CacheKey::from_text(
+            format!("{}\n:slice={}/{k}", primary.text, self.size),
+            hash_bits,
+        )
+    }
+}
+
+/// Which representation a slice belongs to: every slice of one response must agree on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The complete length, from `Content-Range`.
+    pub total: u64,
+    /// The strong `ETag`, if any.
+    pub etag: Option<String>,
+    /// `Last-Modified`, if any.
+    pub last_modified: Option<String>,
+}
+
+impl Identity {
+    /// Whether `other` is a piece of the same representation: the same length, and the same
+    /// validators (an `ETag` on one and not the other is another representation). A weak `ETag`
+    /// never identifies bytes (RFC 9110 §8.8.3.3), so it is no identity: such an origin's object
+    /// is not sliced (see [`judge`]).
+    pub fn same(&self, other: &Identity) -> bool {
+        self.total == other.total
+            && self.etag == other.etag
+            && self.last_modified == other.last_modified
+    }
+}
+
+/// The identity of a stored slice: its stored `Content-Range`'s total and its validators.
+/// `None` for an entry that is no slice (no complete `Content-Range`).
+pub fn stored_identity(e: &super::entry::Entry) -> Option<Identity> {
+    let cr = crate::http::stored_fields::StoredFields(&e.meta.fields)
+        .lines()
+        .find(|l| l.name.eq_ignore_ascii_case("content-range"))?;
+    let (_, _, total) = parse_content_range(std::str::from_utf8(cr.value).ok()?)?;
+    Some(Identity {
+        total,
+        etag: e.etag.clone(),
+        last_modified: e.last_modified.clone(),
+    })
+}
+
+/// What an origin's answer to the request for slice `k` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceAnswer {
+    /// The slice: a 206 of exactly the bytes asked for (the last slice ends at the object's end).
+    Slice(Identity),
+    /// The whole object (a 200): the origin does not do ranges. Stored or relayed whole.
+    Whole,
+    /// A 416: the object has `total` bytes and the slice starts past them.
+    PastEnd(Option<u64>),
+    /// Not a slice of a representation this cache can join; relayed, never stored as one.
+    Unusable(&'static str),
+}
+
+/// Judges the origin's answer (status, `Content-Range`, body length, `ETag`, `Last-Modified`,
+/// whether it varies) to the request for bytes `asked` (inclusive).
+pub fn judge(
+    status: u16,
+    content_range: Option<&str>,
+    body_len: Option<u64>,
+    (etag, last_modified): (Option<&str>, Option<&str>),
+    varies: bool,
+    asked: (u64, u64),
+) -> SliceAnswer {
+    match status {
+        200 => return SliceAnswer::Whole,
+        416 => return SliceAnswer::PastEnd(content_range.and_then(range::complete_length)),
+        206 => {}
+        _ => return SliceAnswer::Unusable("slice-status"),
+    }
+    let Some((first, last, total)) = content_range.and_then(parse_content_range) else {
+        return SliceAnswer::Unusable("slice-content-range");
+    };
+    // Exactly the bytes asked for: the start, and the end or the object's last byte.
+    if first != asked.0 || last != asked.1.min(total.saturating_sub(1)) || last >= total {
+        return SliceAnswer::Unusable("slice-content-range");
+    }
+    if body_len != Some(last - first + 1) {
+        return SliceAnswer::Unusable("slice-length");
+    }
+    if varies {
+        return SliceAnswer::Unusable("slice-vary");
+    }
+    let etag = etag.map(str::trim);
+    if etag.is_some_and(|e| e.starts_with("W/")) {
+        return SliceAnswer::Unusable("slice-weak-etag");
+    }
+    SliceAnswer::Slice(Identity {
+        total,
+        etag: etag.map(str::to_string),
+        last_modified: last_modified.map(|l| l.trim().to_string()),
+    })
+}
+
+/// `bytes first-last/total` (RFC 9110 §14.4) with every number present.
+pub fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let rest = v.trim().strip_prefix("bytes ")?;
+    let (span, total) = rest.split_once('/')?;
+    let (a, b) = span.split_once('-')?;
+    let num = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    let (a, b, t) = (num(a)?, num(b)?, num(total)?);
+    (a <= b).then_some((a, b, t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const S: Slicing = Slicing {
+        size: 4 * MIB,
+        max_object: u64::MAX,
+    };
+
+    #[test]
+    fn geometry() {
+        assert_eq!(S.request_range(0), (0, 4 * MIB - 1));
+        assert_eq!(S.request_range(3), (12 * MIB, 16 * MIB - 1));
+        assert_eq!(S.held(2, 10 * MIB), Some((8 * MIB, 10 * MIB - 1)));
+        assert_eq!(S.held(3, 10 * MIB), None);
+        assert_eq!(S.count(10 * MIB), 3);
+        assert_eq!(S.count(8 * MIB), 2);
+        assert_eq!(S.count(0), 0);
+        assert_eq!(S.first_wanted(None), 0);
+        assert_eq!(S.first_wanted(Some("bytes=9437184-9437283")), 2);
+        assert_eq!(S.first_wanted(Some("bytes=4194304-")), 1);
+        assert_eq!(S.first_wanted(Some("bytes=-500")), 0);
+        assert_eq!(S.first_wanted(Some("bytes=+5-9")), 0);
+        assert_eq!(S.first_wanted(Some("items=5-9")), 0);
+        // Far past any object: no overflow.
+        assert_eq!(S.request_range(u64::MAX / 1024), (u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn a_slice_key_is_no_request_key() {
+        let primary = CacheKey::new("GET", "http", "v.example", "/movie.mp4", 128);
+        let k = S.key(&primary, 7, 128);
+        assert_eq!(k.text, "GET http://v.example/movie.mp4\n:slice=4194304/7");
+        // Another slice size names other entries.
+        let other = Slicing { size: MIB, ..S };
+        assert_ne!(other.key(&primary, 7, 128).hash, k.hash);
+    }
+
+    fn judge_of(status: u16, cr: Option<&str>, len: Option<u64>) -> SliceAnswer {
+        judge(
+            status,
+            cr,
+            len,
+            (Some("\"v1\""), None),
+            false,
+            (4 * MIB, 8 * MIB - 1),
+        )
+    }
+
+    #[test]
+    fn an_answer_is_the_slice_only_when_it_is_exactly_the_bytes_asked_for() {
+        let ok = SliceAnswer::Slice(Identity {
+            total: 10 * MIB,
+            etag: Some("\"v1\"".into()),
+            last_modified: None,
+        });
+        let cr = format!("bytes {}-{}/{}", 4 * MIB, 8 * MIB - 1, 10 * MIB);
+        assert_eq!(judge_of(206, Some(&cr), Some(4 * MIB)), ok);
+        // The last slice ends at the object's end.
+        let last = judge(
+            206,
+            Some("bytes 8388608-10485759/10485760"),
+            Some(2 * MIB),
+            (None, Some("Tue, 01 Dec 2026 00:00:00 GMT")),
+            false,
+            (8 * MIB, 12 * MIB - 1),
+        );
+        assert_eq!(
+            last,
+            SliceAnswer::Slice(Identity {
+                total: 10 * MIB,
+                etag: None,
+                last_modified: Some("Tue, 01 Dec 2026 00:00:00 GMT".into()),
+            })
+        );
+        // Hostile or mistaken answers.
+        assert_eq!(judge_of(200, None, Some(10)), SliceAnswer::Whole);
+        assert_eq!(
+            judge_of(416, Some("bytes */100"), Some(0)),
+            SliceAnswer::PastEnd(Some(100))
+        );
+        assert_eq!(
+            judge_of(206, None, Some(4 * MIB)),
+            SliceAnswer::Unusable("slice-content-range")
+        );
+        let shifted = format!("bytes {}-{}/{}", 4 * MIB + 1, 8 * MIB, 10 * MIB);
+        assert_eq!(
+            judge_of(206, Some(&shifted), Some(4 * MIB)),
+            SliceAnswer::Unusable("slice-content-range")
+        );
+        let short = format!("bytes {}-{}/{}", 4 * MIB, 6 * MIB, 10 * MIB);
+        assert_eq!(
+            judge_of(206, Some(&short), Some(2 * MIB + 1)),
+            SliceAnswer::Unusable("slice-content-range")
+        );
+        assert_eq!(
+            judge_of(206, Some(&cr), Some(4 * MIB - 1)),
+            SliceAnswer::Unusable("slice-length")
+        );
+        assert_eq!(
+            judge_of(206, Some(&cr), None),
+            SliceAnswer::Unusable("slice-length")
+        );
+        let unknown_total = format!("bytes {}-{}/*", 4 * MIB, 8 * MIB - 1);
+        assert_eq!(
+            judge_of(206, Some(&unknown_total), Some(4 * MIB)),
+            SliceAnswer::Unusable("slice-content-range")
+        );
+        // A total that says the slice runs past the object's end.
+        let past = format!("bytes {}-{}/{}", 4 * MIB, 8 * MIB - 1, 5 * MIB);
+        assert_eq!(
+            judge_of(206, Some(&past), Some(4 * MIB)),
+            SliceAnswer::Unusable("slice-content-range")
+        );
+        assert_eq!(
+            judge(
+                206,
+                Some(&cr),
+                Some(4 * MIB),
+                (None, None),
+                true,
+                (4 * MIB, 8 * MIB - 1)
+            ),
+            SliceAnswer::Unusable("slice-vary")
+        );
+        assert_eq!(
+            judge(
+                206,
+                Some(&cr),
+                Some(4 * MIB),
+                (Some("W/\"v1\""), None),
+                false,
+                (4 * MIB, 8 * MIB - 1)
+            ),
+            SliceAnswer::Unusable("slice-weak-etag")
+        );
+        assert_eq!(
+            judge_of(302, None, Some(0)),
+            SliceAnswer::Unusable("slice-status")
+        );
+    }
+
+    #[test]
+    fn content_range_grammar() {
+        assert_eq!(parse_content_range("bytes 0-9/10"), Some((0, 9, 10)));
+        assert_eq!(parse_content_range("bytes 9-0/10"), None);
+        assert_eq!(parse_content_range("bytes 0-9/*"), None);
+        assert_eq!(parse_content_range("bytes +0-9/10"), None);
+        assert_eq!(parse_content_range("bytes -9/10"), None);
+        assert_eq!(parse_content_range("items 0-9/10"), None);
+        assert_eq!(parse_content_range("bytes 0-99999999999999999999/10"), None);
+    }
+
+    #[test]
+    fn identity_is_length_and_validators() {
+        let a = Identity {
+            total: 10,
+            etag: Some("\"a\"".into()),
+            last_modified: None,
+        };
+        assert!(a.same(&a.clone()));
+        assert!(!a.same(&Identity {
+            total: 11,
+            ..a.clone()
+        }));
+        assert!(!a.same(&Identity {
+            etag: Some("\"b\"".into()),
+            ..a.clone()
+        }));
+        assert!(!a.same(&Identity {
+            etag: None,
+            ..a.clone()
+        }));
+    }
+}

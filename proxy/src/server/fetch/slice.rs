@@ -1,0 +1,322 @@
+//! One slice of a sliced object (`cache::slice`): found stored, or fetched from the origin with
+//! `Range: bytes=k*S-(k+1)*S-1` under the slice's own fill lock (so a slice is fetched once
+//! however many clients want it) and stored as an entry of its own. Everything a fetch needs is
+//! owned ([`SliceJob`]), so the next slice can be fetched by a task of its own while this one is
+//! sent.
+
+use crate::cache::entry::{Entry, Meta};
+use crate::cache::fill::Fill;
+use crate::cache::growing::{Growing, Progress};
+use crate::cache::key::CacheKey;
+use crate::cache::lock::{FillState, LeaderGuard, Role};
+use crate::cache::policy;
+use crate::cache::slice::{self, SliceAnswer, Slicing};
+use crate::http::request::RequestHead;
+use crate::server::request_body::RequestBody;
+use crate::upstream::Group;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use zerocache_ledger::CacheStatus;
+
+use super::stream::{drain, pump, upstream_closes};
+use super::{Fetch, FetchOptions, FetchSpec};
+
+/// What every slice of one client's request is fetched with.
+pub(crate) struct SliceJob {
+    /// The client's request with its `Range` and preconditions removed: a slice's request adds
+    /// its own `Range`, and never carries one client's conditions to an entry all clients share.
+    pub req: RequestHead,
+    pub upstream: Arc<Group>,
+    /// The object's primary key: slice keys are made from it, and it picks the upstream server,
+    /// so every slice of an object comes from the same one.
+    pub primary: CacheKey,
+    /// The URL key text every slice is stored under (a URL purge finds them all).
+    pub url: String,
+    pub slicing: Slicing,
+    pub ttls: crate::routing::Ttls,
+    pub store_set_cookie: bool,
+    /// The route's bounds, applied to each slice.
+    pub object_sizes: crate::routing::ObjectSizes,
+    pub peer: IpAddr,
+    pub hash_bits: u32,
+    /// The slices this request's fetches stored (its prefetches too): found stored later, they
+    /// are still fetched for it, not hits.
+    pub fetched_here: parking_lot::Mutex<Vec<u64>>,
+}
+
+/// What became of one slice.
+pub(crate) enum Got {
+    /// Stored (found, or fetched now): the entry and whether it was fetched for this request.
+    Stored(Arc<Entry>, bool),
+    /// The origin's answer is no slice of this object (`SliceAnswer::Whole`/`Unusable`): the
+    /// object is served unsliced.
+    Unsliceable(&'static str),
+    /// The slice starts past the object's end (the origin's 416, with its length if it said).
+    PastEnd(Option<u64>),
+    /// The origin failed: answer with this status.
+    Failed(u16),
+}
+
+impl SliceJob {
+    /// The stored slice `k` of this object, if it is there and fresh.
+    pub(crate) fn stored(&self, ctx: &crate::server::Ctx, k: u64) -> Option<Arc<Entry>> {
+        let key = self.slicing.key(&self.primary, k, self.hash_bits);
+        ctx.store
+            .lookup_varying(&key, |_| key.clone())
+            .filter(|e| !crate::fleet::Fleet::drops(ctx.fleet.as_deref(), &ctx.store, e))
+            .filter(|e| {
+                // The client's own request directives do not reach a slice (as in nginx): one
+                // `no-cache` would otherwise refetch every slice of a 20 GB object.
+                let fresh = crate::cache::freshness::decide(
+                    e.age(crate::clock::now()),
+                    e.meta.lifetime,
+                    e.reuse,
+                    &Default::default(),
+                );
+                fresh == crate::cache::freshness::Use::Fresh
+            })
+    }
+
+    /// Slice `k`: stored and fresh, else fetched under its fill lock, or waited for behind the
+    /// request that holds it. Stored slices that are no longer fresh are fetched again.
+    pub(crate) async fn get(self: &Arc<Self>, ctx: &Arc<crate::server::Ctx>, k: u64) -> Got {
+        let key = self.slicing.key(&self.primary, k, self.hash_bits);
+        // A follower that found nothing after its leader let go asks once more, as a leader.
+        for _ in 0..3 {
+            if let Some(e) = self.stored(ctx, k) {
+                let fetched = self.fetched_here.lock().contains(&k);
+                if !fetched {
+                    ctx.accounting.slices.served();
+                }
+                return Got::Stored(e, fetched);
+            }
+            match ctx.locks.acquire(key.hash) {
+                Role::Leader(guard) => return self.fetch(ctx, k, &key, guard).await,
+                Role::Follower(rx) => {
+                    if !released(rx, self.upstream.read_timeout).await {
+                        return Got::Failed(504);
+                    }
+                }
+            }
+        }
+        Got::Failed(502)
+    }
+
+    /// Starts fetching slice `k` in a task of its own when it is neither stored nor being
+    /// fetched: the next slice of a response comes in while this one is sent.
+    pub(crate) fn prefetch(self: &Arc<Self>, ctx: &Arc<crate::server::Ctx>, k: u64) {
+        if self.stored(ctx, k).is_some() {
+            return;
+        }
+        let key = self.slicing.key(&self.primary, k, self.hash_bits);
+        let Role::Leader(guard) = ctx.locks.acquire(key.hash) else {
+            return;
+        };
+        let (job, ctx) = (self.clone(), ctx.clone());
+        tokio::spawn(async move {
+            job.fetch(&ctx, k, &key, guard).await;
+        });
+    }
+
+    /// Fetches slice `k` from the origin and stores it, holding its fill lock.
+    async fn fetch(
+        &self,
+        ctx: &Arc<crate::server::Ctx>,
+        k: u64,
+        key: &CacheKey,
+        guard: LeaderGuard,
+    ) -> Got {
+        let asked = self.slicing.request_range(k);
+        let mut req = self.req.clone();
+        req.fields.push((
+            "Range".into(),
+            format!("bytes={}-{}", asked.0, asked.1).into_bytes(),
+        ));
+        let f = Fetch::new(FetchSpec {
+            req: &req,
+            body: RequestBody::Whole(Vec::new()),
+            upstream: self.upstream.clone(),
+            started: Instant::now(),
+            status: CacheStatus::Miss,
+            detail: "miss",
+            opts: FetchOptions::default(),
+        });
+        let request = f.upstream_request(self.peer, ctx);
+        let request_time = SystemTime::now();
+        let exchanged = self
+            .upstream
+            .exchange(
+                &request,
+                true,
+                &self.primary.text,
+                &mut Vec::new(),
+                &mut None,
+            )
+            .await;
+        let (up, head) = match exchanged {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(upstream = %self.upstream.name, target = %req.target, slice = k, error = %e, "slice fetch failed");
+                if !e.counted_per_attempt() {
+                    ctx.accounting.upstream_error(&self.upstream.name, e.kind());
+                }
+                return Got::Failed(e.status());
+            }
+        };
+        let response_time = SystemTime::now();
+        ctx.accounting.upstream_response(
+            &self.upstream.name,
+            self.upstream.server_of(&up),
+            head.status,
+            response_time
+                .duration_since(request_time)
+                .unwrap_or_default(),
+        );
+        let Ok(framing) = head.framing(false) else {
+            ctx.accounting
+                .upstream_error(&self.upstream.name, "protocol");
+            return Got::Failed(502);
+        };
+        let answer = slice::judge(
+            head.status,
+            head.field("content-range"),
+            framing.length(),
+            (head.field("etag"), head.field("last-modified")),
+            head.field("vary").is_some_and(|v| !v.trim().is_empty()),
+            asked,
+        );
+        let identity = match answer {
+            SliceAnswer::Slice(identity) => identity,
+            SliceAnswer::PastEnd(total) => {
+                drain(up, &head, framing, &self.upstream).await;
+                return Got::PastEnd(total);
+            }
+            SliceAnswer::Whole => return self.unsliced(ctx, "slice-whole"),
+            SliceAnswer::Unusable(why) => {
+                tracing::debug!(target = %req.target, slice = k, why, "origin's answer is no slice; served unsliced");
+                return self.unsliced(ctx, why);
+            }
+        };
+        if identity.total > self.slicing.max_object {
+            return self.unsliced(ctx, "too-large");
+        }
+        let len = framing.length().unwrap_or(0);
+        let fill = match self.fill_of(ctx, key, &head, len, (request_time, response_time)) {
+            Ok(f) => f,
+            Err(why) => {
+                ctx.accounting.not_stored(why);
+                return self.unsliced(ctx, why);
+            }
+        };
+        let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
+        guard.publish(g);
+        let reuse = !upstream_closes(&head);
+        pump(
+            ctx.clone(),
+            up,
+            framing,
+            self.upstream.clone(),
+            key.hash,
+            fill,
+            w,
+            Some(guard),
+            reuse,
+            false,
+        )
+        .await;
+        match self.stored(ctx, k) {
+            Some(e) => {
+                ctx.accounting.slices.fetched(e.body_len);
+                self.fetched_here.lock().push(k);
+                Got::Stored(e, true)
+            }
+            // The body failed, or the store refused it (logged and counted there).
+            None => Got::Failed(502),
+        }
+    }
+
+    /// The object is served unsliced for a while (`Store::unsliced`), for `why`.
+    fn unsliced(&self, ctx: &crate::server::Ctx, why: &'static str) -> Got {
+        ctx.store.unsliced().note(self.primary.hash);
+        ctx.accounting.slices.unsliced(why);
+        Got::Unsliceable(why)
+    }
+
+    /// The fill of slice `key` from the origin's 206 `head`: stored under the rules a whole
+    /// response of the object would be (its directives, cookies, freshness), as a 206 whose
+    /// `Content-Range` names where it sits in the object.
+    fn fill_of(
+        &self,
+        ctx: &crate::server::Ctx,
+        key: &CacheKey,
+        head: &crate::http::response::ResponseHead,
+        len: u64,
+        (request_time, response_time): (SystemTime, SystemTime),
+    ) -> Result<Fill, &'static str> {
+        if ctx.store.is_handing_over() {
+            return Err("upgrade");
+        }
+        // Judged as the whole response it is a piece of.
+        let mut whole = head.clone();
+        whole.status = 200;
+        whole
+            .fields
+            .retain(|(n, _)| !n.eq_ignore_ascii_case("content-range"));
+        let heuristics = self.ttls.heuristics(ctx.storing.heuristic_max);
+        let rules = super::rules(ctx, self.store_set_cookie);
+        let st = policy::storable(
+            &self.req,
+            &whole,
+            request_time,
+            response_time,
+            heuristics,
+            rules,
+        )
+        .map_err(|why| why.token())?;
+        let mut fields = st.fields;
+        let cr = head.field("content-range").unwrap_or_default();
+        fields.extend_from_slice(format!("Content-Range: {}\r\n", cr.trim()).as_bytes());
+        let meta = Meta {
+            key: key.text.clone(),
+            stored_at: crate::clock::shifted(response_time),
+            initial_age: st.initial_age,
+            lifetime: st.lifetime,
+            status: 206,
+            reason: head.reason.clone(),
+            fields,
+            vary: Vec::new(),
+            url: self.url.clone(),
+        };
+        // `min_object_size` is the whole object's business: an object's last slice is short.
+        let max = super::max_body(ctx, self.object_sizes);
+        Fill::create(ctx.store.clone(), key.hash, meta)
+            .map(|f| f.bounded(0, max))
+            .and_then(|f| {
+                ctx.store
+                    .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
+                Ok(f)
+            })
+            .map_err(|e| {
+                ctx.store.write_failed(&e);
+                "cache-unwritable"
+            })
+    }
+}
+
+/// Waits for the leader of a slice's fill: for its response head at most `wait`, then for as long
+/// as its body keeps coming (at most `wait` between two pieces, the origin's read timeout), until
+/// it is stored, has failed or the leader let go. False when the head never came.
+async fn released(rx: tokio::sync::watch::Receiver<FillState>, wait: std::time::Duration) -> bool {
+    let g = match tokio::time::timeout(wait, crate::cache::lock::wait(rx)).await {
+        Err(_) => return false,
+        Ok(None) => return true,
+        Ok(Some(g)) => g,
+    };
+    let mut r = g.reader();
+    let mut p = r.now();
+    while let Progress::Writing(_) = p {
+        p = r.next(wait).await;
+    }
+    true
+}

@@ -1,0 +1,370 @@
+//! A GET on a route with `slice` (`cache::slice`): answered from the object's slices, each found
+//! stored or fetched once (`fetch::slice`), the head built from the first slice's stored fields,
+//! and the body sent by sendfile from each slice's file in turn, the next slice fetched in the
+//! background while this one is sent.
+//!
+//! Every slice of one response must be a piece of one representation. A slice that disagrees with
+//! the first (the object changed at the origin) drops every stored slice of the object: before the
+//! head is sent the response starts over once from fresh slices; after it, the connection is
+//! closed, never a mixed body.
+
+use super::conn::{Conn, ConnError};
+use super::fetch::slice::{Got, SliceJob};
+use super::hit::HitKind;
+use super::sliced_send::Promised;
+use crate::cache::conditional::{self, Precondition};
+use crate::cache::entry::Entry;
+use crate::cache::key::CacheKey;
+use crate::cache::slice::{Identity, Slicing, stored_identity};
+use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
+use crate::http::range::{self, RangeAnswer};
+use crate::http::request::RequestHead;
+use crate::http::stored_fields::StoredFields;
+use std::sync::Arc;
+use std::time::Instant;
+use zerocache_ledger::CacheStatus;
+
+/// How one attempt at a sliced response ended.
+enum Attempt {
+    /// Answered: keep the connection or not.
+    Done(bool),
+    /// A slice disagreed with the first before anything was sent: the object's slices are gone,
+    /// try once more.
+    Again,
+    /// Not for slices (see [`Got::Unsliceable`]): the ordinary path answers.
+    Unsliced,
+}
+
+impl Conn {
+    /// A GET the route slices (`routes[].slice`) for an object not stored whole, answered from
+    /// its slices (`sliced.rs`); `None` for any other request, or one its slices cannot answer.
+    pub(super) async fn sliced(
+        &mut self,
+        req: &RequestHead,
+        route: &crate::routing::Routed<'_>,
+        ask: &crate::cache::decide::Ask<'_>,
+        rules: Option<&str>,
+        started: Instant,
+    ) -> Result<Option<bool>, ConnError> {
+        let Some(slicing) = route.slicing else {
+            return Ok(None);
+        };
+        if ask.method != "GET" || !ask.route_caches || ask.bypassed || ask.has_body {
+            return Ok(None);
+        }
+        let (url, primary) = super::keys::keys_of(req, route, rules, self.ctx.hash_bits);
+        if super::keys::lookup(&self.ctx, &primary, req).is_some() {
+            return Ok(None);
+        }
+        Box::pin(self.serve_sliced(req, route, slicing, (&url, &primary), started)).await
+    }
+
+    /// Answers `req` from the object's slices. `None`: the object is not served in slices (a
+    /// multi-range request, an origin that answers slice requests whole or unusably, an object
+    /// over `max_sliced_object_size`): the ordinary path answers it.
+    pub(super) async fn serve_sliced(
+        &mut self,
+        req: &RequestHead,
+        route: &crate::routing::Routed<'_>,
+        slicing: Slicing,
+        (url, primary): (&CacheKey, &CacheKey),
+        started: Instant,
+    ) -> Result<Option<bool>, ConnError> {
+        let ctx = self.ctx.clone();
+        // Several ranges would need a multipart answer from several slices: forwarded as they
+        // are, never stored, never pulling the slices between them.
+        if ctx.store.unsliced().recently(primary.hash)
+            || req.field("range").is_some_and(|r| r.contains(','))
+        {
+            return Ok(None);
+        }
+        let mut base = req.clone();
+        base.fields
+            .retain(|(k, _)| !crate::http::headers::is_range_or_condition(k));
+        let job = Arc::new(SliceJob {
+            req: base,
+            upstream: route.upstream.clone(),
+            primary: primary.clone(),
+            url: url.text.clone(),
+            slicing,
+            ttls: route.ttls.clone(),
+            store_set_cookie: route.store_set_cookie,
+            object_sizes: route.object_sizes,
+            peer: self.peer.ip(),
+            hash_bits: ctx.hash_bits,
+            fetched_here: Default::default(),
+        });
+        for _ in 0..2 {
+            match self.sliced_attempt(req, &job, started).await? {
+                Attempt::Done(keep) => return Ok(Some(keep)),
+                Attempt::Unsliced => return Ok(None),
+                Attempt::Again => {}
+            }
+        }
+        // The object changed twice under one request: the origin is not serving one object.
+        let keep = self
+            .respond_simple(req, 502, CacheStatus::Miss, &[], None, started)
+            .await?;
+        Ok(Some(keep))
+    }
+
+    /// One attempt: the first slice, the head from it, then the body.
+    async fn sliced_attempt(
+        &mut self,
+        req: &RequestHead,
+        job: &Arc<SliceJob>,
+        started: Instant,
+    ) -> Result<Attempt, ConnError> {
+        let ctx = self.ctx.clone();
+        let slicing = job.slicing;
+        let k0 = slicing.first_wanted(req.field("range"));
+        let (first, mut fetched) = match job.get(&ctx, k0).await {
+            Got::Stored(e, fetched) => (e, fetched),
+            Got::Unsliceable(why) => {
+                tracing::debug!(target = %req.target, why, "not served in slices");
+                return Ok(Attempt::Unsliced);
+            }
+            Got::PastEnd(Some(total)) => {
+                let cr = format!("bytes */{total}");
+                let keep = self
+                    .respond_simple(
+                        req,
+                        416,
+                        CacheStatus::Miss,
+                        &[("Content-Range", &cr)],
+                        None,
+                        started,
+                    )
+                    .await?;
+                return Ok(Attempt::Done(keep));
+            }
+            Got::PastEnd(None) => return Ok(Attempt::Unsliced),
+            Got::Failed(status) => {
+                let keep = self
+                    .respond_simple(req, status, CacheStatus::Error, &[], None, started)
+                    .await?;
+                return Ok(Attempt::Done(keep));
+            }
+        };
+        let Some(id) = stored_identity(&first) else {
+            return Ok(Attempt::Unsliced);
+        };
+        let kind = HitKind::Hit;
+        match conditional::evaluate(
+            req,
+            first.etag.as_deref(),
+            first.last_modified.as_deref(),
+            first.date.as_deref(),
+        ) {
+            Precondition::Proceed => {}
+            Precondition::Failed => {
+                let keep = self
+                    .respond_simple(req, 412, CacheStatus::Hit, &[], None, started)
+                    .await?;
+                return Ok(Attempt::Done(keep));
+            }
+            Precondition::NotModified => {
+                let (age, ttl) = age_ttl(&first);
+                let keep = match self
+                    .not_modified(req, &first, kind, &[], (age, ttl), started)
+                    .await?
+                {
+                    super::hit::HitOutcome::Served(keep) => keep,
+                    super::hit::HitOutcome::Gone => false,
+                };
+                return Ok(Attempt::Done(keep));
+            }
+        }
+        let answer = if conditional::if_range_holds(
+            req,
+            first.etag.as_deref(),
+            first.last_modified.as_deref(),
+        ) {
+            range::answer(req.field("range"), id.total)
+        } else {
+            RangeAnswer::Full
+        };
+        let (status, start, len) = match answer {
+            RangeAnswer::Full => (200, 0, id.total),
+            RangeAnswer::Partial { start, end } => (206, start, end - start + 1),
+            RangeAnswer::Unsatisfiable => {
+                let cr = format!("bytes */{}", id.total);
+                let keep = self
+                    .respond_simple(
+                        req,
+                        416,
+                        CacheStatus::Hit,
+                        &[("Content-Range", &cr)],
+                        None,
+                        started,
+                    )
+                    .await?;
+                return Ok(Attempt::Done(keep));
+            }
+        };
+        let span = (len > 0).then(|| (slicing.index_of(start), slicing.index_of(start + len - 1)));
+        // The first slice the body needs, checked before the head goes: a disagreement here can
+        // still start over.
+        let mut slices: Vec<(u64, Arc<Entry>)> = Vec::new();
+        if let Some((a, _)) = span {
+            let e = if a == k0 {
+                first.clone()
+            } else {
+                match self.slice_for_body(&ctx, job, a, &id, &mut fetched).await {
+                    Ok(e) => e,
+                    Err(Some(status)) => {
+                        let keep = self
+                            .respond_simple(req, status, CacheStatus::Error, &[], None, started)
+                            .await?;
+                        return Ok(Attempt::Done(keep));
+                    }
+                    Err(None) => return Ok(Attempt::Again),
+                }
+            };
+            slices.push((a, e));
+        }
+        // Stored already, every one of them: a HIT. Any to fetch: a MISS, stored. A stored one
+        // of another representation is found here, before the head: the object starts over.
+        let mut all_stored = !fetched;
+        if let Some((a, b)) = span {
+            for k in a + 1..=b {
+                match job.stored(&ctx, k) {
+                    None => all_stored = false,
+                    Some(e) if stored_identity(&e).is_some_and(|o| o.same(&id)) => {}
+                    Some(e) => {
+                        changed(&ctx, job, k, &id, stored_identity(&e));
+                        return Ok(Attempt::Again);
+                    }
+                }
+            }
+        }
+        let cache_status = if all_stored {
+            CacheStatus::Hit
+        } else {
+            CacheStatus::Miss
+        };
+        self.sliced_head(req, &first, (status, start, len, id.total), all_stored);
+        let promised = Promised {
+            job: job.clone(),
+            slices: span.map_or(0, |(a, b)| b - a + 1),
+            status,
+            start,
+            len,
+            cache_status,
+            head_bytes: self.head.len() as u64,
+        };
+        let keep = self
+            .sliced_body(req, job, &id, span, slices, &promised, started)
+            .await?;
+        Ok(Attempt::Done(keep))
+    }
+
+    /// Slice `k` for the body, checked against the object's identity `id`. `Err(Some(status))`:
+    /// the origin failed; `Err(None)`: the slice is of another representation, and every stored
+    /// slice of the object has been dropped.
+    pub(super) async fn slice_for_body(
+        &self,
+        ctx: &Arc<crate::server::Ctx>,
+        job: &Arc<SliceJob>,
+        k: u64,
+        id: &Identity,
+        fetched: &mut bool,
+    ) -> Result<Arc<Entry>, Option<u16>> {
+        let e = match job.get(ctx, k).await {
+            Got::Stored(e, f) => {
+                *fetched |= f;
+                e
+            }
+            Got::Failed(status) => return Err(Some(status)),
+            // The object changed its kind or its length under us.
+            Got::Unsliceable(_) | Got::PastEnd(_) => {
+                drop_slices(ctx, job, &[id.total]);
+                return Err(None);
+            }
+        };
+        let held = job.slicing.held(k, id.total);
+        match stored_identity(&e) {
+            Some(other) if other.same(id) && held.is_some_and(|(a, b)| b - a + 1 == e.body_len) => {
+                Ok(e)
+            }
+            other => {
+                changed(ctx, job, k, id, other);
+                Err(None)
+            }
+        }
+    }
+
+    /// Writes the head of a sliced response into `self.head`: the first slice's stored fields
+    /// (less its own `Content-Range`), then the object's range and length.
+    fn sliced_head(
+        &mut self,
+        req: &RequestHead,
+        first: &Entry,
+        (status, start, len, total): (u16, u64, u64, u64),
+        all_stored: bool,
+    ) {
+        let (age, ttl) = age_ttl(first);
+        let visible = self.ctx.store.targeted().visible(&first.meta.fields);
+        let mut h = Head::standard(&mut self.head, status);
+        for line in StoredFields(&visible).lines() {
+            if !line.name.eq_ignore_ascii_case("content-range") {
+                h.lines(line.raw);
+            }
+        }
+        if status == 206 {
+            let cr = format!("bytes {start}-{}/{total}", start + len - 1);
+            h.field("Content-Range", cr.as_bytes());
+        }
+        h.framing(Framing::Length(len));
+        let member = if all_stored {
+            CacheStatusField::hit(ttl)
+        } else {
+            CacheStatusField {
+                stored: true,
+                ..CacheStatusField::fwd("miss")
+            }
+        };
+        let x_cache = if all_stored { "HIT" } else { "MISS" };
+        h.age(age)
+            .cache(&CacheFields {
+                x_cache,
+                upstream: None,
+                member: Some(member),
+            })
+            .via_self();
+        h.end(req.close);
+    }
+}
+
+/// The stored age and the freshness left of a slice, in seconds.
+fn age_ttl(e: &Entry) -> (u64, i64) {
+    let age = e.age(crate::clock::now()).as_secs();
+    (age, e.meta.lifetime.as_secs() as i64 - age as i64)
+}
+
+/// Slice `k` (of identity `other`) is not a piece of the representation `id`: the object changed
+/// at the origin, so every stored slice of it, of either length, goes.
+fn changed(
+    ctx: &crate::server::Ctx,
+    job: &SliceJob,
+    k: u64,
+    id: &Identity,
+    other: Option<Identity>,
+) {
+    tracing::info!(target = %job.req.target, slice = k, "a slice disagrees with the object's first: its slices are dropped");
+    ctx.accounting.slices.changed();
+    let totals = [Some(id.total), other.map(|o| o.total)];
+    drop_slices(ctx, job, &totals.into_iter().flatten().collect::<Vec<_>>());
+}
+
+/// Removes every stored slice of `job`'s object for objects of each length in `totals`.
+fn drop_slices(ctx: &crate::server::Ctx, job: &SliceJob, totals: &[u64]) {
+    for &total in totals {
+        for k in 0..job.slicing.count(total) {
+            let key = job.slicing.key(&job.primary, k, job.hash_bits);
+            if let Some(e) = ctx.store.peek(key.hash) {
+                ctx.store.remove_if_same(&e);
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The body of a response from slices (`sliced.rs`): the head sent, then the promised bytes from
+//! each slice's file in turn by sendfile, the next slice fetched by a task of its own while this
+//! one goes out, and the response recorded with the slices it used (`$slices`).
+
+use super::conn::{Conn, ConnError};
+use super::fetch::slice::SliceJob;
+use crate::cache::entry::Entry;
+use crate::cache::slice::Identity;
+use crate::http::request::RequestHead;
+use crate::sendfile::SendfileError;
+use std::sync::Arc;
+use std::time::Instant;
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
+
+/// What the head promised: the status, the object's bytes `start..start+len`, and the cache's
+/// status for the record.
+pub(super) struct Promised {
+    /// The request's slices and what it fetched.
+    pub(super) job: Arc<SliceJob>,
+    /// The slices the body is sent from.
+    pub(super) slices: u64,
+    pub(super) status: u16,
+    pub(super) start: u64,
+    pub(super) len: u64,
+    pub(super) cache_status: CacheStatus,
+    pub(super) head_bytes: u64,
+}
+
+impl Conn {
+    /// Sends the head, then the promised bytes from each slice of `span` in turn by sendfile,
+    /// the next slice fetched while this one is sent, and records the response.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn sliced_body(
+        &mut self,
+        req: &RequestHead,
+        job: &Arc<SliceJob>,
+        id: &Identity,
+        span: Option<(u64, u64)>,
+        mut ready: Vec<(u64, Arc<Entry>)>,
+        p: &Promised,
+        started: Instant,
+    ) -> Result<bool, ConnError> {
+        let ctx = self.ctx.clone();
+        let sent_head = self
+            .sock
+            .send_response_head(&mut self.head, p.len > 0, ctx.client.send_timeout)
+            .await
+            .map_err(ConnError::from);
+        if let Err(e) = sent_head {
+            self.record_sliced(req, p, 0, false, started);
+            return Err(e);
+        }
+        let Some((a, b)) = span else {
+            self.record_sliced(req, p, 0, true, started);
+            return Ok(!req.close);
+        };
+        let mut sent = 0u64;
+        let mut fetched = false;
+        for k in a..=b {
+            if k < b {
+                job.prefetch(&ctx, k + 1);
+            }
+            let e = match ready.pop() {
+                Some((rk, e)) if rk == k => e,
+                _ => match self.slice_for_body(&ctx, job, k, id, &mut fetched).await {
+                    Ok(e) => e,
+                    Err(_) => {
+                        // The head is out: a body of another representation must not follow.
+                        self.record_sliced(req, p, sent, false, started);
+                        return Err(ConnError::Aborted(
+                            "slice failed or changed mid-body".into(),
+                        ));
+                    }
+                },
+            };
+            let slice_start = k * job.slicing.size;
+            let from = p.start.max(slice_start) - slice_start;
+            let to = (p.start + p.len).min(slice_start + e.body_len) - slice_start;
+            match self.send_slice(&e, from, to - from).await {
+                Ok(n) => sent += n,
+                Err(err) => {
+                    self.record_sliced(req, p, sent, false, started);
+                    return Err(err);
+                }
+            }
+        }
+        self.record_sliced(req, p, sent, true, started);
+        Ok(!req.close)
+    }
+
+    /// `len` bytes of slice `e` from `from` by sendfile (a cold range read in first, off the
+    /// event loop).
+    async fn send_slice(&mut self, e: &Arc<Entry>, from: u64, len: u64) -> Result<u64, ConnError> {
+        let ctx = self.ctx.clone();
+        let file = ctx
+            .store
+            .open_file(e)
+            .map_err(|err| ConnError::Aborted(format!("slice file: {err}")))?;
+        let offset = e.body_offset + from;
+        if ctx.sending.offload_cold_hits && !crate::residency::resident(&file, offset, len) {
+            ctx.accounting.cold_offload();
+            crate::residency::warm(file.clone(), offset, len).await;
+        }
+        let result = self
+            .sock
+            .send_file(
+                &file,
+                offset,
+                len,
+                ctx.sending.sendfile_max_chunk,
+                ctx.client.send_timeout,
+                ctx.sending.copy_hits,
+            )
+            .await;
+        match result {
+            Ok(n) => Ok(n),
+            Err(SendfileError::Truncated { sent, expected }) => {
+                tracing::warn!(path = %e.path.display(), sent, expected, "slice file truncated underneath; dropping it and closing");
+                ctx.store.remove_if_same(e);
+                Err(ConnError::Aborted("truncated slice file".into()))
+            }
+            Err(SendfileError::Io { error, .. }) => Err(error.into()),
+        }
+    }
+
+    /// Records the response, with the slices it used and those fetched for it (`$slices`,
+    /// `$slices_fetched`).
+    fn record_sliced(
+        &mut self,
+        req: &RequestHead,
+        p: &Promised,
+        body: u64,
+        complete: bool,
+        started: Instant,
+    ) {
+        self.log_info.slices = Some((p.slices, p.job.fetched_here.lock().len() as u64));
+        self.record(&ResponseRecord {
+            method: &req.method,
+            target: &req.target,
+            status: p.status,
+            cache_status: p.cache_status,
+            head_bytes: p.head_bytes,
+            body_bytes: body,
+            path: DataPath::Zerocopy,
+            duration: started.elapsed(),
+            complete,
+        });
+    }
+}
