@@ -57,6 +57,18 @@ pub(crate) fn slice_check(i: usize, r: &Route, config: &Config, errs: &mut Vec<I
         ));
     }
     if let Some(whole) = r.max_sliced_object_size
+        && whole.as_u64() > config.cache.max_size.as_u64()
+    {
+        errs.push(invalid(
+            format!("routes[{i}].max_sliced_object_size"),
+            format!(
+                "{} is more than cache.max_size ({}): an object larger than the cache cannot be stored in it",
+                binary(whole.as_u64()),
+                binary(config.cache.max_size.as_u64())
+            ),
+        ));
+    }
+    if let Some(whole) = r.max_sliced_object_size
         && whole.as_u64() < size
     {
         errs.push(invalid(

@@ -27,14 +27,14 @@ fn slicing_is_off_unless_a_route_asks() {
     let c = parse(GOOD, "zc.yaml").expect("valid");
     assert_eq!(c.routes[0].slice, None);
     let c = parse(
-        &format!("{GOOD}    slice: 4MiB\n    max_sliced_object_size: 100GiB\n"),
+        &format!("{GOOD}    slice: 4MiB\n    max_sliced_object_size: 512MiB\n"),
         "zc.yaml",
     )
     .expect("valid");
     assert_eq!(c.routes[0].slice.map(|s| s.as_u64()), Some(4 << 20));
     assert_eq!(
         c.routes[0].max_sliced_object_size.map(|s| s.as_u64()),
-        Some(100 << 30)
+        Some(512 << 20)
     );
 }
 
@@ -63,6 +63,12 @@ fn slice_errors_name_the_line_and_key() {
             "{GOOD}    slice: 4MiB\n    max_sliced_object_size: 1MiB\n"
         )),
         "zc.yaml:12:5: routes[0].max_sliced_object_size: 1 MiB is less than one slice (4 MiB)"
+    );
+    assert_eq!(
+        err(&format!(
+            "{GOOD}    slice: 4MiB\n    max_sliced_object_size: 2GiB\n"
+        )),
+        "zc.yaml:12:5: routes[0].max_sliced_object_size: 2 GiB is more than cache.max_size (1 GiB): an object larger than the cache cannot be stored in it"
     );
     assert_eq!(
         err(&format!("{GOOD}    max_sliced_object_size: 1GiB\n")),

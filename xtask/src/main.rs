@@ -8,6 +8,7 @@ mod bench_h2;
 mod bench_index;
 mod bench_instructions;
 mod bench_rules;
+mod bench_slices;
 mod bench_tls;
 mod bench_watch;
 mod demo;
@@ -144,6 +145,12 @@ enum Task {
         /// and --reps.
         #[arg(long)]
         rules: bool,
+        /// Large objects in slices: a 1 GiB object read as random 2 MiB ranges by 8 clients
+        /// through zerocache `slice: 4MiB` and nginx `slice 4m;`, a cold pass and a warm one;
+        /// origin bytes, throughput and CPU per GB (xtask/src/bench_slices.rs); writes
+        /// xtask/bench/results/slices.md.
+        #[arg(long)]
+        slices: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -247,6 +254,9 @@ fn main() -> ExitCode {
             ..
         } => setup::setup()
             .and_then(|_| bench_against::bench_against(&rev, duration, reps, &sizes)),
+        Task::Bench { slices: true, .. } => {
+            setup::setup().and_then(|_| bench_slices::bench_slices())
+        }
         Task::Bench {
             rules: true,
             duration,

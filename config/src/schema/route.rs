@@ -86,8 +86,8 @@ pub struct Route {
     /// apply here; `max_object_size` applies to each slice (docs/slices.md).
     #[serde(default, with = "crate::units::opt_size")]
     pub slice: Option<bytesize::ByteSize>,
-    /// The largest whole object stored in slices on this route (unset: `cache.max_size`); a
-    /// larger one is relayed from the origin as an unsliced route would.
+    /// The largest whole object stored in slices on this route (unset, and at most:
+    /// `cache.max_size`); a larger one is served as on an unsliced route.
     #[serde(default, with = "crate::units::opt_size")]
     pub max_sliced_object_size: Option<bytesize::ByteSize>,
     /// The query as the cache key, the upstream request and purges see it: parameters sorted,

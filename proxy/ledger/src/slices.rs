@@ -5,13 +5,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why an object on a sliced route is served unsliced: the origin's answer to a slice request.
-pub const UNSLICED_REASONS: [&str; 8] = [
+pub const UNSLICED_REASONS: [&str; 9] = [
     "slice-whole",
-    "slice-status",
     "slice-content-range",
     "slice-length",
     "slice-vary",
     "slice-weak-etag",
+    "slice-no-etag",
+    "slice-stale",
     "too-large",
     "not-storable",
 ];

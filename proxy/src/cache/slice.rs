@@ -37,22 +37,19 @@ impl Slicing {
         (start < total).then(|| (start, end.min(total - 1)))
     }
 
-    /// The slices of an object of `total` bytes.
-    pub fn count(&self, total: u64) -> u64 {
-        total.div_ceil(self.size)
-    }
-
     /// The slice a request's `Range` starts in, before the object's length is known: the first
     /// byte's for `a-b` and `a-`; slice 0 for no range, a suffix range (`-n` needs the length,
-    /// which slice 0 brings, as nginx's `slice` does) or one that is not the grammar.
+    /// which slice 0 brings, as nginx's `slice` does) or one [`range::answer`] ignores (not the
+    /// grammar, several ranges, `a > b`): the same reading the answer is made with.
     pub fn first_wanted(&self, range_field: Option<&str>) -> u64 {
-        let start = range_field
-            .and_then(|r| r.trim().strip_prefix("bytes="))
-            .and_then(|spec| spec.split_once('-'))
-            .map(|(a, _)| a.trim())
-            .filter(|a| !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|a| a.parse::<u64>().ok());
-        start.map_or(0, |s| self.index_of(s))
+        // Against the largest length there is, a range is partial exactly when its start is
+        // explicit and it is one the answer honours.
+        match range::answer(range_field, u64::MAX) {
+            range::RangeAnswer::Partial { start, .. } if !is_suffix(range_field) => {
+                self.index_of(start)
+            }
+            _ => 0,
+        }
     }
 
     /// The key of slice `k` of the object keyed `primary`: `\n:slice=S/k` appended. The size is
@@ -78,15 +75,21 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Whether `other` is a piece of the same representation: the same length, and the same
-    /// validators (an `ETag` on one and not the other is another representation). A weak `ETag`
-    /// never identifies bytes (RFC 9110 §8.8.3.3), so it is no identity: such an origin's object
-    /// is not sliced (see [`judge`]).
+    /// Whether `other` is a piece of the same representation: the same length and the same
+    /// validators. Every slice carries a strong `ETag` ([`judge`] takes no other), so two
+    /// versions never pass for one.
     pub fn same(&self, other: &Identity) -> bool {
         self.total == other.total
             && self.etag == other.etag
             && self.last_modified == other.last_modified
     }
+}
+
+/// Whether the `Range` value is a suffix range (`bytes=-n`).
+fn is_suffix(range_field: Option<&str>) -> bool {
+    range_field
+        .and_then(|r| r.trim().strip_prefix("bytes="))
+        .is_some_and(|spec| spec.trim_start().starts_with('-'))
 }
 
 /// The identity of a stored slice: its stored `Content-Range`'s total and its validators.
@@ -145,9 +148,13 @@ pub fn judge(
     if varies {
         return SliceAnswer::Unusable("slice-vary");
     }
+    // Only a strong ETag says two responses are the same bytes (RFC 9110 §8.8.3): a weak one
+    // does not, and a Last-Modified alone cannot tell two versions written in the same second.
     let etag = etag.map(str::trim);
-    if etag.is_some_and(|e| e.starts_with("W/")) {
-        return SliceAnswer::Unusable("slice-weak-etag");
+    match etag {
+        Some(e) if e.starts_with("W/") => return SliceAnswer::Unusable("slice-weak-etag"),
+        Some(e) if e.starts_with('"') && e.len() >= 2 && e.ends_with('"') => {}
+        _ => return SliceAnswer::Unusable("slice-no-etag"),
     }
     SliceAnswer::Slice(Identity {
         total,
@@ -186,15 +193,16 @@ mod tests {
         assert_eq!(S.request_range(3), (12 * MIB, 16 * MIB - 1));
         assert_eq!(S.held(2, 10 * MIB), Some((8 * MIB, 10 * MIB - 1)));
         assert_eq!(S.held(3, 10 * MIB), None);
-        assert_eq!(S.count(10 * MIB), 3);
-        assert_eq!(S.count(8 * MIB), 2);
-        assert_eq!(S.count(0), 0);
         assert_eq!(S.first_wanted(None), 0);
         assert_eq!(S.first_wanted(Some("bytes=9437184-9437283")), 2);
         assert_eq!(S.first_wanted(Some("bytes=4194304-")), 1);
         assert_eq!(S.first_wanted(Some("bytes=-500")), 0);
         assert_eq!(S.first_wanted(Some("bytes=+5-9")), 0);
         assert_eq!(S.first_wanted(Some("items=5-9")), 0);
+        // What the answer ignores starts at slice 0, as the whole object does.
+        assert_eq!(S.first_wanted(Some("bytes=99999999999-1")), 0);
+        assert_eq!(S.first_wanted(Some("bytes=9437184-9437283,0-1")), 0);
+        assert_eq!(S.first_wanted(Some("bytes=99999999999999999999999-")), 0);
         // Far past any object: no overflow.
         assert_eq!(S.request_range(u64::MAX / 1024), (u64::MAX, u64::MAX));
     }
@@ -234,7 +242,7 @@ mod tests {
             206,
             Some("bytes 8388608-10485759/10485760"),
             Some(2 * MIB),
-            (None, Some("Tue, 01 Dec 2026 00:00:00 GMT")),
+            (Some("\"v1\""), Some("Tue, 01 Dec 2026 00:00:00 GMT")),
             false,
             (8 * MIB, 12 * MIB - 1),
         );
@@ -242,10 +250,24 @@ mod tests {
             last,
             SliceAnswer::Slice(Identity {
                 total: 10 * MIB,
-                etag: None,
+                etag: Some("\"v1\"".into()),
                 last_modified: Some("Tue, 01 Dec 2026 00:00:00 GMT".into()),
             })
         );
+        // A Last-Modified alone, or an ETag that is not the grammar, identifies no bytes.
+        let no_etag = |etag: Option<&str>| {
+            judge(
+                206,
+                Some("bytes 8388608-10485759/10485760"),
+                Some(2 * MIB),
+                (etag, Some("Tue, 01 Dec 2026 00:00:00 GMT")),
+                false,
+                (8 * MIB, 12 * MIB - 1),
+            )
+        };
+        assert_eq!(no_etag(None), SliceAnswer::Unusable("slice-no-etag"));
+        assert_eq!(no_etag(Some("v1")), SliceAnswer::Unusable("slice-no-etag"));
+        assert_eq!(no_etag(Some("\"")), SliceAnswer::Unusable("slice-no-etag"));
         // Hostile or mistaken answers.
         assert_eq!(judge_of(200, None, Some(10)), SliceAnswer::Whole);
         assert_eq!(

@@ -24,6 +24,12 @@ use std::sync::Arc;
 use std::time::Instant;
 use zerocache_ledger::CacheStatus;
 
+/// Stored slices a response's head waits for the check of, after its first: a stored slice of
+/// another version among them starts the response over instead of cutting it. Past them the body
+/// checks each slice as it comes (a whole 20 GB object is 5,000 slices: reading every head before
+/// the first byte would cost a pread each).
+const CHECKED_AHEAD: u64 = 64;
+
 /// How one attempt at a sliced response ended.
 enum Attempt {
     /// Answered: keep the connection or not.
@@ -49,7 +55,16 @@ impl Conn {
         let Some(slicing) = route.slicing else {
             return Ok(None);
         };
-        if ask.method != "GET" || !ask.route_caches || ask.bypassed || ask.has_body {
+        // `only-if-cached` is the ordinary path's 504; a request with credentials or `no-store`
+        // is answered for its client alone, the ordinary way, and tells nothing of the object.
+        if ask.method != "GET"
+            || !ask.route_caches
+            || ask.bypassed
+            || ask.has_body
+            || ask.only_if_cached
+            || req.field("authorization").is_some()
+            || crate::cache::freshness::request_directives(req).no_store
+        {
             return Ok(None);
         }
         let (url, primary) = super::keys::keys_of(req, route, rules, self.ctx.hash_bits);
@@ -78,9 +93,14 @@ impl Conn {
         {
             return Ok(None);
         }
+        // A slice's request is the object's, for every client: no Range or precondition of
+        // this one, and no request directive (as in nginx; `no-store` went the ordinary way).
         let mut base = req.clone();
-        base.fields
-            .retain(|(k, _)| !crate::http::headers::is_range_or_condition(k));
+        base.fields.retain(|(k, _)| {
+            !crate::http::headers::is_range_or_condition(k)
+                && !k.eq_ignore_ascii_case("cache-control")
+                && !k.eq_ignore_ascii_case("pragma")
+        });
         let job = Arc::new(SliceJob {
             req: base,
             upstream: route.upstream.clone(),
@@ -118,10 +138,15 @@ impl Conn {
         let ctx = self.ctx.clone();
         let slicing = job.slicing;
         let k0 = slicing.first_wanted(req.field("range"));
-        let (first, mut fetched) = match job.get(&ctx, k0).await {
+        let (first, fetched) = match job.get(&ctx, k0).await {
             Got::Stored(e, fetched) => (e, fetched),
             Got::Unsliceable(why) => {
                 tracing::debug!(target = %req.target, why, "not served in slices");
+                return Ok(Attempt::Unsliced);
+            }
+            // No range (an empty object), or one an If-Range may turn into the whole object:
+            // the ordinary path answers. Else the range starts past the end.
+            Got::PastEnd(_) if k0 == 0 || req.field("if-range").is_some() => {
                 return Ok(Attempt::Unsliced);
             }
             Got::PastEnd(Some(total)) => {
@@ -149,31 +174,11 @@ impl Conn {
         let Some(id) = stored_identity(&first) else {
             return Ok(Attempt::Unsliced);
         };
-        let kind = HitKind::Hit;
-        match conditional::evaluate(
-            req,
-            first.etag.as_deref(),
-            first.last_modified.as_deref(),
-            first.date.as_deref(),
-        ) {
-            Precondition::Proceed => {}
-            Precondition::Failed => {
-                let keep = self
-                    .respond_simple(req, 412, CacheStatus::Hit, &[], None, started)
-                    .await?;
-                return Ok(Attempt::Done(keep));
-            }
-            Precondition::NotModified => {
-                let (age, ttl) = age_ttl(&first);
-                let keep = match self
-                    .not_modified(req, &first, kind, &[], (age, ttl), started)
-                    .await?
-                {
-                    super::hit::HitOutcome::Served(keep) => keep,
-                    super::hit::HitOutcome::Gone => false,
-                };
-                return Ok(Attempt::Done(keep));
-            }
+        if let Some(keep) = self
+            .sliced_precondition(req, &first, fetched, started)
+            .await?
+        {
+            return Ok(Attempt::Done(keep));
         }
         let answer = if conditional::if_range_holds(
             req,
@@ -204,39 +209,44 @@ impl Conn {
         };
         let span = (len > 0).then(|| (slicing.index_of(start), slicing.index_of(start + len - 1)));
         // The first slice the body needs, checked before the head goes: a disagreement here can
-        // still start over.
-        let mut slices: Vec<(u64, Arc<Entry>)> = Vec::new();
-        if let Some((a, _)) = span {
-            let e = if a == k0 {
-                first.clone()
-            } else {
-                match self.slice_for_body(&ctx, job, a, &id, &mut fetched).await {
-                    Ok(e) => e,
-                    Err(Some(status)) => {
-                        let keep = self
-                            .respond_simple(req, status, CacheStatus::Error, &[], None, started)
-                            .await?;
-                        return Ok(Attempt::Done(keep));
-                    }
-                    Err(None) => return Ok(Attempt::Again),
-                }
-            };
-            slices.push((a, e));
-        }
-        // Stored already, every one of them: a HIT. Any to fetch: a MISS, stored. A stored one
-        // of another representation is found here, before the head: the object starts over.
+        // still start over, and so can one of the stored slices after it (`CHECKED_AHEAD`).
+        let mut ready: Vec<(u64, Arc<Entry>)> = Vec::new();
         let mut all_stored = !fetched;
         if let Some((a, b)) = span {
-            for k in a + 1..=b {
+            let e = if a == k0 && fits(job, k0, &id, &first) {
+                Ok(first.clone())
+            } else if a == k0 {
+                changed(&ctx, job, k0, stored_identity(&first)).await;
+                Err(Failure::Changed)
+            } else {
+                let mut fetched_a = false;
+                let e = self.slice_for_body(&ctx, job, a, &id, &mut fetched_a).await;
+                all_stored &= !fetched_a;
+                e
+            };
+            match e {
+                Ok(e) => ready.push((a, e)),
+                Err(Failure::Changed) => return Ok(Attempt::Again),
+                Err(Failure::Unsliced) => return Ok(Attempt::Unsliced),
+                Err(Failure::Status(status)) => {
+                    let keep = self
+                        .respond_simple(req, status, CacheStatus::Error, &[], None, started)
+                        .await?;
+                    return Ok(Attempt::Done(keep));
+                }
+            }
+            for k in a + 1..=b.min(a + CHECKED_AHEAD) {
                 match job.stored(&ctx, k) {
                     None => all_stored = false,
-                    Some(e) if stored_identity(&e).is_some_and(|o| o.same(&id)) => {}
+                    Some(e) if fits(job, k, &id, &e) => {}
                     Some(e) => {
-                        changed(&ctx, job, k, &id, stored_identity(&e));
+                        changed(&ctx, job, k, stored_identity(&e)).await;
                         return Ok(Attempt::Again);
                     }
                 }
             }
+            // Past the window only whether they are there is asked, cheaply (no file read).
+            all_stored &= (a + CHECKED_AHEAD + 1..=b).all(|k| job.is_indexed(&ctx, k));
         }
         let cache_status = if all_stored {
             CacheStatus::Hit
@@ -254,14 +264,58 @@ impl Conn {
             head_bytes: self.head.len() as u64,
         };
         let keep = self
-            .sliced_body(req, job, &id, span, slices, &promised, started)
+            .sliced_body(req, job, &id, span, ready, &promised, started)
             .await?;
         Ok(Attempt::Done(keep))
     }
 
-    /// Slice `k` for the body, checked against the object's identity `id`. `Err(Some(status))`:
-    /// the origin failed; `Err(None)`: the slice is of another representation, and every stored
-    /// slice of the object has been dropped.
+    /// A 412 or 304 from the first slice's validators, sent; `None` when the request's
+    /// preconditions hold (or it has none).
+    async fn sliced_precondition(
+        &mut self,
+        req: &RequestHead,
+        first: &Entry,
+        fetched: bool,
+        started: Instant,
+    ) -> Result<Option<bool>, ConnError> {
+        let kind = HitKind::Hit;
+        let status = if fetched {
+            CacheStatus::Miss
+        } else {
+            CacheStatus::Hit
+        };
+        match conditional::evaluate(
+            req,
+            first.etag.as_deref(),
+            first.last_modified.as_deref(),
+            first.date.as_deref(),
+        ) {
+            Precondition::Proceed => Ok(None),
+            Precondition::Failed => {
+                let cache = CacheFields {
+                    x_cache: status.as_str(),
+                    upstream: None,
+                    member: None,
+                };
+                self.respond_simple(req, 412, status, &[], Some(&cache), started)
+                    .await
+                    .map(Some)
+            }
+            Precondition::NotModified => {
+                let (age, ttl) = age_ttl(first);
+                match self
+                    .not_modified(req, first, kind, &[], (age, ttl), started)
+                    .await?
+                {
+                    super::hit::HitOutcome::Served(keep) => Ok(Some(keep)),
+                    super::hit::HitOutcome::Gone => Ok(Some(false)),
+                }
+            }
+        }
+    }
+
+    /// Slice `k` for the body, checked against the object's identity `id` and its place in it.
+    /// A slice of another representation drops every stored slice of the object.
     pub(super) async fn slice_for_body(
         &self,
         ctx: &Arc<crate::server::Ctx>,
@@ -269,29 +323,22 @@ impl Conn {
         k: u64,
         id: &Identity,
         fetched: &mut bool,
-    ) -> Result<Arc<Entry>, Option<u16>> {
+    ) -> Result<Arc<Entry>, Failure> {
         let e = match job.get(ctx, k).await {
             Got::Stored(e, f) => {
                 *fetched |= f;
                 e
             }
-            Got::Failed(status) => return Err(Some(status)),
-            // The object changed its kind or its length under us.
-            Got::Unsliceable(_) | Got::PastEnd(_) => {
-                drop_slices(ctx, job, &[id.total]);
-                return Err(None);
-            }
+            Got::Failed(status) => return Err(Failure::Status(status)),
+            // Not a slice at all now (a 200, a 416: the object's kind or length may have
+            // changed, or this request caused it): proven nothing, dropped nothing.
+            Got::Unsliceable(_) | Got::PastEnd(_) => return Err(Failure::Unsliced),
         };
-        let held = job.slicing.held(k, id.total);
-        match stored_identity(&e) {
-            Some(other) if other.same(id) && held.is_some_and(|(a, b)| b - a + 1 == e.body_len) => {
-                Ok(e)
-            }
-            other => {
-                changed(ctx, job, k, id, other);
-                Err(None)
-            }
+        if fits(job, k, id, &e) {
+            return Ok(e);
         }
+        changed(ctx, job, k, stored_identity(&e)).await;
+        Err(Failure::Changed)
     }
 
     /// Writes the head of a sliced response into `self.head`: the first slice's stored fields
@@ -342,29 +389,30 @@ fn age_ttl(e: &Entry) -> (u64, i64) {
     (age, e.meta.lifetime.as_secs() as i64 - age as i64)
 }
 
-/// Slice `k` (of identity `other`) is not a piece of the representation `id`: the object changed
-/// at the origin, so every stored slice of it, of either length, goes.
-fn changed(
-    ctx: &crate::server::Ctx,
-    job: &SliceJob,
-    k: u64,
-    id: &Identity,
-    other: Option<Identity>,
-) {
-    tracing::info!(target = %job.req.target, slice = k, "a slice disagrees with the object's first: its slices are dropped");
-    ctx.accounting.slices.changed();
-    let totals = [Some(id.total), other.map(|o| o.total)];
-    drop_slices(ctx, job, &totals.into_iter().flatten().collect::<Vec<_>>());
+/// Why a slice cannot go into a response.
+pub(super) enum Failure {
+    /// The origin failed: this status.
+    Status(u16),
+    /// The slice is of another representation: the object's slices are dropped.
+    Changed,
+    /// The origin's answer was no slice: the ordinary path answers.
+    Unsliced,
 }
 
-/// Removes every stored slice of `job`'s object for objects of each length in `totals`.
-fn drop_slices(ctx: &crate::server::Ctx, job: &SliceJob, totals: &[u64]) {
-    for &total in totals {
-        for k in 0..job.slicing.count(total) {
-            let key = job.slicing.key(&job.primary, k, job.hash_bits);
-            if let Some(e) = ctx.store.peek(key.hash) {
-                ctx.store.remove_if_same(&e);
-            }
-        }
-    }
+/// Whether stored slice `e` is slice `k` of the representation `id`: its identity, and the
+/// length its place in the object gives it.
+pub(super) fn fits(job: &SliceJob, k: u64, id: &Identity, e: &Entry) -> bool {
+    let held = job.slicing.held(k, id.total);
+    stored_identity(e).is_some_and(|o| o.same(id))
+        && held.is_some_and(|(a, b)| b - a + 1 == e.body_len)
+}
+
+/// Slice `k` (of identity `other`) is not a piece of the response's representation: the object
+/// changed at the origin, so every entry stored under its URL goes (its slices of every version;
+/// off the runtime, a purge's cost).
+async fn changed(ctx: &Arc<crate::server::Ctx>, job: &SliceJob, k: u64, other: Option<Identity>) {
+    tracing::info!(target = %job.req.target, slice = k, other = ?other.map(|o| o.etag), "a slice disagrees with the object's first: its slices are dropped");
+    ctx.accounting.slices.changed();
+    let (ctx, url) = (ctx.clone(), job.url.clone());
+    let _ = tokio::task::spawn_blocking(move || ctx.store.purge_url(&url)).await;
 }

@@ -8,6 +8,7 @@ use crate::cache::entry::Entry;
 use crate::cache::slice::Identity;
 use crate::http::request::RequestHead;
 use crate::sendfile::SendfileError;
+use std::fs::File;
 use std::sync::Arc;
 use std::time::Instant;
 use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
@@ -41,6 +42,21 @@ impl Conn {
         started: Instant,
     ) -> Result<bool, ConnError> {
         let ctx = self.ctx.clone();
+        let mut fetched = false;
+        // The first slice's file is opened before the head goes: one evicted meanwhile is
+        // fetched again, not a response cut at its first byte.
+        let mut first = None;
+        if let Some((a, _)) = span {
+            let given = ready.pop().filter(|(k, _)| *k == a).map(|(_, e)| e);
+            match self.open_slice(job, a, id, given, &mut fetched).await {
+                Some(x) => first = Some(x),
+                None => {
+                    return self
+                        .respond_simple(req, 502, CacheStatus::Error, &[], None, started)
+                        .await;
+                }
+            }
+        }
         let sent_head = self
             .sock
             .send_response_head(&mut self.head, p.len > 0, ctx.client.send_timeout)
@@ -55,28 +71,30 @@ impl Conn {
             return Ok(!req.close);
         };
         let mut sent = 0u64;
-        let mut fetched = false;
         for k in a..=b {
             if k < b {
                 job.prefetch(&ctx, k + 1);
             }
-            let e = match ready.pop() {
-                Some((rk, e)) if rk == k => e,
-                _ => match self.slice_for_body(&ctx, job, k, id, &mut fetched).await {
-                    Ok(e) => e,
-                    Err(_) => {
-                        // The head is out: a body of another representation must not follow.
-                        self.record_sliced(req, p, sent, false, started);
-                        return Err(ConnError::Aborted(
-                            "slice failed or changed mid-body".into(),
-                        ));
-                    }
-                },
+            let opened = match first.take() {
+                Some(x) => Some(x),
+                None => self.open_slice(job, k, id, None, &mut fetched).await,
             };
+            let Some((e, file)) = opened else {
+                // The head is out: a body of another representation must not follow.
+                self.record_sliced(req, p, sent, false, started);
+                return Err(ConnError::Aborted(
+                    "slice failed or changed mid-body".into(),
+                ));
+            };
+            // The promised bytes this slice holds: `fits` made its length its place's.
             let slice_start = k * job.slicing.size;
             let from = p.start.max(slice_start) - slice_start;
             let to = (p.start + p.len).min(slice_start + e.body_len) - slice_start;
-            match self.send_slice(&e, from, to - from).await {
+            let Some(len) = to.checked_sub(from) else {
+                self.record_sliced(req, p, sent, false, started);
+                return Err(ConnError::Aborted("slice shorter than its place".into()));
+            };
+            match self.send_slice(&e, &file, from, len).await {
                 Ok(n) => sent += n,
                 Err(err) => {
                     self.record_sliced(req, p, sent, false, started);
@@ -88,23 +106,58 @@ impl Conn {
         Ok(!req.close)
     }
 
+    /// Slice `k` (the entry `given` when the caller has it) and its file, open. A file gone
+    /// underneath (evicted, purged) drops the entry and the slice is looked up or fetched once
+    /// more. `None`: the origin failed, or the slice is of another representation.
+    async fn open_slice(
+        &self,
+        job: &Arc<SliceJob>,
+        k: u64,
+        id: &Identity,
+        mut given: Option<Arc<Entry>>,
+        fetched: &mut bool,
+    ) -> Option<(Arc<Entry>, Arc<File>)> {
+        let ctx = self.ctx.clone();
+        for _ in 0..2 {
+            let e = match given.take() {
+                Some(e) => e,
+                None => self.slice_for_body(&ctx, job, k, id, fetched).await.ok()?,
+            };
+            match ctx.store.open_file(&e) {
+                Ok(f) => return Some((e, f)),
+                Err(err) => {
+                    use crate::cache::store::OpenFailure;
+                    // Out of descriptors: the slice is intact; nothing to fetch again.
+                    if OpenFailure::of(&err) == OpenFailure::NoFds {
+                        return None;
+                    }
+                    tracing::debug!(path = %e.path.display(), error = %err, "slice file gone; fetching it again");
+                    ctx.store.remove_if_same(&e);
+                }
+            }
+        }
+        None
+    }
+
     /// `len` bytes of slice `e` from `from` by sendfile (a cold range read in first, off the
     /// event loop).
-    async fn send_slice(&mut self, e: &Arc<Entry>, from: u64, len: u64) -> Result<u64, ConnError> {
+    async fn send_slice(
+        &mut self,
+        e: &Arc<Entry>,
+        file: &Arc<File>,
+        from: u64,
+        len: u64,
+    ) -> Result<u64, ConnError> {
         let ctx = self.ctx.clone();
-        let file = ctx
-            .store
-            .open_file(e)
-            .map_err(|err| ConnError::Aborted(format!("slice file: {err}")))?;
         let offset = e.body_offset + from;
-        if ctx.sending.offload_cold_hits && !crate::residency::resident(&file, offset, len) {
+        if ctx.sending.offload_cold_hits && !crate::residency::resident(file, offset, len) {
             ctx.accounting.cold_offload();
             crate::residency::warm(file.clone(), offset, len).await;
         }
         let result = self
             .sock
             .send_file(
-                &file,
+                file,
                 offset,
                 len,
                 ctx.sending.sendfile_max_chunk,

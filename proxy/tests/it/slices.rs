@@ -469,3 +469,94 @@ fn concurrent_clients_of_one_cold_slice_fetch_it_once() {
     }
     assert_eq!(ranges_asked(&origin, "/slow"), [slice_range(0, MIB)]);
 }
+
+#[test]
+fn what_one_client_sends_neither_drops_slices_nor_unslices_the_object() {
+    let (origin, _rt) = origin();
+    let len = 3 * MIB as usize;
+    let a = zerocache_origin::body(len);
+    // The origin refuses slice requests that carry a cookie it does not like.
+    origin.script_by_header(
+        "/o",
+        "cookie",
+        vec![
+            (None, version(a.clone(), "\"a\"")),
+            (Some("evil=1"), Reply::ok(b"no".to_vec()).status(403)),
+        ],
+    );
+    let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
+    let mut c = proxy.client();
+    assert_eq!(c.get("/o", &[("Range", "bytes=0-9")]).x_cache(), "MISS");
+    // Credentials, no-store and a refused cookie each go the ordinary way for that client alone.
+    let r = c.get("/o", &[("Authorization", "Basic eDp5")]);
+    assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+    assert!(r.body == a);
+    let r = c.get(
+        "/o",
+        &[("Cache-Control", "no-store"), ("Range", "bytes=0-9")],
+    );
+    assert_eq!(r.status, 206);
+    let r = c.get(
+        "/o",
+        &[("Cookie", "evil=1"), ("Range", "bytes=2097152-2097161")],
+    );
+    assert_eq!(r.status, 403);
+    // Slice 0 is still stored for everyone, and the object still sliced.
+    let r = c.get("/o", &[("Range", "bytes=0-9")]);
+    assert_eq!((r.status, r.x_cache()), (206, "HIT"));
+    assert_eq!(r.body, &a[..10]);
+    let r = c.get("/o", &[("Range", "bytes=2097152-2097161")]);
+    assert_eq!((r.status, r.x_cache()), (206, "MISS"));
+    assert_eq!(r.body, &a[2_097_152..2_097_162]);
+    let m = proxy.metrics();
+    assert!(
+        m.lines()
+            .all(|l| !l.starts_with("zerocache_slice_unsliced_total") || l.ends_with(" 0")),
+        "{m}"
+    );
+}
+
+#[test]
+fn objects_without_a_strong_etag_or_fresh_slices_are_served_unsliced() {
+    let (origin, _rt) = origin();
+    let len = 2 * MIB as usize + 3;
+    let a = zerocache_origin::body(len);
+    let lm = Reply::ok(a.clone())
+        .headers(&[
+            ("Cache-Control", "max-age=3600"),
+            ("Last-Modified", "Tue, 01 Dec 2026 00:00:00 GMT"),
+        ])
+        .ranged();
+    origin.script("/lm", lm);
+    origin.script(
+        "/nc",
+        Reply::ok(a.clone())
+            .headers(&[("Cache-Control", "no-cache"), ("ETag", "\"n\"")])
+            .ranged(),
+    );
+    let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
+    let mut c = proxy.client();
+    for path in ["/lm", "/nc"] {
+        let r = c.get(path, &[]);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.body == a, "{path}");
+        // The ordinary way: stored whole (a no-cache one revalidated by a GET this origin
+        // answers whole, which may be relayed whole: a server may ignore Range).
+        let r = c.get(path, &[("Range", "bytes=5-9")]);
+        match r.status {
+            206 => assert!(r.body == a[5..10], "{path}"),
+            200 => assert!(r.body == a, "{path}"),
+            s => panic!("{path}: {s}"),
+        }
+    }
+    // An empty object: a 200, not a 416.
+    let r = c.get("/ranged/0", &[]);
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    let m = proxy.metrics();
+    for line in [
+        "zerocache_slice_unsliced_total{reason=\"slice-no-etag\"} 1",
+        "zerocache_slice_unsliced_total{reason=\"slice-stale\"} 1",
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line}: {m}");
+    }
+}

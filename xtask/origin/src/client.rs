@@ -46,9 +46,25 @@ impl SimpleClient {
 
     /// GET `path` with `Host: host`; `close` asks the server to close afterwards.
     pub fn get(&mut self, host: &str, path: &str, close: bool) -> std::io::Result<Fetched> {
+        self.get_with(host, path, &[], close)
+    }
+
+    /// GET `path` with `Host: host` and the `extra` fields (`Range`, ...).
+    pub fn get_with(
+        &mut self,
+        host: &str,
+        path: &str,
+        extra: &[(&str, &str)],
+        close: bool,
+    ) -> std::io::Result<Fetched> {
         let conn = if close { "Connection: close\r\n" } else { "" };
-        self.sock
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{conn}\r\n").as_bytes())?;
+        let mut fields = String::new();
+        for (k, v) in extra {
+            fields.push_str(&format!("{k}: {v}\r\n"));
+        }
+        self.sock.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{fields}{conn}\r\n").as_bytes(),
+        )?;
         let (status, headers, n) = loop {
             if let Ok(Some(head)) = parse_head(&self.buf) {
                 break head;

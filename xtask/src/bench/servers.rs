@@ -268,3 +268,45 @@ pub(crate) fn warm(addr: SocketAddr, server: Server, sizes: &[usize]) -> anyhow:
     }
     Ok(())
 }
+
+/// nginx with its slice module in front of `origin` (`bench --slices`): `slice 4m;`, the slice
+/// range in the key, `proxy_cache_lock`, as its documentation configures it.
+pub(crate) fn start_nginx_slice(dir: &Path, origin: SocketAddr) -> anyhow::Result<Running> {
+    std::fs::create_dir_all(dir)?;
+    let d = dir.display();
+    let port = free_port()?;
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let conf = format!(
+        "user root root; worker_processes {workers}; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
+  client_body_temp_path {d}/cb; proxy_temp_path {d}/pt; fastcgi_temp_path {d}/ft; uwsgi_temp_path {d}/ut; scgi_temp_path {d}/st;
+  proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
+  upstream origin {{ server {origin}; keepalive 32; }}
+  server {{ listen 127.0.0.1:{port};
+    location / {{ slice 4m; proxy_cache zc; proxy_cache_key $uri$is_args$args$slice_range;
+      proxy_set_header Range $slice_range; proxy_cache_valid 200 206 60m; proxy_cache_lock on;
+      proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";
+      add_header X-Cache $upstream_cache_status; }} }}
+}}
+"
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf)?;
+    let mut child = Command::new("nginx")
+        .args(["-e", &format!("{d}/error.log"), "-p"])
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting nginx (installed by cargo xtask setup)")?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    wait_listening(addr, &mut child, "nginx slice")?;
+    Ok(Running {
+        child,
+        addr,
+        dashboard: None,
+    })
+}

@@ -210,6 +210,12 @@ impl Store {
         self.index.lock().hashes()
     }
 
+    /// Whether an entry is indexed under `hash`: one lookup, no file read (its key text is not
+    /// compared, so a collision says yes).
+    pub fn contains(&self, hash: u128) -> bool {
+        self.index.lock().peek(hash).is_some()
+    }
+
     /// The entry indexed under `hash`, without making it more recently used (a scrub is not a use).
     pub fn peek(&self, hash: u128) -> Option<Arc<Entry>> {
         let at = match self.index.lock().peek(hash)? {

@@ -16,11 +16,18 @@ use crate::server::request_body::RequestBody;
 use crate::upstream::Group;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime};
 use zerocache_ledger::CacheStatus;
 
 use super::stream::{drain, pump, upstream_closes};
 use super::{Fetch, FetchOptions, FetchSpec};
+
+/// Slice fetches started ahead of the response that wants them, in the whole process.
+static PREFETCHING: AtomicUsize = AtomicUsize::new(0);
+
+/// At most this many at once: past it, a slice is fetched when its response reaches it.
+const MAX_PREFETCHES: usize = 32;
 
 /// What every slice of one client's request is fetched with.
 pub(crate) struct SliceJob {
@@ -42,7 +49,7 @@ pub(crate) struct SliceJob {
     pub hash_bits: u32,
     /// The slices this request's fetches stored (its prefetches too): found stored later, they
     /// are still fetched for it, not hits.
-    pub fetched_here: parking_lot::Mutex<Vec<u64>>,
+    pub fetched_here: parking_lot::Mutex<std::collections::HashSet<u64>>,
 }
 
 /// What became of one slice.
@@ -59,23 +66,33 @@ pub(crate) enum Got {
 }
 
 impl SliceJob {
-    /// The stored slice `k` of this object, if it is there and fresh.
-    pub(crate) fn stored(&self, ctx: &crate::server::Ctx, k: u64) -> Option<Arc<Entry>> {
+    /// The stored slice `k` of this object, fresh or not.
+    fn indexed(&self, ctx: &crate::server::Ctx, k: u64) -> Option<Arc<Entry>> {
         let key = self.slicing.key(&self.primary, k, self.hash_bits);
         ctx.store
             .lookup_varying(&key, |_| key.clone())
             .filter(|e| !crate::fleet::Fleet::drops(ctx.fleet.as_deref(), &ctx.store, e))
-            .filter(|e| {
-                // The client's own request directives do not reach a slice (as in nginx): one
-                // `no-cache` would otherwise refetch every slice of a 20 GB object.
-                let fresh = crate::cache::freshness::decide(
-                    e.age(crate::clock::now()),
-                    e.meta.lifetime,
-                    e.reuse,
-                    &Default::default(),
-                );
-                fresh == crate::cache::freshness::Use::Fresh
-            })
+    }
+
+    /// Whether slice `k` is in the index, fresh or not: one lookup, no file read.
+    pub(crate) fn is_indexed(&self, ctx: &crate::server::Ctx, k: u64) -> bool {
+        ctx.store
+            .contains(self.slicing.key(&self.primary, k, self.hash_bits).hash)
+    }
+
+    /// The stored slice `k` of this object, if it is there and fresh.
+    pub(crate) fn stored(&self, ctx: &crate::server::Ctx, k: u64) -> Option<Arc<Entry>> {
+        self.indexed(ctx, k).filter(|e| {
+            // The client's own request directives do not reach a slice (as in nginx): one
+            // `no-cache` would otherwise refetch every slice of a 20 GB object.
+            let fresh = crate::cache::freshness::decide(
+                e.age(crate::clock::now()),
+                e.meta.lifetime,
+                e.reuse,
+                &Default::default(),
+            );
+            fresh == crate::cache::freshness::Use::Fresh
+        })
     }
 
     /// Slice `k`: stored and fresh, else fetched under its fill lock, or waited for behind the
@@ -113,9 +130,16 @@ impl SliceJob {
         let Role::Leader(guard) = ctx.locks.acquire(key.hash) else {
             return;
         };
+        // Bounded for the process: a client that reads a head and resets leaves at most one
+        // slice fetch behind it, and all such clients together at most `MAX_PREFETCHES`.
+        if PREFETCHING.fetch_add(1, Ordering::Relaxed) >= MAX_PREFETCHES {
+            PREFETCHING.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
         let (job, ctx) = (self.clone(), ctx.clone());
         tokio::spawn(async move {
             job.fetch(&ctx, k, &key, guard).await;
+            PREFETCHING.fetch_sub(1, Ordering::Relaxed);
         });
     }
 
@@ -192,21 +216,23 @@ impl SliceJob {
                 drain(up, &head, framing, &self.upstream).await;
                 return Got::PastEnd(total);
             }
-            SliceAnswer::Whole => return self.unsliced(ctx, "slice-whole"),
+            SliceAnswer::Whole => return self.unsliced(ctx, "slice-whole", true),
             SliceAnswer::Unusable(why) => {
                 tracing::debug!(target = %req.target, slice = k, why, "origin's answer is no slice; served unsliced");
-                return self.unsliced(ctx, why);
+                // A status (a 403, a 404, a 5xx) may be this request's doing: it is served the
+                // ordinary way, and says nothing about the object for other clients.
+                return self.unsliced(ctx, why, why != "slice-status");
             }
         };
         if identity.total > self.slicing.max_object {
-            return self.unsliced(ctx, "too-large");
+            return self.unsliced(ctx, "too-large", true);
         }
         let len = framing.length().unwrap_or(0);
         let fill = match self.fill_of(ctx, key, &head, len, (request_time, response_time)) {
             Ok(f) => f,
-            Err(why) => {
+            Err((why, of_the_object)) => {
                 ctx.accounting.not_stored(why);
-                return self.unsliced(ctx, why);
+                return self.unsliced(ctx, why, of_the_object);
             }
         };
         let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
@@ -225,10 +251,12 @@ impl SliceJob {
             false,
         )
         .await;
-        match self.stored(ctx, k) {
+        // Stored for this response whatever its freshness now (a short lifetime may have run
+        // out during a long fetch).
+        match self.indexed(ctx, k) {
             Some(e) => {
                 ctx.accounting.slices.fetched(e.body_len);
-                self.fetched_here.lock().push(k);
+                self.fetched_here.lock().insert(k);
                 Got::Stored(e, true)
             }
             // The body failed, or the store refused it (logged and counted there).
@@ -236,10 +264,13 @@ impl SliceJob {
         }
     }
 
-    /// The object is served unsliced for a while (`Store::unsliced`), for `why`.
-    fn unsliced(&self, ctx: &crate::server::Ctx, why: &'static str) -> Got {
-        ctx.store.unsliced().note(self.primary.hash);
-        ctx.accounting.slices.unsliced(why);
+    /// This request is served unsliced, for `why`; and, when `why` is the object's and not
+    /// the request's, every request for it for a while (`Store::unsliced`).
+    fn unsliced(&self, ctx: &crate::server::Ctx, why: &'static str, of_the_object: bool) -> Got {
+        if of_the_object {
+            ctx.store.unsliced().note(self.primary.hash);
+            ctx.accounting.slices.unsliced(why);
+        }
         Got::Unsliceable(why)
     }
 
@@ -253,9 +284,9 @@ impl SliceJob {
         head: &crate::http::response::ResponseHead,
         len: u64,
         (request_time, response_time): (SystemTime, SystemTime),
-    ) -> Result<Fill, &'static str> {
+    ) -> Result<Fill, (&'static str, bool)> {
         if ctx.store.is_handing_over() {
-            return Err("upgrade");
+            return Err(("upgrade", false));
         }
         // Judged as the whole response it is a piece of.
         let mut whole = head.clone();
@@ -273,7 +304,12 @@ impl SliceJob {
             heuristics,
             rules,
         )
-        .map_err(|why| why.token())?;
+        .map_err(|why| (why.token(), why.caused_by_response()))?;
+        // Stored only to be fetched again at once (no-cache, max-age=0, an Age past it): served
+        // the ordinary way, which revalidates.
+        if st.lifetime <= st.initial_age {
+            return Err(("slice-stale", true));
+        }
         let mut fields = st.fields;
         let cr = head.field("content-range").unwrap_or_default();
         fields.extend_from_slice(format!("Content-Range: {}\r\n", cr.trim()).as_bytes());
@@ -299,23 +335,29 @@ impl SliceJob {
             })
             .map_err(|e| {
                 ctx.store.write_failed(&e);
-                "cache-unwritable"
+                ("cache-unwritable", false)
             })
     }
 }
 
 /// Waits for the leader of a slice's fill: for its response head at most `wait`, then for as long
-/// as its body keeps coming (at most `wait` between two pieces, the origin's read timeout), until
-/// it is stored, has failed or the leader let go. False when the head never came.
+/// as its body keeps coming (at most `wait` between two pieces, the origin's read timeout, and ten
+/// times that in all), until it is stored, has failed or the leader let go. False when it waited
+/// in vain.
 async fn released(rx: tokio::sync::watch::Receiver<FillState>, wait: std::time::Duration) -> bool {
     let g = match tokio::time::timeout(wait, crate::cache::lock::wait(rx)).await {
         Err(_) => return false,
         Ok(None) => return true,
         Ok(Some(g)) => g,
     };
+    // However steadily a slow origin trickles, a follower waits at most this long in all.
+    let deadline = tokio::time::Instant::now() + wait.saturating_mul(10);
     let mut r = g.reader();
     let mut p = r.now();
     while let Progress::Writing(_) = p {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
         p = r.next(wait).await;
     }
     true
