@@ -67,7 +67,9 @@ fn pass(addr: SocketAddr, pid: u32, origin: SocketAddr, seed: u64) -> anyhow::Re
     let threads = pids(pid);
     let cpu_before = cpu_ns(&threads);
     let table: std::sync::Arc<Vec<u8>> = std::sync::Arc::new(
-        (0..PERIOD + RANGE).map(zerocache_origin::pattern_byte).collect(),
+        (0..PERIOD + RANGE)
+            .map(zerocache_origin::pattern_byte)
+            .collect(),
     );
     let started = Instant::now();
     let handles: Vec<_> = ranges(seed)
@@ -91,7 +93,8 @@ fn pass(addr: SocketAddr, pid: u32, origin: SocketAddr, seed: u64) -> anyhow::Re
                     // clients' check costs little beside the servers' work.
                     let at = (a % PERIOD) as usize;
                     anyhow::ensure!(
-                        r.body.len() as u64 == RANGE && r.body[..] == table[at..at + RANGE as usize],
+                        r.body.len() as u64 == RANGE
+                            && r.body[..] == table[at..at + RANGE as usize],
                         "{path} bytes={a}-{b}: the body differs from the object's"
                     );
                     sent += RANGE;

@@ -292,30 +292,8 @@ impl Conn {
         }
         let mut sent = 0;
         if let Some(file) = body_file {
-            let offset = e.body_offset + start;
-            // Cold pages are read in on the blocking pool, so sendfile never waits for the disk
-            // on a runtime thread (see `residency`). Entries hit in the last second skip the check.
-            let now_ms = crate::server::uptime_ms();
-            let last = e
-                .last_hit_ms
-                .swap(now_ms, std::sync::atomic::Ordering::Relaxed);
-            if ctx.sending.offload_cold_hits
-                && (last == 0 || now_ms.saturating_sub(last) > 1000)
-                && !crate::residency::resident(file, offset, len)
-            {
-                ctx.accounting.cold_offload();
-                crate::residency::warm(file.clone(), offset, len).await;
-            }
             let result = self
-                .sock
-                .send_file(
-                    file,
-                    offset,
-                    len,
-                    ctx.sending.sendfile_max_chunk,
-                    ctx.client.send_timeout,
-                    ctx.sending.copy_hits,
-                )
+                .sendfile_entry(e, file, e.body_offset + start, len)
                 .await;
             match result {
                 Ok(n) => sent = n,
@@ -333,6 +311,40 @@ impl Conn {
         }
         self.record_hit(req, kind, status, (head_bytes, sent, true), started);
         Ok(HitOutcome::Served(!req.close))
+    }
+
+    /// `len` bytes of the stored entry `e`'s open `file` from `offset` by sendfile. Cold pages
+    /// are read in on the blocking pool first, so sendfile never waits for the disk on a runtime
+    /// thread (see `residency`); entries hit in the last second skip the check.
+    pub(super) async fn sendfile_entry(
+        &mut self,
+        e: &Entry,
+        file: &Arc<File>,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64, SendfileError> {
+        let ctx = self.ctx.clone();
+        let now_ms = crate::server::uptime_ms();
+        let last = e
+            .last_hit_ms
+            .swap(now_ms, std::sync::atomic::Ordering::Relaxed);
+        if ctx.sending.offload_cold_hits
+            && (last == 0 || now_ms.saturating_sub(last) > 1000)
+            && !crate::residency::resident(file, offset, len)
+        {
+            ctx.accounting.cold_offload();
+            crate::residency::warm(file.clone(), offset, len).await;
+        }
+        self.sock
+            .send_file(
+                file,
+                offset,
+                len,
+                ctx.sending.sendfile_max_chunk,
+                ctx.client.send_timeout,
+                ctx.sending.copy_hits,
+            )
+            .await
     }
 
     fn record_hit(

@@ -139,8 +139,7 @@ impl Conn {
         None
     }
 
-    /// `len` bytes of slice `e` from `from` by sendfile (a cold range read in first, off the
-    /// event loop).
+    /// `len` bytes of slice `e` from `from` by sendfile (`sendfile_entry`).
     async fn send_slice(
         &mut self,
         e: &Arc<Entry>,
@@ -149,21 +148,8 @@ impl Conn {
         len: u64,
     ) -> Result<u64, ConnError> {
         let ctx = self.ctx.clone();
-        let offset = e.body_offset + from;
-        if ctx.sending.offload_cold_hits && !crate::residency::resident(file, offset, len) {
-            ctx.accounting.cold_offload();
-            crate::residency::warm(file.clone(), offset, len).await;
-        }
         let result = self
-            .sock
-            .send_file(
-                file,
-                offset,
-                len,
-                ctx.sending.sendfile_max_chunk,
-                ctx.client.send_timeout,
-                ctx.sending.copy_hits,
-            )
+            .sendfile_entry(e, file, e.body_offset + from, len)
             .await;
         match result {
             Ok(n) => Ok(n),

@@ -14,7 +14,7 @@ use crate::server::request_body::RequestBody;
 use crate::upstream::Group;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 use zerocache_ledger::CacheStatus;
 
 use super::stream::{drain, pump, upstream_closes};
@@ -64,36 +64,15 @@ impl Background {
             },
         });
         let request = f.upstream_request(peer, &ctx);
-        let request_time = SystemTime::now();
-        let (up, head) = match self
-            .upstream
-            .exchange(
-                &request,
-                true,
-                &self.primary.text,
-                &mut Vec::new(),
-                &mut None,
-            )
-            .await
-        {
+        let exchanged =
+            super::exchange_alone(&ctx, &self.upstream, &request, &self.primary.text).await;
+        let (up, head, request_time, response_time) = match exchanged {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %self.req.target, error = %e, "background fetch failed; keeping what is stored");
-                if !e.counted_per_attempt() {
-                    ctx.accounting.upstream_error(&self.upstream.name, e.kind());
-                }
                 return;
             }
         };
-        let response_time = SystemTime::now();
-        ctx.accounting.upstream_response(
-            &self.upstream.name,
-            self.upstream.server_of(&up),
-            head.status,
-            response_time
-                .duration_since(request_time)
-                .unwrap_or_default(),
-        );
         let Ok(framing) = head.framing(false) else {
             return;
         };

@@ -363,6 +363,41 @@ impl<'a> Fetch<'a> {
     }
 }
 
+/// An exchange with no client waiting (a background refresh, a slice's fetch): the request
+/// sent on a pooled connection (retried once on a dead one; balanced by `key`), interim heads
+/// dropped, its failure or its answer counted. Returns the connection, the head, and when the
+/// request went and the answer came.
+pub(super) async fn exchange_alone(
+    ctx: &crate::server::Ctx,
+    upstream: &Group,
+    request: &[u8],
+    key: &str,
+) -> Result<(UpstreamConn, ResponseHead, SystemTime, SystemTime), UpstreamError> {
+    let request_time = SystemTime::now();
+    let (up, head) = match upstream
+        .exchange(request, true, key, &mut Vec::new(), &mut None)
+        .await
+    {
+        Ok(x) => x,
+        Err(e) => {
+            if !e.counted_per_attempt() {
+                ctx.accounting.upstream_error(&upstream.name, e.kind());
+            }
+            return Err(e);
+        }
+    };
+    let response_time = SystemTime::now();
+    ctx.accounting.upstream_response(
+        &upstream.name,
+        upstream.server_of(&up),
+        head.status,
+        response_time
+            .duration_since(request_time)
+            .unwrap_or_default(),
+    );
+    Ok((up, head, request_time, response_time))
+}
+
 /// The largest body a fetch under `ctx` with the route's `sizes` may store: its
 /// `max_object_size`, never more than the cache's `max_size`.
 fn max_body(ctx: &crate::server::Ctx, sizes: crate::routing::ObjectSizes) -> u64 {

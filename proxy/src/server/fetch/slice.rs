@@ -167,36 +167,15 @@ impl SliceJob {
             opts: FetchOptions::default(),
         });
         let request = f.upstream_request(self.peer, ctx);
-        let request_time = SystemTime::now();
-        let exchanged = self
-            .upstream
-            .exchange(
-                &request,
-                true,
-                &self.primary.text,
-                &mut Vec::new(),
-                &mut None,
-            )
-            .await;
-        let (up, head) = match exchanged {
+        let exchanged =
+            super::exchange_alone(ctx, &self.upstream, &request, &self.primary.text).await;
+        let (up, head, request_time, response_time) = match exchanged {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, slice = k, error = %e, "slice fetch failed");
-                if !e.counted_per_attempt() {
-                    ctx.accounting.upstream_error(&self.upstream.name, e.kind());
-                }
                 return Got::Failed(e.status());
             }
         };
-        let response_time = SystemTime::now();
-        ctx.accounting.upstream_response(
-            &self.upstream.name,
-            self.upstream.server_of(&up),
-            head.status,
-            response_time
-                .duration_since(request_time)
-                .unwrap_or_default(),
-        );
         let Ok(framing) = head.framing(false) else {
             ctx.accounting
                 .upstream_error(&self.upstream.name, "protocol");
