@@ -220,12 +220,7 @@ pub(crate) fn start_nginx(
     let port = free_port()?;
     let http2 = if h2 { " http2" } else { "" };
     let conf = format!(
-        "user root root; worker_processes {workers}; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
-  client_body_temp_path {d}/cb; proxy_temp_path {d}/pt; fastcgi_temp_path {d}/ft; uwsgi_temp_path {d}/ut; scgi_temp_path {d}/st;
-  proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
+        "{}  proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
   upstream origin {{ server {origin}; keepalive 32; }}
   ssl_session_cache shared:SSL:10m; ssl_session_tickets on;
   server {{ listen 127.0.0.1:{port} ssl{http2};
@@ -234,25 +229,10 @@ http {{
     location / {{ proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";
       proxy_cache zc; proxy_cache_valid 200 60m; add_header X-Cache $upstream_cache_status; }} }}
 }}
-"
+",
+        crate::bench::nginx_prelude(&dir, workers, false)
     );
-    let path = dir.join("nginx.conf");
-    std::fs::write(&path, conf)?;
-    let mut child = Command::new("nginx")
-        .args(["-e", &format!("{d}/error.log"), "-p"])
-        .arg(&dir)
-        .arg("-c")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting nginx")?;
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-    crate::bench::wait_listening(addr, &mut child, "nginx")?;
-    Ok(Running {
-        child,
-        addr,
-        dashboard: None,
-    })
+    crate::bench::spawn_nginx(&dir, &conf, port, "nginx")
 }
 
 /// zerocache with a TLS listener on `port`; with `h2`, `tls.http2: true`.

@@ -104,19 +104,7 @@ pub(crate) fn nginx_conf(
     affinity: bool,
 ) -> String {
     let d = dir.display();
-    let affinity = if affinity {
-        "worker_cpu_affinity auto; "
-    } else {
-        ""
-    };
-    let common = format!(
-        "user root root; worker_processes {workers}; {affinity}daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
-  client_body_temp_path {d}/cb; proxy_temp_path {d}/pt; fastcgi_temp_path {d}/ft; uwsgi_temp_path {d}/ut; scgi_temp_path {d}/st;
-"
-    );
+    let common = nginx_prelude(dir, workers, affinity);
     let body = match server {
         Server::NginxStatic => {
             format!("  server {{ listen 127.0.0.1:{port}; root {d}/www; tcp_nopush off; }}\n}}\n")
@@ -160,21 +148,48 @@ pub(crate) fn start_nginx(
         }
     }
     let port = free_port()?;
-    let conf = dir.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        nginx_conf(&dir, port, origin, server, workers, affinity),
-    )?;
+    let conf = nginx_conf(&dir, port, origin, server, workers, affinity);
+    spawn_nginx(&dir, &conf, port, server.name())
+}
+
+/// The first lines of every bench nginx's config, up to the `http` block's shared settings:
+/// `workers` processes (pinned one per CPU with `affinity`), files under `dir`.
+pub(crate) fn nginx_prelude(dir: &Path, workers: usize, affinity: bool) -> String {
+    let d = dir.display();
+    let affinity = if affinity {
+        "worker_cpu_affinity auto; "
+    } else {
+        ""
+    };
+    format!(
+        "user root root; worker_processes {workers}; {affinity}daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
+  client_body_temp_path {d}/cb; proxy_temp_path {d}/pt; fastcgi_temp_path {d}/ft; uwsgi_temp_path {d}/ut; scgi_temp_path {d}/st;
+"
+    )
+}
+
+/// Writes `conf` to `dir/nginx.conf`, starts nginx on it and waits until it listens on `port`.
+pub(crate) fn spawn_nginx(
+    dir: &Path,
+    conf: &str,
+    port: u16,
+    what: &str,
+) -> anyhow::Result<Running> {
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf)?;
     let mut child = Command::new("nginx")
         .args(["-e", &format!("{}/error.log", dir.display()), "-p"])
-        .arg(&dir)
+        .arg(dir)
         .arg("-c")
-        .arg(&conf)
+        .arg(&path)
         .stdout(Stdio::null())
         .spawn()
         .context("starting nginx (installed by cargo xtask setup)")?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-    wait_listening(addr, &mut child, server.name())?;
+    wait_listening(addr, &mut child, what)?;
     Ok(Running {
         child,
         addr,
@@ -277,12 +292,7 @@ pub(crate) fn start_nginx_slice(dir: &Path, origin: SocketAddr) -> anyhow::Resul
     let port = free_port()?;
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let conf = format!(
-        "user root root; worker_processes {workers}; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off; sendfile on; tcp_nodelay on; keepalive_requests 10000000; keepalive_timeout 60;
-  client_body_temp_path {d}/cb; proxy_temp_path {d}/pt; fastcgi_temp_path {d}/ft; uwsgi_temp_path {d}/ut; scgi_temp_path {d}/st;
-  proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
+        "{}  proxy_cache_path {d}/cache levels=1:2 keys_zone=zc:10m max_size=4g inactive=60m use_temp_path=off;
   upstream origin {{ server {origin}; keepalive 32; }}
   server {{ listen 127.0.0.1:{port};
     location / {{ slice 4m; proxy_cache zc; proxy_cache_key $uri$is_args$args$slice_range;
@@ -290,23 +300,8 @@ http {{
       proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";
       add_header X-Cache $upstream_cache_status; }} }}
 }}
-"
+",
+        nginx_prelude(dir, workers, false)
     );
-    let path = dir.join("nginx.conf");
-    std::fs::write(&path, conf)?;
-    let mut child = Command::new("nginx")
-        .args(["-e", &format!("{d}/error.log"), "-p"])
-        .arg(dir)
-        .arg("-c")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting nginx (installed by cargo xtask setup)")?;
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-    wait_listening(addr, &mut child, "nginx slice")?;
-    Ok(Running {
-        child,
-        addr,
-        dashboard: None,
-    })
+    spawn_nginx(dir, &conf, port, "nginx slice")
 }
