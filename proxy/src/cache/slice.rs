@@ -4,8 +4,8 @@
 //! popular start stays (nginx's `slice`, ATS's slice plugin).
 //!
 //! This module is the pure part: which slices a client's range covers, a slice's key, whether an
-//! origin's answer to a slice request is that slice, and whether two slices are pieces of one
-//! representation. The serving and filling are `server/sliced.rs` and `server/fetch/slice.rs`.
+//! origin's answer to a slice request is that slice, whether two slices are pieces of one
+//! representation, and what the response is (whole, one range, or `multipart/byteranges`). The serving and filling are `server/sliced.rs` and `server/fetch/slice.rs`.
 
 use super::key::CacheKey;
 use crate::http::range;
@@ -37,19 +37,32 @@ impl Slicing {
         (start < total).then(|| (start, end.min(total - 1)))
     }
 
-    /// The slice a request's `Range` starts in, before the object's length is known: the first
-    /// byte's for `a-b` and `a-`; slice 0 for no range, a suffix range (`-n` needs the length,
-    /// which slice 0 brings, as nginx's `slice` does) or one [`range::answer`] ignores (not the
-    /// grammar, several ranges, `a > b`): the same reading the answer is made with.
+    /// The slice a request's first range starts in, before the object's length is known: the
+    /// lowest explicit first byte (`a-b`, `a-`) among its ranges; slice 0 for no range, for
+    /// suffix ranges alone (`-n` needs the length, which any slice brings; slice 0 is where
+    /// nginx's `slice` gets it too) and for a field the answer ignores (not the grammar, another
+    /// unit, `a > b`), since then the whole object is sent.
     pub fn first_wanted(&self, range_field: Option<&str>) -> u64 {
-        // Against the largest length there is, a range is partial exactly when its start is
-        // explicit and it is one the answer honours.
-        match range::answer(range_field, u64::MAX) {
-            range::RangeAnswer::Partial { start, .. } if !is_suffix(range_field) => {
-                self.index_of(start)
-            }
-            _ => 0,
+        let Some(spec) = range_field.and_then(|r| r.trim().strip_prefix("bytes=")) else {
+            return 0;
+        };
+        // As many specs as `range::set` reads at most: a field of more is ignored there too.
+        if spec.split(',').count() > 64 {
+            return 0;
         }
+        let mut lowest: Option<u64> = None;
+        for one in spec.split(',') {
+            // Against the largest length there is, a spec is partial exactly when it is one the
+            // answer honours.
+            match range::answer(Some(&format!("bytes={one}")), u64::MAX) {
+                range::RangeAnswer::Partial { start, .. } if !one.trim().starts_with('-') => {
+                    lowest = Some(lowest.map_or(start, |l| l.min(start)));
+                }
+                range::RangeAnswer::Partial { .. } => {}
+                _ => return 0,
+            }
+        }
+        lowest.map_or(0, |s| self.index_of(s))
     }
 
     /// The key of slice `k` of the object keyed `primary`: `\n:slice=S/k` appended. The size is
@@ -83,13 +96,6 @@ impl Identity {
             && self.etag == other.etag
             && self.last_modified == other.last_modified
     }
-}
-
-/// Whether the `Range` value is a suffix range (`bytes=-n`).
-fn is_suffix(range_field: Option<&str>) -> bool {
-    range_field
-        .and_then(|r| r.trim().strip_prefix("bytes="))
-        .is_some_and(|spec| spec.trim_start().starts_with('-'))
 }
 
 /// The identity of a stored slice: its stored `Content-Range`'s total and its validators.
@@ -177,6 +183,78 @@ pub fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
     (a <= b).then_some((a, b, t))
 }
 
+/// What the response is, from the first slice `first` of an object of `total` bytes: 200 with the
+/// whole object; 206 with one range, or several as `multipart/byteranges`; `None` for a 416. An
+/// `If-Range` that does not hold asks for the whole object (RFC 9110 §13.1.5).
+pub fn body_plan(
+    req: &crate::http::request::RequestHead,
+    first: &super::entry::Entry,
+    total: u64,
+) -> Option<(u16, crate::http::byteranges::Ranged)> {
+    let holds = super::conditional::if_range_holds(
+        req,
+        first.etag.as_deref(),
+        first.last_modified.as_deref(),
+    );
+    let field = req.field("range").filter(|_| holds);
+    let whole = (200, crate::http::byteranges::Ranged::single(0, total));
+    if field.is_some_and(|f| f.contains(',')) {
+        return match range::set(field, total) {
+            None => Some(whole),
+            Some(parts) => match parts.as_slice() {
+                [] => None,
+                [(a, b)] => Some((206, crate::http::byteranges::Ranged::single(*a, b - a + 1))),
+                _ => {
+                    let boundary = boundary(&first.meta.key);
+                    let content_type = crate::http::stored_fields::StoredFields(&first.meta.fields)
+                        .lines()
+                        .find(|l| l.name.eq_ignore_ascii_case("content-type"))
+                        .and_then(|l| std::str::from_utf8(l.value).ok());
+                    let r = crate::http::byteranges::Ranged::multipart(
+                        &parts,
+                        total,
+                        content_type,
+                        &boundary,
+                    );
+                    Some((206, r))
+                }
+            },
+        };
+    }
+    match range::answer(field, total) {
+        range::RangeAnswer::Full => Some(whole),
+        range::RangeAnswer::Partial { start, end } => Some((
+            206,
+            crate::http::byteranges::Ranged::single(start, end - start + 1),
+        )),
+        range::RangeAnswer::Unsatisfiable => None,
+    }
+}
+
+/// A multipart boundary: 20 hex digits from the key, the time and a counter, so no two answers
+/// share one and the bytes of a part are unlikely to hold it (RFC 2046 §5.1.1).
+fn boundary(key: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let h = xxhash_rust::xxh3::xxh3_64(format!("{key}\n{t}\n{n}").as_bytes());
+    format!("zc{h:016x}{:04x}", n & 0xffff)
+}
+
+/// The slices a ranged body is sent from, part by part, in order; a slice where one part ends and
+/// the next begins counted once.
+pub fn slices_of(r: &crate::http::byteranges::Ranged, size: u64) -> impl Iterator<Item = u64> + '_ {
+    let mut last = None;
+    r.parts
+        .iter()
+        .filter(|p| p.len > 0)
+        .flat_map(move |p| p.start / size..=(p.start + p.len - 1) / size)
+        .filter(move |k| last.replace(*k) != Some(*k))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,7 +279,14 @@ mod tests {
         assert_eq!(S.first_wanted(Some("items=5-9")), 0);
         // What the answer ignores starts at slice 0, as the whole object does.
         assert_eq!(S.first_wanted(Some("bytes=99999999999-1")), 0);
-        assert_eq!(S.first_wanted(Some("bytes=9437184-9437283,0-1")), 0);
+        assert_eq!(S.first_wanted(Some("bytes=9437184-,x-1")), 0);
+        // Several ranges: the lowest explicit start; suffixes alone need slice 0.
+        assert_eq!(
+            S.first_wanted(Some("bytes=9437184-9437283,4194304-4194305")),
+            1
+        );
+        assert_eq!(S.first_wanted(Some("bytes=-5,9437184-9437283")), 2);
+        assert_eq!(S.first_wanted(Some("bytes=-5,-9")), 0);
         assert_eq!(S.first_wanted(Some("bytes=99999999999999999999999-")), 0);
         // Far past any object: no overflow.
         assert_eq!(S.request_range(u64::MAX / 1024), (u64::MAX, u64::MAX));

@@ -2,6 +2,7 @@
 //! Nothing here does I/O; the server and upstream modules drive it.
 
 pub(crate) mod accept_encoding;
+pub mod byteranges;
 pub mod chunked;
 pub mod date;
 pub(crate) mod field_edit;

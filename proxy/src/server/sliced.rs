@@ -15,14 +15,14 @@ use super::sliced_send::Promised;
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
 use crate::cache::key::CacheKey;
-use crate::cache::slice::{Identity, Slicing, stored_identity};
+use crate::cache::slice::{Identity, Slicing, body_plan, slices_of, stored_identity};
+use crate::http::byteranges::Ranged;
 use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
-use crate::http::range::{self, RangeAnswer};
 use crate::http::request::RequestHead;
 use crate::http::stored_fields::StoredFields;
 use std::sync::Arc;
 use std::time::Instant;
-use zerocache_ledger::CacheStatus;
+use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
 /// Stored slices a response's head waits for the check of, after its first: a stored slice of
 /// another version among them starts the response over instead of cutting it. Past them the body
@@ -57,7 +57,7 @@ impl Conn {
         };
         // `only-if-cached` is the ordinary path's 504; a request with credentials or `no-store`
         // is answered for its client alone, the ordinary way, and tells nothing of the object.
-        if ask.method != "GET"
+        if !matches!(ask.method, "GET" | "HEAD")
             || !ask.route_caches
             || ask.bypassed
             || ask.has_body
@@ -86,11 +86,7 @@ impl Conn {
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
         let ctx = self.ctx.clone();
-        // Several ranges would need a multipart answer from several slices: forwarded as they
-        // are, never stored, never pulling the slices between them.
-        if ctx.store.unsliced().recently(primary.hash)
-            || req.field("range").is_some_and(|r| r.contains(','))
-        {
+        if ctx.store.unsliced().recently(primary.hash) {
             return Ok(None);
         }
         // A slice's request is the object's, for every client: no Range or precondition of
@@ -114,6 +110,9 @@ impl Conn {
             hash_bits: ctx.hash_bits,
             fetched_here: Default::default(),
         });
+        if req.method == "HEAD" {
+            return self.sliced_head_only(req, &job, started).await;
+        }
         for _ in 0..2 {
             match self.sliced_attempt(req, &job, started).await? {
                 Attempt::Done(keep) => return Ok(Some(keep)),
@@ -137,7 +136,12 @@ impl Conn {
     ) -> Result<Attempt, ConnError> {
         let ctx = self.ctx.clone();
         let slicing = job.slicing;
-        let k0 = slicing.first_wanted(req.field("range"));
+        // The object's length and identity come from the first slice wanted, or from slice 0
+        // when it is stored: a range past the end is then a 416 without asking the origin.
+        let k0 = match slicing.first_wanted(req.field("range")) {
+            k if k != 0 && job.stored(&ctx, 0).is_some() => 0,
+            k => k,
+        };
         let (first, fetched) = match job.get(&ctx, k0).await {
             Got::Stored(e, fetched) => (e, fetched),
             Got::Unsliceable(why) => {
@@ -180,39 +184,26 @@ impl Conn {
         {
             return Ok(Attempt::Done(keep));
         }
-        let answer = if conditional::if_range_holds(
-            req,
-            first.etag.as_deref(),
-            first.last_modified.as_deref(),
-        ) {
-            range::answer(req.field("range"), id.total)
-        } else {
-            RangeAnswer::Full
+        let Some((status, ranged)) = body_plan(req, &first, id.total) else {
+            let cr = format!("bytes */{}", id.total);
+            let keep = self
+                .respond_simple(
+                    req,
+                    416,
+                    CacheStatus::Hit,
+                    &[("Content-Range", &cr)],
+                    None,
+                    started,
+                )
+                .await?;
+            return Ok(Attempt::Done(keep));
         };
-        let (status, start, len) = match answer {
-            RangeAnswer::Full => (200, 0, id.total),
-            RangeAnswer::Partial { start, end } => (206, start, end - start + 1),
-            RangeAnswer::Unsatisfiable => {
-                let cr = format!("bytes */{}", id.total);
-                let keep = self
-                    .respond_simple(
-                        req,
-                        416,
-                        CacheStatus::Hit,
-                        &[("Content-Range", &cr)],
-                        None,
-                        started,
-                    )
-                    .await?;
-                return Ok(Attempt::Done(keep));
-            }
-        };
-        let span = (len > 0).then(|| (slicing.index_of(start), slicing.index_of(start + len - 1)));
+        let visits: Vec<u64> = slices_of(&ranged, slicing.size).collect();
         // The first slice the body needs, checked before the head goes: a disagreement here can
         // still start over, and so can one of the stored slices after it (`CHECKED_AHEAD`).
-        let mut ready: Vec<(u64, Arc<Entry>)> = Vec::new();
+        let mut ready = None;
         let mut all_stored = !fetched;
-        if let Some((a, b)) = span {
+        if let Some(&a) = visits.first() {
             let e = if a == k0 && fits(job, k0, &id, &first) {
                 Ok(first.clone())
             } else if a == k0 {
@@ -225,7 +216,7 @@ impl Conn {
                 e
             };
             match e {
-                Ok(e) => ready.push((a, e)),
+                Ok(e) => ready = Some(e),
                 Err(Failure::Changed) => return Ok(Attempt::Again),
                 Err(Failure::Unsliced) => return Ok(Attempt::Unsliced),
                 Err(Failure::Status(status)) => {
@@ -235,7 +226,7 @@ impl Conn {
                     return Ok(Attempt::Done(keep));
                 }
             }
-            for k in a + 1..=b.min(a + CHECKED_AHEAD) {
+            for &k in visits.iter().skip(1).take(CHECKED_AHEAD as usize) {
                 match job.stored(&ctx, k) {
                     None => all_stored = false,
                     Some(e) if fits(job, k, &id, &e) => {}
@@ -246,27 +237,67 @@ impl Conn {
                 }
             }
             // Past the window only whether they are there is asked, cheaply (no file read).
-            all_stored &= (a + CHECKED_AHEAD + 1..=b).all(|k| job.is_indexed(&ctx, k));
+            all_stored &= visits
+                .iter()
+                .skip(1 + CHECKED_AHEAD as usize)
+                .all(|&k| job.is_indexed(&ctx, k));
         }
-        let cache_status = if all_stored {
-            CacheStatus::Hit
-        } else {
-            CacheStatus::Miss
-        };
-        self.sliced_head(req, &first, (status, start, len, id.total), all_stored);
+        self.sliced_head(req, &first, (status, &ranged, id.total), all_stored);
         let promised = Promised {
             job: job.clone(),
-            slices: span.map_or(0, |(a, b)| b - a + 1),
+            slices: visits.len() as u64,
             status,
-            start,
-            len,
-            cache_status,
-            head_bytes: self.head.len() as u64,
+            cache_status: if all_stored {
+                CacheStatus::Hit
+            } else {
+                CacheStatus::Miss
+            },
+            head_bytes: self.head.len() as u64 + ranged.framing_len(),
+            ranged,
         };
         let keep = self
-            .sliced_body(req, job, &id, span, ready, &promised, started)
+            .sliced_body(req, &id, ready, &promised, started)
             .await?;
         Ok(Attempt::Done(keep))
+    }
+
+    /// A HEAD, answered from slice 0 when it is stored and fresh (the object's fields and
+    /// length), without asking the origin; `None` otherwise: the ordinary path forwards it, as
+    /// it forwards a HEAD it has no stored response for, and stores nothing.
+    async fn sliced_head_only(
+        &mut self,
+        req: &RequestHead,
+        job: &Arc<SliceJob>,
+        started: Instant,
+    ) -> Result<Option<bool>, ConnError> {
+        let Some(first) = job.stored(&self.ctx, 0) else {
+            return Ok(None);
+        };
+        let Some(id) = stored_identity(&first) else {
+            return Ok(None);
+        };
+        if let Some(keep) = self
+            .sliced_precondition(req, &first, false, started)
+            .await?
+        {
+            return Ok(Some(keep));
+        }
+        let whole = Ranged::single(0, id.total);
+        self.sliced_head(req, &first, (200, &whole, id.total), true);
+        let sent = self.send_head().await;
+        self.record(&ResponseRecord {
+            method: &req.method,
+            target: &req.target,
+            status: 200,
+            cache_status: CacheStatus::Hit,
+            head_bytes: self.head.len() as u64,
+            body_bytes: 0,
+            path: DataPath::Zerocopy,
+            duration: started.elapsed(),
+            complete: sent.is_ok(),
+        });
+        sent?;
+        Ok(Some(!req.close))
     }
 
     /// A 412 or 304 from the first slice's validators, sent; `None` when the request's
@@ -342,27 +373,37 @@ impl Conn {
     }
 
     /// Writes the head of a sliced response into `self.head`: the first slice's stored fields
-    /// (less its own `Content-Range`), then the object's range and length.
+    /// (less its own `Content-Range`, and its `Content-Type` when the parts carry it), then the
+    /// response's range or multipart type and its length.
     fn sliced_head(
         &mut self,
         req: &RequestHead,
         first: &Entry,
-        (status, start, len, total): (u16, u64, u64, u64),
+        (status, ranged, total): (u16, &Ranged, u64),
         all_stored: bool,
     ) {
         let (age, ttl) = age_ttl(first);
         let visible = self.ctx.store.targeted().visible(&first.meta.fields);
         let mut h = Head::standard(&mut self.head, status);
         for line in StoredFields(&visible).lines() {
-            if !line.name.eq_ignore_ascii_case("content-range") {
+            let replaced = line.name.eq_ignore_ascii_case("content-range")
+                || (ranged.content_type.is_some()
+                    && line.name.eq_ignore_ascii_case("content-type"));
+            if !replaced {
                 h.lines(line.raw);
             }
         }
-        if status == 206 {
-            let cr = format!("bytes {start}-{}/{total}", start + len - 1);
-            h.field("Content-Range", cr.as_bytes());
+        match (&ranged.content_type, ranged.parts.first()) {
+            (Some(t), _) => {
+                h.field("Content-Type", t.as_bytes());
+            }
+            (None, Some(p)) if status == 206 => {
+                let cr = format!("bytes {}-{}/{total}", p.start, p.start + p.len - 1);
+                h.field("Content-Range", cr.as_bytes());
+            }
+            _ => {}
         }
-        h.framing(Framing::Length(len));
+        h.framing(Framing::Length(ranged.content_length()));
         let member = if all_stored {
             CacheStatusField::hit(ttl)
         } else {

@@ -93,6 +93,11 @@ fn a_full_get_after_a_range_fetches_only_the_missing_slices() {
     let r = c.get(&path, &[("Range", "bytes=-10")]);
     assert_eq!(r.status, 206);
     assert_eq!(r.body, generated(total - 10, total - 1));
+    // A HEAD from slice 0's fields, with the object's length.
+    let h = c.request("HEAD", &path, &[]);
+    assert_eq!((h.status, h.x_cache()), (200, "HIT"));
+    assert_eq!(h.header("content-length"), Some(total.to_string().as_str()));
+    assert_eq!(h.header("content-range"), None);
     // A condition answered from the first slice's validators.
     let r = c.get(&path, &[("If-None-Match", &format!("\"ranged-{total}\""))]);
     assert_eq!((r.status, r.body.len()), (304, 0));
@@ -214,18 +219,53 @@ fn an_origin_that_ignores_range_is_served_whole() {
 }
 
 #[test]
-fn a_multi_range_request_pulls_no_slice() {
+fn several_ranges_are_one_multipart_answer_from_the_slices_they_cover() {
     let (origin, _rt) = origin();
     let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
     let path = "/ranged/20971520";
     let mut c = proxy.client();
-    let r = c.get(path, &[("Range", "bytes=0-1,10485760-10485761")]);
-    // Forwarded as it came (this origin answers a multi-range with the whole body), stored not.
-    assert_eq!(r.status, 200);
-    assert_eq!(ranges_asked(&origin, path), ["bytes=0-1,10485760-10485761"]);
-    let r = c.get(path, &[("Range", "bytes=0-1")]);
+    let asked = "bytes=10485760-10485761, 0-1, 1-3";
+    let r = c.get(path, &[("Range", asked)]);
     assert_eq!((r.status, r.x_cache()), (206, "MISS"));
-    assert_eq!(ranges_asked(&origin, path).len(), 2);
+    // Slices 0 and 10 only: nothing between the ranges is pulled.
+    let mut got = ranges_asked(&origin, path);
+    got.sort();
+    assert_eq!(got, [slice_range(0, MIB), slice_range(10, MIB)]);
+    let ct = r.header("content-type").expect("content-type").to_string();
+    let boundary = ct
+        .strip_prefix("multipart/byteranges; boundary=")
+        .expect("multipart")
+        .to_string();
+    assert_eq!(r.header("content-range"), None);
+    // 0-1 and 1-3 merged; the parts in ascending order, each with the object's type.
+    let part = |a: u64, b: u64| {
+        let mut p = format!(
+            "\r\n--{boundary}\r\nContent-Type: video/mp4\r\nContent-Range: bytes {a}-{b}/20971520\r\n\r\n"
+        )
+        .into_bytes();
+        p.extend(generated(a, b));
+        p
+    };
+    let mut want = part(0, 3);
+    want.extend(part(10_485_760, 10_485_761));
+    want.extend(format!("\r\n--{boundary}--\r\n").into_bytes());
+    assert_eq!(
+        r.header("content-length"),
+        Some(want.len().to_string().as_str())
+    );
+    assert!(r.body == want, "{:?}", String::from_utf8_lossy(&r.body));
+    // Stored: the same ranges again are a HIT, with another boundary.
+    let again = c.get(path, &[("Range", asked)]);
+    assert_eq!((again.status, again.x_cache()), (206, "HIT"));
+    assert_ne!(again.header("content-type"), Some(ct.as_str()));
+    assert_eq!(origin.hits(path), 2);
+    // Ranges that merge into one are a plain 206; none satisfiable is a 416.
+    let r = c.get(path, &[("Range", "bytes=0-1,2-3")]);
+    assert_eq!(r.header("content-range"), Some("bytes 0-3/20971520"));
+    assert_eq!(r.body, generated(0, 3));
+    let r = c.get(path, &[("Range", "bytes=30000000-,40000000-")]);
+    assert_eq!(r.status, 416);
+    assert_eq!(origin.hits(path), 2);
 }
 
 #[test]
@@ -355,6 +395,20 @@ fn a_hit_across_two_slices_is_sendfile_from_each_slice_file() {
     assert_eq!(conn["verdict"], "zero-copy");
     // One sendfile per slice (index 0 of the kinds).
     assert_eq!(u(&k["counts"]["by_kind"][0]["calls"]), 2, "{conn}");
+    // Two ranges in one multipart answer: the bytes by sendfile, the framing written with the
+    // head, and the ledger agrees (no violation).
+    let mut c = proxy.client();
+    let r = c.get(path, &[("Range", "bytes=1000000-1000009,1100000-1100009")]);
+    assert_eq!((r.status, r.x_cache()), (206, "HIT"));
+    let framing = r.body.len() as u64 - 20;
+    let local = c.sock.local_addr().expect("local").to_string();
+    drop(c);
+    let conn = closed_conn(&proxy, |c| c["peer"] == local.as_str());
+    let k = &conn["kernel"];
+    assert_eq!(u(&k["zerocopy_bytes"]), 20, "{conn}");
+    assert_eq!(u(&k["copy_bytes"]), r.head_len as u64 + framing, "{conn}");
+    assert_eq!(conn["verdict"], "zero-copy", "{conn}");
+    assert_eq!(u(&conn["violations"]), 0, "{conn}");
 }
 
 #[test]

@@ -103,9 +103,6 @@ impl SliceJob {
         for _ in 0..3 {
             if let Some(e) = self.stored(ctx, k) {
                 let fetched = self.fetched_here.lock().contains(&k);
-                if !fetched {
-                    ctx.accounting.slices.served();
-                }
                 return Got::Stored(e, fetched);
             }
             match ctx.locks.acquire(key.hash) {
