@@ -16,6 +16,7 @@
 //! | `proxy_header`  | `net::proxy_protocol::parse`: within bounds, prefixes incomplete    |
 //! | `h2_request`    | `server::h2::request::to_request` against `request::parse` of the same head as HTTP/1.1: the same request, or the same status |
 //! | `edge_rules`    | `cache::rules` on a parsed request: idempotent query, fields that are fields, an upstream request that parses again |
+//! | `ranges`        | `range::answer`/`range::set` inside the body and agreeing, `Slicing::first_wanted`, the multipart framing, `slice::judge` of a hostile `Content-Range` |
 //!
 //! # Where things go
 //!
@@ -82,6 +83,7 @@ pub const TARGETS: &[&str] = &[
     "proxy_header",
     "h2_request",
     "edge_rules",
+    "ranges",
 ];
 
 /// libFuzzer's per-input time limit: a hang is reported (as a `timeout-*` artifact) instead of
