@@ -54,8 +54,25 @@ pub struct Stats {
     pub upstream_errors: Vec<UpstreamError>,
     /// Responses sent with a 5xx status, the proxy's own and the origins' relayed.
     pub responses_5xx: u64,
+    /// Sliced objects (`routes[].slice`): what was fetched, what was a hit.
+    pub slices: SliceStats,
     /// Per-second samples of the cumulative counters, oldest first.
     pub history: Vec<Sample>,
+}
+
+/// Sliced objects in `/api/stats` (the `zerocache_slice_*` metrics).
+#[derive(Serialize)]
+pub struct SliceStats {
+    /// Slices fetched from the origin and stored.
+    pub fetches: u64,
+    /// Their body bytes.
+    pub fetched_bytes: u64,
+    /// Slices whose bytes were sent from the store.
+    pub hits: u64,
+    /// Objects found changed at the origin between slices (their slices dropped).
+    pub objects_changed: u64,
+    /// Objects served unsliced for a while, by reason; those seen so far.
+    pub unsliced: BTreeMap<&'static str, u64>,
 }
 
 /// One upstream server in `/api/stats`.
@@ -197,6 +214,20 @@ pub fn stats(state: &DashboardState, with_history: bool) -> Stats {
             .filter(|(_, code, _, _)| *code >= 500)
             .map(|(_, _, _, n)| n)
             .sum(),
+        slices: {
+            let (fetches, fetched_bytes, hits, objects_changed) = acc.slices.totals();
+            SliceStats {
+                fetches,
+                fetched_bytes,
+                hits,
+                objects_changed,
+                unsliced: acc
+                    .slices
+                    .unsliced_by_reason()
+                    .filter(|(_, n)| *n > 0)
+                    .collect(),
+            }
+        },
         history: if with_history { history } else { Vec::new() },
     }
 }

@@ -5,8 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why an object on a sliced route is served unsliced: the origin's answer to a slice request.
-pub const UNSLICED_REASONS: [&str; 9] = [
+pub const UNSLICED_REASONS: [&str; 10] = [
     "slice-whole",
+    "slice-unstable",
     "slice-content-range",
     "slice-length",
     "slice-vary",

@@ -38,12 +38,12 @@ impl Slicing {
     }
 
     /// The slice a request's first range starts in, before the object's length is known: the
-    /// lowest explicit first byte (`a-b`, `a-`) among its ranges; slice 0 for no range, for
-    /// suffix ranges alone (`-n` needs the length, which any slice brings; slice 0 is where
-    /// nginx's `slice` gets it too) and for a field the answer ignores (not the grammar, another
-    /// unit, `a > b`), since then the whole object is sent.
+    /// lowest first byte (`a-b`, `a-`) among its ranges; slice 0 for no range, for any suffix
+    /// range (`-n` needs the length, which slice 0 brings, as in nginx's `slice`) and for a field
+    /// the answer ignores (not the grammar, another unit, `a > b`), since then the whole object
+    /// is sent.
     pub fn first_wanted(&self, range_field: Option<&str>) -> u64 {
-        let Some(spec) = range_field.and_then(|r| r.trim().strip_prefix("bytes=")) else {
+        let Some(spec) = range_field.and_then(range::byte_ranges) else {
             return 0;
         };
         // As many specs as `range::set` reads at most: a field of more is ignored there too.
@@ -54,11 +54,18 @@ impl Slicing {
         for one in spec.split(',') {
             // Against the largest length there is, a spec is partial exactly when it is one the
             // answer honours.
+            if one.trim().is_empty() {
+                continue;
+            }
+            // A suffix needs the length first, and the range it names may start before every
+            // explicit one: slice 0.
+            if one.trim().starts_with('-') {
+                return 0;
+            }
             match range::answer(Some(&format!("bytes={one}")), u64::MAX) {
-                range::RangeAnswer::Partial { start, .. } if !one.trim().starts_with('-') => {
+                range::RangeAnswer::Partial { start, .. } => {
                     lowest = Some(lowest.map_or(start, |l| l.min(start)));
                 }
-                range::RangeAnswer::Partial { .. } => {}
                 _ => return 0,
             }
         }
@@ -209,7 +216,7 @@ pub fn body_plan(
                     let content_type = crate::http::stored_fields::StoredFields(&first.meta.fields)
                         .lines()
                         .find(|l| l.name.eq_ignore_ascii_case("content-type"))
-                        .and_then(|l| std::str::from_utf8(l.value).ok());
+                        .map(|l| l.value);
                     let r = crate::http::byteranges::Ranged::multipart(
                         &parts,
                         total,
@@ -242,6 +249,18 @@ fn boundary(key: &str) -> String {
         .map_or(0, |d| d.as_nanos() as u64);
     let h = xxhash_rust::xxh3::xxh3_64(format!("{key}\n{t}\n{n}").as_bytes());
     format!("zc{h:016x}{:04x}", n & 0xffff)
+}
+
+/// How many slices [`slices_of`] walks, counted without walking them.
+pub fn slice_count(r: &crate::http::byteranges::Ranged, size: u64) -> u64 {
+    let mut n = 0;
+    let mut last = None;
+    for p in r.parts.iter().filter(|p| p.len > 0) {
+        let (a, b) = (p.start / size, (p.start + p.len - 1) / size);
+        n += b - a + 1 - u64::from(last == Some(a));
+        last = Some(b);
+    }
+    n
 }
 
 /// The slices a ranged body is sent from, part by part, in order; a slice where one part ends and
@@ -285,7 +304,12 @@ mod tests {
             S.first_wanted(Some("bytes=9437184-9437283,4194304-4194305")),
             1
         );
-        assert_eq!(S.first_wanted(Some("bytes=-5,9437184-9437283")), 2);
+        assert_eq!(S.first_wanted(Some("bytes=-5,9437184-9437283")), 0);
+        assert_eq!(S.first_wanted(Some("bytes=99999999999-,-500")), 0);
+        assert_eq!(
+            S.first_wanted(Some("BYTES=9437184-9437283,,4194304-4194305")),
+            1
+        );
         assert_eq!(S.first_wanted(Some("bytes=-5,-9")), 0);
         assert_eq!(S.first_wanted(Some("bytes=99999999999999999999999-")), 0);
         // Far past any object: no overflow.

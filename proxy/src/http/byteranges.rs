@@ -46,21 +46,25 @@ impl Ranged {
     pub fn multipart(
         ranges: &[(u64, u64)],
         total: u64,
-        content_type: Option<&str>,
+        content_type: Option<&[u8]>,
         boundary: &str,
     ) -> Ranged {
         let parts = ranges
             .iter()
             .map(|&(a, b)| {
-                let mut head = format!("\r\n--{boundary}\r\n");
+                let mut head = format!("\r\n--{boundary}\r\n").into_bytes();
                 if let Some(t) = content_type {
-                    head.push_str(&format!("Content-Type: {t}\r\n"));
+                    head.extend_from_slice(b"Content-Type: ");
+                    head.extend_from_slice(t);
+                    head.extend_from_slice(b"\r\n");
                 }
-                head.push_str(&format!("Content-Range: bytes {a}-{b}/{total}\r\n\r\n"));
+                head.extend_from_slice(
+                    format!("Content-Range: bytes {a}-{b}/{total}\r\n\r\n").as_bytes(),
+                );
                 Part {
                     start: a,
                     len: b - a + 1,
-                    head: head.into_bytes(),
+                    head,
                 }
             })
             .collect();
@@ -92,7 +96,7 @@ mod tests {
 
     #[test]
     fn the_framing_is_the_rfcs_byte_for_byte() {
-        let r = Ranged::multipart(&[(0, 1), (8, 9)], 10, Some("video/mp4"), "zc1");
+        let r = Ranged::multipart(&[(0, 1), (8, 9)], 10, Some(b"video/mp4"), "zc1");
         let mut body = Vec::new();
         let object = b"0123456789";
         for p in &r.parts {

@@ -36,12 +36,21 @@ pub fn complete_length(content_range: &str) -> Option<u64> {
     digits(len)
 }
 
+/// The range set of a `Range` value in bytes (`bytes=...`, the unit compared without case, as
+/// RFC 9110 §14.1 has it); `None` for another unit.
+pub fn byte_ranges(range: &str) -> Option<&str> {
+    let r = range.trim();
+    r.get(..6)
+        .filter(|u| u.eq_ignore_ascii_case("bytes="))
+        .map(|_| &r[6..])
+}
+
 /// Decides the answer to `range` (the field value) for a body of `len` bytes.
 pub fn answer(range: Option<&str>, len: u64) -> RangeAnswer {
     let Some(range) = range else {
         return RangeAnswer::Full;
     };
-    let Some(spec) = range.trim().strip_prefix("bytes=") else {
+    let Some(spec) = byte_ranges(range) else {
         // Unknown range units are ignored (§14.2).
         return RangeAnswer::Full;
     };
@@ -106,12 +115,13 @@ const MAX_SPECS: usize = 64;
 /// with the whole body (no field, another unit, a spec that is not the grammar, or more than
 /// [`MAX_PARTS`] ranges after merging); an empty list: none is satisfiable (416).
 pub fn set(range: Option<&str>, len: u64) -> Option<Vec<(u64, u64)>> {
-    let spec = range?.trim().strip_prefix("bytes=")?;
+    let spec = byte_ranges(range?)?;
     if spec.split(',').count() > MAX_SPECS {
         return None;
     }
     let mut parts = Vec::new();
-    for s in spec.split(',') {
+    // Empty list elements are allowed (RFC 9110 §5.6.1): `bytes=0-1,,5-6`.
+    for s in spec.split(',').filter(|s| !s.trim().is_empty()) {
         match one(s, len) {
             RangeAnswer::Partial { start, end } => parts.push((start, end)),
             RangeAnswer::Unsatisfiable => {}
@@ -210,5 +220,14 @@ mod tests {
         let huge = vec!["0-0"; 10_000].join(",");
         assert_eq!(set(Some(&format!("bytes={huge}")), 1000), None);
         assert_eq!(set(None, 1000), None);
+        // Empty elements are no ranges; the unit is case-insensitive.
+        assert_eq!(
+            set(Some("Bytes=0-1,, 5-6,"), 1000),
+            Some(vec![(0, 1), (5, 6)])
+        );
+        assert_eq!(
+            answer(Some("BYTES=0-1"), 1000),
+            Partial { start: 0, end: 1 }
+        );
     }
 }

@@ -140,17 +140,7 @@ impl Conn {
                 Plan::Serve(Serve::Fresh) => (HitKind::Hit, false),
                 Plan::Serve(Serve::Stale) => (HitKind::Stale, false),
                 Plan::ServeThenRefresh => (HitKind::Stale, true),
-                Plan::GatewayTimeout => {
-                    // §5.2.1.7: nothing usable stored, and the client forbids going upstream.
-                    let cache = CacheFields {
-                        x_cache: CacheStatus::Miss.as_str(),
-                        upstream: None,
-                        member: None,
-                    };
-                    return self
-                        .respond_simple(&req, 504, CacheStatus::Miss, &[], Some(&cache), started)
-                        .await;
-                }
+                Plan::GatewayTimeout => return self.gateway_timeout(&req, started).await,
                 Plan::RangeMiss | Plan::Head { .. } | Plan::Fill { .. } => {
                     let looked = (keys, found, from_peer);
                     let miss =
@@ -183,6 +173,22 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The 504 of RFC 9111 §5.2.1.7: nothing usable stored, and the client forbids going
+    /// upstream (`only-if-cached`).
+    async fn gateway_timeout(
+        &mut self,
+        req: &RequestHead,
+        started: Instant,
+    ) -> Result<bool, ConnError> {
+        let cache = CacheFields {
+            x_cache: CacheStatus::Miss.as_str(),
+            upstream: None,
+            member: None,
+        };
+        self.respond_simple(req, 504, CacheStatus::Miss, &[], Some(&cache), started)
+            .await
     }
 
     /// The route that answers `req`, or its refusal sent (`Err(keep)`). No route: 404. TRACE

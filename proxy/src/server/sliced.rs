@@ -11,11 +11,11 @@
 use super::conn::{Conn, ConnError};
 use super::fetch::slice::{Got, SliceJob};
 use super::hit::HitKind;
-use super::sliced_send::Promised;
+use super::sliced_send::{Failure, Promised, changed, fits};
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
 use crate::cache::key::CacheKey;
-use crate::cache::slice::{Identity, Slicing, body_plan, slices_of, stored_identity};
+use crate::cache::slice::{Slicing, body_plan, slice_count, slices_of, stored_identity};
 use crate::http::byteranges::Ranged;
 use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
 use crate::http::request::RequestHead;
@@ -29,6 +29,9 @@ use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 /// checks each slice as it comes (a whole 20 GB object is 5,000 slices: reading every head before
 /// the first byte would cost a pread each).
 const CHECKED_AHEAD: u64 = 64;
+
+/// Slices past that window whose presence in the index decides a response's `X-Cache`.
+const PRESENCE_CHECKED: usize = 4096;
 
 /// How one attempt at a sliced response ended.
 enum Attempt {
@@ -61,7 +64,7 @@ impl Conn {
             || !ask.route_caches
             || ask.bypassed
             || ask.has_body
-            || ask.only_if_cached
+            || (ask.only_if_cached && ask.method != "HEAD")
             || req.field("authorization").is_some()
             || crate::cache::freshness::request_directives(req).no_store
         {
@@ -120,11 +123,12 @@ impl Conn {
                 Attempt::Again => {}
             }
         }
-        // The object changed twice under one request: the origin is not serving one object.
-        let keep = self
-            .respond_simple(req, 502, CacheStatus::Miss, &[], None, started)
-            .await?;
-        Ok(Some(keep))
+        // The object changed twice under one request: the origin does not serve one object in
+        // pieces (a range's ETag its own, say). Served the ordinary way, and for a while so are
+        // all requests for it.
+        ctx.store.unsliced().note(primary.hash);
+        ctx.accounting.slices.unsliced("slice-unstable");
+        Ok(None)
     }
 
     /// One attempt: the first slice, the head from it, then the body.
@@ -190,7 +194,11 @@ impl Conn {
                 .respond_simple(
                     req,
                     416,
-                    CacheStatus::Hit,
+                    if fetched {
+                        CacheStatus::Miss
+                    } else {
+                        CacheStatus::Hit
+                    },
                     &[("Content-Range", &cr)],
                     None,
                     started,
@@ -198,12 +206,12 @@ impl Conn {
                 .await?;
             return Ok(Attempt::Done(keep));
         };
-        let visits: Vec<u64> = slices_of(&ranged, slicing.size).collect();
         // The first slice the body needs, checked before the head goes: a disagreement here can
         // still start over, and so can one of the stored slices after it (`CHECKED_AHEAD`).
+        // The slices are walked, never listed: a whole terabyte object is millions of them.
         let mut ready = None;
         let mut all_stored = !fetched;
-        if let Some(&a) = visits.first() {
+        if let Some(a) = slices_of(&ranged, slicing.size).next() {
             let e = if a == k0 && fits(job, k0, &id, &first) {
                 Ok(first.clone())
             } else if a == k0 {
@@ -226,7 +234,10 @@ impl Conn {
                     return Ok(Attempt::Done(keep));
                 }
             }
-            for &k in visits.iter().skip(1).take(CHECKED_AHEAD as usize) {
+            for k in slices_of(&ranged, slicing.size)
+                .skip(1)
+                .take(CHECKED_AHEAD as usize)
+            {
                 match job.stored(&ctx, k) {
                     None => all_stored = false,
                     Some(e) if fits(job, k, &id, &e) => {}
@@ -236,16 +247,17 @@ impl Conn {
                     }
                 }
             }
-            // Past the window only whether they are there is asked, cheaply (no file read).
-            all_stored &= visits
-                .iter()
+            // Past the window only whether they are there is asked, cheaply (no file read), and
+            // of at most `PRESENCE_CHECKED` more: `X-Cache` of a longer body speaks for its start.
+            all_stored &= slices_of(&ranged, slicing.size)
                 .skip(1 + CHECKED_AHEAD as usize)
-                .all(|&k| job.is_indexed(&ctx, k));
+                .take(PRESENCE_CHECKED)
+                .all(|k| job.is_indexed(&ctx, k));
         }
         self.sliced_head(req, &first, (status, &ranged, id.total), all_stored);
         let promised = Promised {
             job: job.clone(),
-            slices: visits.len() as u64,
+            slices: slice_count(&ranged, slicing.size),
             status,
             cache_status: if all_stored {
                 CacheStatus::Hit
@@ -255,10 +267,13 @@ impl Conn {
             head_bytes: self.head.len() as u64 + ranged.framing_len(),
             ranged,
         };
-        let keep = self
+        match self
             .sliced_body(req, &id, ready, &promised, started)
-            .await?;
-        Ok(Attempt::Done(keep))
+            .await?
+        {
+            Some(keep) => Ok(Attempt::Done(keep)),
+            None => Ok(Attempt::Again),
+        }
     }
 
     /// A HEAD, answered from slice 0 when it is stored and fresh (the object's fields and
@@ -345,33 +360,6 @@ impl Conn {
         }
     }
 
-    /// Slice `k` for the body, checked against the object's identity `id` and its place in it.
-    /// A slice of another representation drops every stored slice of the object.
-    pub(super) async fn slice_for_body(
-        &self,
-        ctx: &Arc<crate::server::Ctx>,
-        job: &Arc<SliceJob>,
-        k: u64,
-        id: &Identity,
-        fetched: &mut bool,
-    ) -> Result<Arc<Entry>, Failure> {
-        let e = match job.get(ctx, k).await {
-            Got::Stored(e, f) => {
-                *fetched |= f;
-                e
-            }
-            Got::Failed(status) => return Err(Failure::Status(status)),
-            // Not a slice at all now (a 200, a 416: the object's kind or length may have
-            // changed, or this request caused it): proven nothing, dropped nothing.
-            Got::Unsliceable(_) | Got::PastEnd(_) => return Err(Failure::Unsliced),
-        };
-        if fits(job, k, id, &e) {
-            return Ok(e);
-        }
-        changed(ctx, job, k, stored_identity(&e)).await;
-        Err(Failure::Changed)
-    }
-
     /// Writes the head of a sliced response into `self.head`: the first slice's stored fields
     /// (less its own `Content-Range`, and its `Content-Type` when the parts carry it), then the
     /// response's range or multipart type and its length.
@@ -386,7 +374,11 @@ impl Conn {
         let visible = self.ctx.store.targeted().visible(&first.meta.fields);
         let mut h = Head::standard(&mut self.head, status);
         for line in StoredFields(&visible).lines() {
-            let replaced = line.name.eq_ignore_ascii_case("content-range")
+            // A slice's own `Content-Range` and digests of its bytes describe that 206, not
+            // this answer.
+            let replaced = ["content-range", "content-digest", "content-md5"]
+                .iter()
+                .any(|n| line.name.eq_ignore_ascii_case(n))
                 || (ranged.content_type.is_some()
                     && line.name.eq_ignore_ascii_case("content-type"));
             if !replaced {
@@ -428,32 +420,4 @@ impl Conn {
 fn age_ttl(e: &Entry) -> (u64, i64) {
     let age = e.age(crate::clock::now()).as_secs();
     (age, e.meta.lifetime.as_secs() as i64 - age as i64)
-}
-
-/// Why a slice cannot go into a response.
-pub(super) enum Failure {
-    /// The origin failed: this status.
-    Status(u16),
-    /// The slice is of another representation: the object's slices are dropped.
-    Changed,
-    /// The origin's answer was no slice: the ordinary path answers.
-    Unsliced,
-}
-
-/// Whether stored slice `e` is slice `k` of the representation `id`: its identity, and the
-/// length its place in the object gives it.
-pub(super) fn fits(job: &SliceJob, k: u64, id: &Identity, e: &Entry) -> bool {
-    let held = job.slicing.held(k, id.total);
-    stored_identity(e).is_some_and(|o| o.same(id))
-        && held.is_some_and(|(a, b)| b - a + 1 == e.body_len)
-}
-
-/// Slice `k` (of identity `other`) is not a piece of the response's representation: the object
-/// changed at the origin, so every entry stored under its URL goes (its slices of every version;
-/// off the runtime, a purge's cost).
-async fn changed(ctx: &Arc<crate::server::Ctx>, job: &SliceJob, k: u64, other: Option<Identity>) {
-    tracing::info!(target = %job.req.target, slice = k, other = ?other.map(|o| o.etag), "a slice disagrees with the object's first: its slices are dropped");
-    ctx.accounting.slices.changed();
-    let (ctx, url) = (ctx.clone(), job.url.clone());
-    let _ = tokio::task::spawn_blocking(move || ctx.store.purge_url(&url)).await;
 }

@@ -1,12 +1,13 @@
-//! The body of a response from slices (`sliced.rs`): the head sent, then each promised part (its
-//! `multipart/byteranges` framing written, its bytes from each slice's file in turn by sendfile),
-//! the next slice fetched by a task of its own while this one goes out, and the response
-//! recorded with the slices it used (`$slices`).
+//! The body of a response from slices (`sliced.rs`): each slice found or fetched and checked
+//! against the response's representation (`slice_for_body`, `fits`), the head sent, then each
+//! promised part (its `multipart/byteranges` framing written, its bytes from each slice's file in
+//! turn by sendfile), the next slice fetched by a task of its own while this one goes out, and the
+//! response recorded with the slices it used (`$slices`).
 
 use super::conn::{Conn, ConnError};
-use super::fetch::slice::SliceJob;
+use super::fetch::slice::{Got, SliceJob};
 use crate::cache::entry::Entry;
-use crate::cache::slice::Identity;
+use crate::cache::slice::{Identity, stored_identity};
 use crate::http::byteranges::Ranged;
 use crate::http::request::RequestHead;
 use crate::sendfile::SendfileError;
@@ -34,7 +35,8 @@ impl Conn {
     /// Sends the head, then each part: its framing, then its bytes from each slice in turn by
     /// sendfile, the next slice the body needs fetched while this one is sent; then the closing
     /// boundary. `first` is the first slice the body needs, already checked. Records the
-    /// response.
+    /// response. `None`: the first slice turned out to be of another version before the head
+    /// went (every stored slice dropped): the response starts over.
     pub(super) async fn sliced_body(
         &mut self,
         req: &RequestHead,
@@ -42,22 +44,30 @@ impl Conn {
         first: Option<Arc<Entry>>,
         p: &Promised,
         started: Instant,
-    ) -> Result<bool, ConnError> {
+    ) -> Result<Option<bool>, ConnError> {
         let ctx = self.ctx.clone();
         let job = p.job.clone();
         let size = job.slicing.size;
         let parts = &p.ranged.parts;
         let mut fetched = false;
         // The first slice's file is opened before the head goes: one evicted meanwhile is
-        // fetched again, not a response cut at its first byte.
+        // fetched again, not a response cut at its first byte; one of another version starts
+        // the response over.
         let mut opened_first = None;
         if let Some(k) = parts.iter().find(|q| q.len > 0).map(|q| q.start / size) {
             match self.open_slice(&job, k, id, first, &mut fetched).await {
-                Some(x) => opened_first = Some(x),
-                None => {
+                Ok(x) => opened_first = Some(x),
+                Err(Failure::Changed) => return Ok(None),
+                Err(why) => {
+                    let status = match why {
+                        Failure::Status(s) => s,
+                        // Out of descriptors: the slice is intact, the client comes back.
+                        _ => 503,
+                    };
                     return self
-                        .respond_simple(req, 502, CacheStatus::Error, &[], None, started)
-                        .await;
+                        .respond_simple(req, status, CacheStatus::Error, &[], None, started)
+                        .await
+                        .map(Some);
                 }
             }
         }
@@ -72,6 +82,8 @@ impl Conn {
             return Err(e);
         }
         let mut sent = 0u64;
+        // The last slice counted a hit: a slice two parts share is one.
+        let mut counted = None;
         for (i, part) in parts.iter().enumerate() {
             if !part.head.is_empty()
                 && let Err(e) = self.send(&part.head).await
@@ -96,15 +108,24 @@ impl Conn {
                     job.prefetch(&ctx, n);
                 }
                 let opened = match opened_first.take() {
-                    Some(x) => Some(x),
+                    Some(x) => Ok(x),
                     None => self.open_slice(&job, k, id, None, &mut fetched).await,
                 };
-                let Some((e, file)) = opened else {
-                    // The head is out: a body of another representation must not follow.
-                    self.record_sliced(req, p, sent, false, started);
-                    return Err(ConnError::Aborted(
-                        "slice failed or changed mid-body".into(),
-                    ));
+                let (e, file) = match opened {
+                    Ok(x) => x,
+                    Err(why) => {
+                        // The head is out: a body of another representation must not follow.
+                        // A change found only now may be an origin whose ranges are not
+                        // pieces of one object: served unsliced for a while, not cut again.
+                        if matches!(why, Failure::Changed) {
+                            ctx.store.unsliced().note(job.primary.hash);
+                            ctx.accounting.slices.unsliced("slice-unstable");
+                        }
+                        self.record_sliced(req, p, sent, false, started);
+                        return Err(ConnError::Aborted(
+                            "slice failed or changed mid-body".into(),
+                        ));
+                    }
                 };
                 // The part's bytes this slice holds: `fits` made its length its place's.
                 let slice_start = k * size;
@@ -114,11 +135,13 @@ impl Conn {
                     self.record_sliced(req, p, sent, false, started);
                     return Err(ConnError::Aborted("slice shorter than its place".into()));
                 };
-                if !job.fetched_here.lock().contains(&k) {
-                    ctx.accounting.slices.served();
-                }
                 match self.send_slice(&e, &file, from, len).await {
-                    Ok(n) => sent += n,
+                    Ok(n) => {
+                        sent += n;
+                        if counted.replace(k) != Some(k) && !job.fetched_here.lock().contains(&k) {
+                            ctx.accounting.slices.served();
+                        }
+                    }
                     Err(err) => {
                         self.record_sliced(req, p, sent, false, started);
                         return Err(err);
@@ -133,12 +156,39 @@ impl Conn {
             return Err(e);
         }
         self.record_sliced(req, p, sent, true, started);
-        Ok(!req.close)
+        Ok(Some(!req.close))
+    }
+
+    /// Slice `k` for the body, checked against the object's identity `id` and its place in it.
+    /// A slice of another representation drops every stored slice of the object.
+    pub(super) async fn slice_for_body(
+        &self,
+        ctx: &Arc<crate::server::Ctx>,
+        job: &Arc<SliceJob>,
+        k: u64,
+        id: &Identity,
+        fetched: &mut bool,
+    ) -> Result<Arc<Entry>, Failure> {
+        let e = match job.get(ctx, k).await {
+            Got::Stored(e, f) => {
+                *fetched |= f;
+                e
+            }
+            Got::Failed(status) => return Err(Failure::Status(status)),
+            // Not a slice at all now (a 200, a 416: the object's kind or length may have
+            // changed, or this request caused it): proven nothing, dropped nothing.
+            Got::Unsliceable(_) | Got::PastEnd(_) => return Err(Failure::Unsliced),
+        };
+        if fits(job, k, id, &e) {
+            return Ok(e);
+        }
+        changed(ctx, job, k, stored_identity(&e)).await;
+        Err(Failure::Changed)
     }
 
     /// Slice `k` (the entry `given` when the caller has it) and its file, open. A file gone
     /// underneath (evicted, purged) drops the entry and the slice is looked up or fetched once
-    /// more. `None`: the origin failed, or the slice is of another representation.
+    /// more. `Failure::Unsliced` here means out of descriptors, or gone twice.
     async fn open_slice(
         &self,
         job: &Arc<SliceJob>,
@@ -146,27 +196,27 @@ impl Conn {
         id: &Identity,
         mut given: Option<Arc<Entry>>,
         fetched: &mut bool,
-    ) -> Option<(Arc<Entry>, Arc<File>)> {
+    ) -> Result<(Arc<Entry>, Arc<File>), Failure> {
         let ctx = self.ctx.clone();
         for _ in 0..2 {
             let e = match given.take() {
                 Some(e) => e,
-                None => self.slice_for_body(&ctx, job, k, id, fetched).await.ok()?,
+                None => self.slice_for_body(&ctx, job, k, id, fetched).await?,
             };
             match ctx.store.open_file(&e) {
-                Ok(f) => return Some((e, f)),
+                Ok(f) => return Ok((e, f)),
                 Err(err) => {
                     use crate::cache::store::OpenFailure;
                     // Out of descriptors: the slice is intact; nothing to fetch again.
                     if OpenFailure::of(&err) == OpenFailure::NoFds {
-                        return None;
+                        return Err(Failure::Unsliced);
                     }
                     tracing::debug!(path = %e.path.display(), error = %err, "slice file gone; fetching it again");
                     ctx.store.remove_if_same(&e);
                 }
             }
         }
-        None
+        Err(Failure::Unsliced)
     }
 
     /// `len` bytes of slice `e` from `from` by sendfile (`sendfile_entry`).
@@ -215,4 +265,37 @@ impl Conn {
             complete,
         });
     }
+}
+
+/// Slice `k` (of identity `other`) is not a piece of the response's representation: the object
+/// changed at the origin, so every entry stored under its URL goes (its slices of every version;
+/// off the runtime, a purge's cost).
+pub(super) async fn changed(
+    ctx: &Arc<crate::server::Ctx>,
+    job: &SliceJob,
+    k: u64,
+    other: Option<Identity>,
+) {
+    tracing::info!(target = %job.req.target, slice = k, other = ?other.map(|o| o.etag), "a slice disagrees with the object's first: its slices are dropped");
+    ctx.accounting.slices.changed();
+    let (ctx, url) = (ctx.clone(), job.url.clone());
+    let _ = tokio::task::spawn_blocking(move || ctx.store.purge_url(&url)).await;
+}
+
+/// Why a slice cannot go into a response.
+pub(super) enum Failure {
+    /// The origin failed: this status.
+    Status(u16),
+    /// The slice is of another representation: the object's slices are dropped.
+    Changed,
+    /// The origin's answer was no slice: the ordinary path answers.
+    Unsliced,
+}
+
+/// Whether stored slice `e` is slice `k` of the representation `id`: its identity, and the
+/// length its place in the object gives it.
+pub(super) fn fits(job: &SliceJob, k: u64, id: &Identity, e: &Entry) -> bool {
+    let held = job.slicing.held(k, id.total);
+    stored_identity(e).is_some_and(|o| o.same(id))
+        && held.is_some_and(|(a, b)| b - a + 1 == e.body_len)
 }

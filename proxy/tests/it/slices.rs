@@ -447,6 +447,14 @@ fn slice_metrics_and_the_access_log_count_fetches_and_hits() {
     ] {
         assert!(m.lines().any(|l| l == line), "{line}: {m}");
     }
+    let stats = proxy.api("/api/stats");
+    let sl = &stats["slices"];
+    assert_eq!(
+        (u(&sl["fetches"]), u(&sl["fetched_bytes"]), u(&sl["hits"])),
+        (3, 600_000, 1),
+        "{sl}"
+    );
+    assert_eq!(sl["unsliced"], serde_json::json!({"slice-whole": 1}));
     // Three slices, all fetched; one slice, none fetched; an object not sliced (stored whole, read
     // behind its fill by sendfile).
     assert_eq!(
@@ -613,4 +621,48 @@ fn objects_without_a_strong_etag_or_fresh_slices_are_served_unsliced() {
     ] {
         assert!(m.lines().any(|l| l == line), "{line}: {m}");
     }
+}
+
+#[test]
+fn an_origin_whose_ranges_carry_their_own_etag_is_served_unsliced_after_one_cut() {
+    let (origin, _rt) = origin();
+    let len = 2 * MIB as usize;
+    let a = zerocache_origin::body(len);
+    // An ETag middleware hashing each answer's own bytes: every range its own ETag.
+    origin.script_by_header(
+        "/u",
+        "range",
+        vec![
+            (None, version(a.clone(), "\"whole\"")),
+            (Some(&slice_range(0, MIB)), version(a.clone(), "\"r0\"")),
+            (Some(&slice_range(1, MIB)), version(a.clone(), "\"r1\"")),
+        ],
+    );
+    let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
+    let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .expect("timeout");
+    s.write_all(b"GET /u HTTP/1.1\r\nHost: test.example\r\n\r\n")
+        .expect("send");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
+    assert_eq!(got.len() - head_end, MIB as usize, "cut after slice 0");
+    // From now on the ordinary way: the whole object, whole.
+    let mut c = proxy.client();
+    let r = c.get("/u", &[]);
+    assert_eq!((r.status, r.header("etag")), (200, Some("\"whole\"")));
+    assert!(r.body == a);
+    let m = proxy.metrics();
+    assert!(
+        m.lines()
+            .any(|l| l == "zerocache_slice_unsliced_total{reason=\"slice-unstable\"} 1"),
+        "{m}"
+    );
 }

@@ -148,6 +148,9 @@ impl SliceJob {
         key: &CacheKey,
         guard: LeaderGuard,
     ) -> Got {
+        // Fetched for this request from here on, whatever comes of it: the access log's
+        // `$slices_fetched`, and no hit counted for it even when the body waits for it.
+        self.fetched_here.lock().insert(k);
         let asked = self.slicing.request_range(k);
         let mut req = self.req.clone();
         req.fields.push((
@@ -232,7 +235,6 @@ impl SliceJob {
         match self.indexed(ctx, k) {
             Some(e) => {
                 ctx.accounting.slices.fetched(e.body_len);
-                self.fetched_here.lock().insert(k);
                 Got::Stored(e, true)
             }
             // The body failed, or the store refused it (logged and counted there).

@@ -12,6 +12,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::{Mutex, OnceLock};
 
+mod ranges;
+pub use ranges::ranges;
+
 /// The limits the proxy runs with by default (`limits.max_header_bytes`, `limits.max_uri_bytes`).
 pub const REQUEST_LIMITS: request::Limits = request::Limits {
     max_head: 16384,
@@ -250,80 +253,6 @@ pub fn proxy_header(data: &[u8]) {
             Ok(Parsed::Incomplete),
             "prefix of {cut} of {len}"
         );
-    }
-}
-
-/// Byte ranges and slices: the first 8 bytes are a body length (little-endian, any value), the
-/// rest a `Range` field value. `range::answer` gives a range inside the body; `range::set` gives
-/// ranges inside it, ascending, neither overlapping nor touching, at most `MAX_PARTS`, and agrees
-/// with `answer` on a single range; `Slicing::first_wanted` is the slice of that range's start;
-/// the multipart framing's length is its parts' and the tail's. And `slice::judge` of a 206 whose
-/// `Content-Range` is the rest of the input takes it as a slice only when it is exactly the bytes
-/// asked for.
-pub fn ranges(data: &[u8]) {
-    use crate::cache::slice::{SliceAnswer, Slicing, judge, parse_content_range};
-    use crate::http::range::{self, MAX_PARTS, RangeAnswer};
-    if data.len() < 8 {
-        return;
-    }
-    let mut n = [0u8; 8];
-    n.copy_from_slice(&data[..8]);
-    let len = u64::from_le_bytes(n);
-    let text = String::from_utf8_lossy(&data[8..]);
-    let field = Some(text.as_ref());
-    let single = range::answer(field, len);
-    if let RangeAnswer::Partial { start, end } = single {
-        assert!(start <= end && end < len, "{start}-{end} of {len}");
-    }
-    if let Some(parts) = range::set(field, len) {
-        assert!(parts.len() <= MAX_PARTS);
-        for (a, b) in &parts {
-            assert!(a <= b && *b < len, "{a}-{b} of {len}");
-        }
-        for w in parts.windows(2) {
-            assert!(w[0].1.saturating_add(1) < w[1].0, "{parts:?} not merged");
-        }
-        if let RangeAnswer::Partial { start, end } = single {
-            assert_eq!(parts, [(start, end)], "set and answer disagree on {text:?}");
-        }
-        if parts.len() > 1 {
-            let r = crate::http::byteranges::Ranged::multipart(&parts, len, Some("a/b"), "x");
-            let sum: u64 = r.parts.iter().map(|p| p.head.len() as u64 + p.len).sum();
-            assert_eq!(r.content_length(), sum + r.tail.len() as u64);
-        }
-    }
-    let s = Slicing {
-        size: 1 << 20,
-        max_object: u64::MAX,
-    };
-    let k = s.first_wanted(field);
-    if let RangeAnswer::Partial { start, .. } = range::answer(field, u64::MAX)
-        && !text.contains(',')
-        && !text
-            .trim()
-            .trim_start_matches("bytes=")
-            .trim_start()
-            .starts_with('-')
-    {
-        assert_eq!(k, start >> 20, "{text:?}");
-    }
-    if let Some((a, b, t)) = parse_content_range(&text) {
-        assert!(a <= b, "{text:?}");
-        let asked = (a, a.saturating_add((1 << 20) - 1));
-        let answer = judge(
-            206,
-            Some(&text),
-            Some(b - a + 1),
-            (Some("\"e\""), None),
-            false,
-            asked,
-        );
-        if let SliceAnswer::Slice(id) = answer {
-            assert!(
-                b < t && id.total == t && b == asked.1.min(t - 1),
-                "{text:?}"
-            );
-        }
     }
 }
 
