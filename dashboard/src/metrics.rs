@@ -265,6 +265,24 @@ pub fn render(state: &DashboardState) -> prometheus::Result<String> {
     g.set(cache.objects as i64);
     r.register(Box::new(g))?;
     let g = IntGauge::new(
+        "zerocache_slice_objects",
+        "Objects stored in slices (routes[].slice), at least one slice of each.",
+    )?;
+    g.set(cache.sliced_objects as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new(
+        "zerocache_slice_objects_partial",
+        "Of zerocache_slice_objects, those known to miss a slice: cached in part.",
+    )?;
+    g.set(cache.sliced_objects_partial as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new(
+        "zerocache_slices",
+        "Slices stored, among zerocache_cache_objects.",
+    )?;
+    g.set(cache.slices as i64);
+    r.register(Box::new(g))?;
+    let g = IntGauge::new(
         "zerocache_cache_max_size_bytes",
         "cache.max_size: the bytes of cache files eviction keeps the cache under.",
     )?;

@@ -115,6 +115,12 @@ pub struct CacheStats {
     pub index_loaded_entries: u64,
     /// `cache.max_size`.
     pub max_size_bytes: u64,
+    /// Objects stored in slices (`routes[].slice`), at least one slice of each.
+    pub sliced_objects: u64,
+    /// Of those, objects known to miss a slice: cached in part.
+    pub sliced_objects_partial: u64,
+    /// Slices stored, in all (among `objects`).
+    pub slices: u64,
 }
 
 static INDEX: &str = include_str!("../assets/index.html");

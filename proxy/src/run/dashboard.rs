@@ -24,7 +24,11 @@ pub(super) fn dashboard_state(
         probe: probe.clone(),
         cache: Box::new(move || {
             let (size_bytes, objects) = st.usage();
+            let sliced = st.slice_census();
             CacheStats {
+                sliced_objects: sliced.objects,
+                sliced_objects_partial: sliced.partial,
+                slices: sliced.slices,
                 size_bytes,
                 objects,
                 write_errors: st.write_errors.load(std::sync::atomic::Ordering::Relaxed),

@@ -77,6 +77,22 @@ fn a_full_get_after_a_range_fetches_only_the_missing_slices() {
     let r = c.get(&path, &[("Range", "bytes=2500000-2600000")]);
     assert_eq!((r.status, r.body.len()), (206, 100_001));
     assert_eq!(ranges_asked(&origin, &path), [slice_range(2, MIB)]);
+    // One object, cached in part: one slice of six.
+    let census = |proxy: &Proxy| {
+        let m = proxy.metrics();
+        let g = |name: &str| {
+            m.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{name}: {m}"))
+        };
+        (
+            g("zerocache_slice_objects"),
+            g("zerocache_slice_objects_partial"),
+            g("zerocache_slices"),
+        )
+    };
+    assert_eq!(census(&proxy), (1, 1, 1));
     let r = c.get(&path, &[]);
     assert_eq!((r.status, r.x_cache()), (200, "MISS"));
     assert_eq!(r.header("content-length"), Some(total.to_string().as_str()));
@@ -87,6 +103,7 @@ fn a_full_get_after_a_range_fetches_only_the_missing_slices() {
     let mut want: Vec<String> = (0..6).map(|k| slice_range(k, MIB)).collect();
     want.sort();
     assert_eq!(asked, want, "each slice once");
+    assert_eq!(census(&proxy), (1, 0, 6), "whole now");
     // Whole and stored: a HIT, a suffix range too, no origin request.
     let r = c.get(&path, &[]);
     assert_eq!((r.x_cache(), r.body.len() as u64), ("HIT", total));
@@ -105,6 +122,7 @@ fn a_full_get_after_a_range_fetches_only_the_missing_slices() {
     // A purge of the URL takes every slice.
     let (status, v) = proxy.purge(&format!(r#"{{"url": "http://test.example{path}"}}"#));
     assert_eq!((status, v), (200, serde_json::json!({"purged": 6})));
+    assert_eq!(census(&proxy), (0, 0, 0));
     let r = c.get(&path, &[("Range", "bytes=0-0")]);
     assert_eq!((r.status, r.x_cache(), r.body.len()), (206, "MISS", 1));
     assert_eq!(origin.hits(&path), 7);

@@ -620,6 +620,11 @@ impl Store {
         self.index.lock().usage()
     }
 
+    /// Sliced objects, those cached in part, and slices (`index::SliceCensus`).
+    pub(crate) fn slice_census(&self) -> index::SliceCensus {
+        self.index.lock().slice_census()
+    }
+
     /// The configured bound on bytes (`cache.max_size`).
     pub fn max_size(&self) -> u64 {
         self.max_size

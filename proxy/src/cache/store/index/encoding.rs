@@ -26,7 +26,7 @@ impl<E: Eviction> Index<E> {
                 out.extend_from_slice(&w.to_le_bytes());
             }
             out.extend_from_slice(&s.body_offset.to_le_bytes());
-            out.push(s.flags & MARKER);
+            out.push(s.flags & (MARKER | SLICE));
             let tags = self.tags_of.get(&i).map_or(&[][..], |t| &t[..]);
             out.extend_from_slice(&(tags.len() as u16).to_le_bytes());
             for t in tags {
@@ -84,7 +84,7 @@ impl<E: Eviction> Index<E> {
                 body_checksum: word(3),
                 url: word(4),
                 body_offset: u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]),
-                flags: rest[4] & MARKER,
+                flags: rest[4] & (MARKER | SLICE),
             };
             slots.push((slot, tags));
         }
@@ -122,6 +122,9 @@ impl<E: Eviction> Index<E> {
                 .insert_unique(slot.url, i, |&j| slots[j as usize].url);
             self.bytes += slot.disk_size();
             self.len += u64::from(slot.flags & MARKER == 0);
+            if slot.flags & SLICE != 0 {
+                self.slice_restored(slot.url);
+            }
             if !tags.is_empty() {
                 for &t in tags.iter() {
                     self.by_tag.entry(t).or_default().insert(i);

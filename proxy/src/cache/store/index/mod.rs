@@ -28,6 +28,9 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 mod encoding;
+mod slice_objects;
+pub(crate) use slice_objects::SliceCensus;
+use slice_objects::SliceObjects;
 mod tag_index;
 mod vary_names;
 
@@ -60,6 +63,8 @@ const TAGGED: u8 = 4;
 /// Not a response: the marker at a varying URL's primary hash (`store::marker`). Never served,
 /// not counted among the entries, evicted like one when its URL is no longer asked for.
 const MARKER: u8 = 8;
+/// A slice of a sliced object (`cache::slice`): counted in `Index::sliced`.
+const SLICE: u8 = 16;
 
 impl Slot {
     fn hash(&self) -> u128 {
@@ -132,6 +137,8 @@ pub(crate) struct Index<E: Eviction> {
     /// Per tagged slot: its tags' hashes (to unindex them when it goes).
     tags_of: HashMap<u32, Box<[u128]>>,
     tombstones: Tombstones,
+    /// Sliced objects and their slices (`slice_objects.rs`).
+    sliced: SliceObjects,
 }
 
 /// What is indexed for an entry besides its metadata: where and which it is.
@@ -156,6 +163,7 @@ impl<E: Eviction> Index<E> {
             by_tag: HashMap::new(),
             tags_of: HashMap::new(),
             tombstones: Tombstones::default(),
+            sliced: SliceObjects::default(),
         }
     }
 
@@ -366,6 +374,7 @@ impl<E: Eviction> Index<E> {
         self.bytes += slot.disk_size();
         self.len += u64::from(!marker);
         self.tags_add(i, meta);
+        self.slices_add(i, meta);
         self.policy.inserted(i, slot.disk_size());
         if let Some(e) = whole {
             self.hot.put(at.hash, e);
@@ -419,6 +428,7 @@ impl<E: Eviction> Index<E> {
             self.foreign.remove(&s.hash());
         }
         self.tags_remove(i);
+        self.slices_remove(i);
         self.hot.pop(&s.hash());
         self.bytes -= s.disk_size();
         if s.flags & MARKER != 0 {
