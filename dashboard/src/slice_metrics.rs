@@ -1,7 +1,7 @@
 //! The `/metrics` families of sliced objects (`routes[].slice`): `zerocache_slice_fetches_total`,
 //! `zerocache_slice_fetched_bytes_total`, `zerocache_slice_hits_total`,
-//! `zerocache_slice_objects_changed_total` and `zerocache_slice_unsliced_total{reason}`, every
-//! label value present from start-up.
+//! `zerocache_slice_revalidations_total`, `zerocache_slice_objects_changed_total` and
+//! `zerocache_slice_unsliced_total{reason}`, every label value present from start-up.
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use zerocache_ledger::Accounting;
@@ -32,6 +32,12 @@ pub(crate) fn register(r: &Registry, acc: &Accounting) -> prometheus::Result<()>
         "zerocache_slice_hits_total",
         "Slices that served (part of) a response from the store.",
         served,
+    )?;
+    counter(
+        r,
+        "zerocache_slice_revalidations_total",
+        "Stale slices made fresh again by a 304 to a conditional range request.",
+        acc.slices.revalidations(),
     )?;
     counter(
         r,

@@ -1,6 +1,7 @@
 //! Counts of sliced objects (`routes[].slice`): slices fetched from the origin, slices served
-//! from the store, objects found changed at the origin between slices, and objects an origin's
-//! answer made unsliced, by why. What `/metrics` shows as `zerocache_slice_*`.
+//! from the store, slices revalidated, objects found changed at the origin between slices, and
+//! objects an origin's answer made unsliced, by why. What `/metrics` shows as
+//! `zerocache_slice_*`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,6 +25,7 @@ pub struct SliceCounts {
     fetched: AtomicU64,
     fetched_bytes: AtomicU64,
     served: AtomicU64,
+    revalidated: AtomicU64,
     changed: AtomicU64,
     unsliced: [AtomicU64; UNSLICED_REASONS.len()],
 }
@@ -38,6 +40,16 @@ impl SliceCounts {
     /// A slice served (part of) a response from the store.
     pub fn served(&self) {
         self.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stale slice was made fresh again by a 304.
+    pub fn revalidated(&self) {
+        self.revalidated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Slices made fresh again by a 304.
+    pub fn revalidations(&self) -> u64 {
+        self.revalidated.load(Ordering::Relaxed)
     }
 
     /// An object's slices disagreed (it changed at the origin): all of them were dropped.

@@ -515,7 +515,8 @@ fn prefix_tag_and_soft_purges_cover_every_slice() {
     );
     assert_eq!(fill(&mut c), "MISS");
     assert_eq!(origin.hits("/p/v"), 9);
-    // Soft: every slice stays, stale, and is fetched again (slices are not revalidated).
+    // Soft: every slice stays, stale, and is fetched again (this origin ignores If-None-Match,
+    // so its answer to the revalidation is the slice).
     let (status, _) = proxy.purge(r#"{"url": "http://test.example/p/v", "soft": true}"#);
     assert_eq!(status, 200);
     assert_eq!(fill(&mut c), "MISS");
@@ -683,4 +684,62 @@ fn an_origin_whose_ranges_carry_their_own_etag_is_served_unsliced_after_one_cut(
             .any(|l| l == "zerocache_slice_unsliced_total{reason=\"slice-unstable\"} 1"),
         "{m}"
     );
+}
+
+#[test]
+fn stale_slices_are_revalidated_by_their_etag() {
+    let (origin, _rt) = origin();
+    let len = 3 * MIB as usize;
+    let a = zerocache_origin::body(len);
+    origin.script_by_header(
+        "/r",
+        "if-none-match",
+        vec![
+            (None, version(a.clone(), "\"a\"")),
+            (
+                Some("\"a\""),
+                Reply::ok(Vec::new())
+                    .status(304)
+                    .headers(&[("ETag", "\"a\""), ("Cache-Control", "max-age=3600")]),
+            ),
+        ],
+    );
+    let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
+    let mut c = proxy.client();
+    assert_eq!(c.get("/r", &[]).x_cache(), "MISS");
+    proxy.advance_clock(4000);
+    // Every slice stale: each revalidated with its range and its ETag, none fetched again.
+    let r = c.get("/r", &[]);
+    assert_eq!((r.status, r.x_cache()), (200, "MISS"));
+    assert!(r.body == a);
+    let asked: Vec<(String, String)> = origin
+        .received()
+        .iter()
+        .filter(|q| q.path == "/r")
+        .skip(3)
+        .map(|q| {
+            (
+                q.header("range").unwrap_or("-").to_string(),
+                q.header("if-none-match").unwrap_or("-").to_string(),
+            )
+        })
+        .collect();
+    let mut asked = asked;
+    asked.sort();
+    let want: Vec<(String, String)> = (0..3)
+        .map(|k| (slice_range(k, MIB), "\"a\"".to_string()))
+        .collect();
+    assert_eq!(asked, want);
+    let m = proxy.metrics();
+    for line in [
+        "zerocache_slice_revalidations_total 3",
+        "zerocache_slice_fetches_total 3",
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line}: {m}");
+    }
+    // Fresh again: a HIT.
+    let r = c.get("/r", &[("Range", "bytes=2097150-2097160")]);
+    assert_eq!((r.status, r.x_cache()), (206, "HIT"));
+    assert_eq!(r.body, &a[2_097_150..2_097_161]);
+    assert_eq!(origin.hits("/r"), 6);
 }

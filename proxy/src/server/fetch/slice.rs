@@ -11,6 +11,7 @@ use crate::cache::key::CacheKey;
 use crate::cache::lock::{FillState, LeaderGuard, Role};
 use crate::cache::policy;
 use crate::cache::slice::{self, SliceAnswer, Slicing};
+use crate::cache::stored_meta::revalidated_meta;
 use crate::http::request::RequestHead;
 use crate::server::request_body::RequestBody;
 use crate::upstream::Group;
@@ -157,6 +158,13 @@ impl SliceJob {
             "Range".into(),
             format!("bytes={}-{}", asked.0, asked.1).into_bytes(),
         ));
+        // A stored slice no longer fresh is revalidated by its ETag: a 304 makes it fresh
+        // again without its bytes (RFC 9110 §13.2.2 puts If-None-Match before Range).
+        let stale = self.indexed(ctx, k).filter(|e| e.etag.is_some());
+        if let Some(etag) = stale.as_ref().and_then(|e| e.etag.as_deref()) {
+            req.fields
+                .push(("If-None-Match".into(), etag.as_bytes().to_vec()));
+        }
         let f = Fetch::new(FetchSpec {
             req: &req,
             body: RequestBody::Whole(Vec::new()),
@@ -181,6 +189,32 @@ impl SliceJob {
                 .upstream_error(&self.upstream.name, "protocol");
             return Got::Failed(502);
         };
+        if head.status == 304
+            && let Some(stale) = stale
+        {
+            drain(up, &head, framing, &self.upstream).await;
+            let (meta, storable) = revalidated_meta(
+                &stale,
+                &head,
+                request_time,
+                response_time,
+                self.ttls.heuristics(ctx.storing.heuristic_max),
+                self.store_set_cookie,
+                ctx.store.targeted(),
+            );
+            if !ctx.store.is_current(&stale) {
+                // Replaced meanwhile (purged, refetched): whatever is there now.
+                return self
+                    .indexed(ctx, k)
+                    .map_or(Got::Failed(502), |e| Got::Stored(e, true));
+            }
+            if !storable || meta.lifetime <= meta.initial_age {
+                ctx.store.remove_if_same(&stale);
+                return self.unsliced(ctx, "slice-stale", true);
+            }
+            ctx.accounting.slices.revalidated();
+            return Got::Stored(ctx.store.replace_meta(&stale, meta), true);
+        }
         let answer = slice::judge(
             head.status,
             head.field("content-range"),
