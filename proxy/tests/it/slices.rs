@@ -28,6 +28,28 @@ fn slice_range(k: u64, s: u64) -> String {
     format!("bytes={}-{}", k * s, (k + 1) * s - 1)
 }
 
+/// GETs `path` on a new connection and reads until the proxy closes it: the head (lower case)
+/// and the body bytes that came before the close.
+fn read_cut(proxy: &Proxy, path: &str) -> (String, Vec<u8>) {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test.example\r\n\r\n");
+    let got = match send_then_read_to_close(
+        proxy.addr,
+        req.as_bytes(),
+        false,
+        std::time::Duration::from_secs(20),
+    ) {
+        Ending::Closed(got) => got,
+        Ending::Open(got) => panic!("not closed after {} bytes", got.len()),
+    };
+    let at = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let head = String::from_utf8_lossy(&got[..at]).to_ascii_lowercase();
+    (head, got[at..].to_vec())
+}
+
 fn generated(a: u64, b: u64) -> Vec<u8> {
     (a..=b).map(zerocache_origin::pattern_byte).collect()
 }
@@ -182,35 +204,15 @@ fn a_slice_of_another_version_after_the_head_closes_the_connection_mid_body() {
         ],
     );
     let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
-    let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
-        .expect("timeout");
-    s.write_all(b"GET /mid HTTP/1.1\r\nHost: test.example\r\n\r\n")
-        .expect("send");
-    // Read to the close (or the reset an abort with unread bytes may bring).
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 1 << 16];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    let head_end = got
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a head")
-        + 4;
-    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let (head, body) = read_cut(&proxy, "/mid");
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(
         head.contains(&format!("content-length: {len}\r\n")),
         "{head}"
     );
-    let body = &got[head_end..];
     // Version a's first slice, then the close: never a byte of version b.
     assert_eq!(body.len() as u64, MIB, "cut after slice 0");
-    assert!(body == &a[..MIB as usize]);
+    assert!(body == a[..MIB as usize]);
 }
 
 #[test]
@@ -658,21 +660,8 @@ fn an_origin_whose_ranges_carry_their_own_etag_is_served_unsliced_after_one_cut(
         ],
     );
     let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
-    let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
-        .expect("timeout");
-    s.write_all(b"GET /u HTTP/1.1\r\nHost: test.example\r\n\r\n")
-        .expect("send");
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 1 << 16];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
-    assert_eq!(got.len() - head_end, MIB as usize, "cut after slice 0");
+    let (_, body) = read_cut(&proxy, "/u");
+    assert_eq!(body.len(), MIB as usize, "cut after slice 0");
     // From now on the ordinary way: the whole object, whole.
     let mut c = proxy.client();
     let r = c.get("/u", &[]);
