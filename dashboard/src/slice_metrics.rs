@@ -18,7 +18,7 @@ pub(crate) fn register(r: &Registry, acc: &Accounting) -> prometheus::Result<()>
     counter(
         r,
         "zerocache_slice_fetches_total",
-        "Slices fetched from the origin (by Range) and stored.",
+        "Slices fetched from the origin (by Range) to be stored.",
         fetched,
     )?;
     counter(

@@ -179,16 +179,16 @@ impl Conn {
                 return Ok(Attempt::Done(keep));
             }
         };
-        let Some(id) = stored_identity(&first) else {
+        let Some(id) = stored_identity(first.entry()) else {
             return Ok(Attempt::Unsliced);
         };
         if let Some(keep) = self
-            .sliced_precondition(req, &first, fetched, started)
+            .sliced_precondition(req, first.entry(), fetched, started)
             .await?
         {
             return Ok(Attempt::Done(keep));
         }
-        let Some((status, ranged)) = body_plan(req, &first, id.total) else {
+        let Some((status, ranged)) = body_plan(req, first.entry(), id.total) else {
             let cr = format!("bytes */{}", id.total);
             let keep = self
                 .respond_simple(
@@ -212,10 +212,10 @@ impl Conn {
         let mut ready = None;
         let mut all_stored = !fetched;
         if let Some(a) = slices_of(&ranged, slicing.size).next() {
-            let e = if a == k0 && fits(job, k0, &id, &first) {
+            let e = if a == k0 && fits(job, k0, &id, first.entry(), first.body_len()) {
                 Ok(first.clone())
             } else if a == k0 {
-                changed(&ctx, job, k0, stored_identity(&first)).await;
+                changed(&ctx, job, k0, stored_identity(first.entry())).await;
                 Err(Failure::Changed)
             } else {
                 let mut fetched_a = false;
@@ -240,7 +240,7 @@ impl Conn {
             {
                 match job.stored(&ctx, k) {
                     None => all_stored = false,
-                    Some(e) if fits(job, k, &id, &e) => {}
+                    Some(e) if fits(job, k, &id, &e, e.body_len) => {}
                     Some(e) => {
                         changed(&ctx, job, k, stored_identity(&e)).await;
                         return Ok(Attempt::Again);
@@ -254,7 +254,7 @@ impl Conn {
                 .take(PRESENCE_CHECKED)
                 .all(|k| job.is_indexed(&ctx, k));
         }
-        self.sliced_head(req, &first, (status, &ranged, id.total), all_stored);
+        self.sliced_head(req, first.entry(), (status, &ranged, id.total), all_stored);
         let promised = Promised {
             job: job.clone(),
             slices: slice_count(&ranged, slicing.size),

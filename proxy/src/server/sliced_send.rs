@@ -5,8 +5,9 @@
 //! response recorded with the slices it used (`$slices`).
 
 use super::conn::{Conn, ConnError};
-use super::fetch::slice::{Got, SliceJob};
+use super::fetch::slice::{Got, Piece, SliceJob};
 use crate::cache::entry::Entry;
+use crate::cache::growing::{Growing, Progress};
 use crate::cache::slice::{Identity, stored_identity};
 use crate::http::byteranges::Ranged;
 use crate::http::request::RequestHead;
@@ -41,7 +42,7 @@ impl Conn {
         &mut self,
         req: &RequestHead,
         id: &Identity,
-        first: Option<Arc<Entry>>,
+        first: Option<Piece>,
         p: &Promised,
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
@@ -111,7 +112,7 @@ impl Conn {
                     Some(x) => Ok(x),
                     None => self.open_slice(&job, k, id, None, &mut fetched).await,
                 };
-                let (e, file) = match opened {
+                let piece = match opened {
                     Ok(x) => x,
                     Err(why) => {
                         // The head is out: a body of another representation must not follow.
@@ -130,12 +131,19 @@ impl Conn {
                 // The part's bytes this slice holds: `fits` made its length its place's.
                 let slice_start = k * size;
                 let from = part.start.max(slice_start) - slice_start;
-                let to = (part.start + part.len).min(slice_start + e.body_len) - slice_start;
+                let to = (part.start + part.len).min(slice_start + piece.body_len()) - slice_start;
                 let Some(len) = to.checked_sub(from) else {
                     self.record_sliced(req, p, sent, false, started);
                     return Err(ConnError::Aborted("slice shorter than its place".into()));
                 };
-                match self.send_slice(&e, &file, from, len).await {
+                let result = match &piece {
+                    Sendable::File(e, file) => self.send_slice(e, file, from, len).await,
+                    Sendable::Growing(g) => {
+                        self.send_growing(g, from, len, job.upstream.read_timeout)
+                            .await
+                    }
+                };
+                match result {
                     Ok(n) => {
                         sent += n;
                         if counted.replace(k) != Some(k) && !job.fetched_here.lock().contains(&k) {
@@ -168,7 +176,7 @@ impl Conn {
         k: u64,
         id: &Identity,
         fetched: &mut bool,
-    ) -> Result<Arc<Entry>, Failure> {
+    ) -> Result<Piece, Failure> {
         let e = match job.get(ctx, k).await {
             Got::Stored(e, f) => {
                 *fetched |= f;
@@ -179,32 +187,37 @@ impl Conn {
             // changed, or this request caused it): proven nothing, dropped nothing.
             Got::Unsliceable(_) | Got::PastEnd(_) => return Err(Failure::Unsliced),
         };
-        if fits(job, k, id, &e) {
+        if fits(job, k, id, e.entry(), e.body_len()) {
             return Ok(e);
         }
-        changed(ctx, job, k, stored_identity(&e)).await;
+        changed(ctx, job, k, stored_identity(e.entry())).await;
         Err(Failure::Changed)
     }
 
-    /// Slice `k` (the entry `given` when the caller has it) and its file, open. A file gone
-    /// underneath (evicted, purged) drops the entry and the slice is looked up or fetched once
-    /// more. `Failure::Unsliced` here means out of descriptors, or gone twice.
+    /// Slice `k` (`given` when the caller has it), ready to send: a stored one with its file
+    /// open, or one being filled. A file gone underneath (evicted, purged) drops the entry and
+    /// the slice is looked up or fetched once more. `Failure::Unsliced` here means out of
+    /// descriptors, or gone twice.
     async fn open_slice(
         &self,
         job: &Arc<SliceJob>,
         k: u64,
         id: &Identity,
-        mut given: Option<Arc<Entry>>,
+        mut given: Option<Piece>,
         fetched: &mut bool,
-    ) -> Result<(Arc<Entry>, Arc<File>), Failure> {
+    ) -> Result<Sendable, Failure> {
         let ctx = self.ctx.clone();
         for _ in 0..2 {
-            let e = match given.take() {
-                Some(e) => e,
+            let piece = match given.take() {
+                Some(p) => p,
                 None => self.slice_for_body(&ctx, job, k, id, fetched).await?,
             };
+            let e = match piece {
+                Piece::Growing(g) => return Ok(Sendable::Growing(g)),
+                Piece::Stored(e) => e,
+            };
             match ctx.store.open_file(&e) {
-                Ok(f) => return Ok((e, f)),
+                Ok(f) => return Ok(Sendable::File(e, f)),
                 Err(err) => {
                     use crate::cache::store::OpenFailure;
                     // Out of descriptors: the slice is intact; nothing to fetch again.
@@ -217,6 +230,62 @@ impl Conn {
             }
         }
         Err(Failure::Unsliced)
+    }
+
+    /// `len` bytes from `from` of slice `g` while it is being filled, by sendfile from its file
+    /// as the fill publishes them (`behind.rs` does the same for a whole object); `wait` bounds
+    /// each wait for more (the upstream's read timeout, twice: a chunk's size line, then its
+    /// data). A fill that fails or ends short aborts the response.
+    async fn send_growing(
+        &mut self,
+        g: &Growing,
+        from: u64,
+        len: u64,
+        wait: std::time::Duration,
+    ) -> Result<u64, ConnError> {
+        let ctx = self.ctx.clone();
+        let end = from + len;
+        let mut at = from;
+        let mut r = g.reader();
+        let mut p = r.now();
+        loop {
+            let avail = p.available().min(end);
+            if avail > at {
+                let result = self
+                    .sock
+                    .send_file(
+                        &g.file,
+                        g.entry.body_offset + at,
+                        avail - at,
+                        ctx.sending.sendfile_max_chunk,
+                        ctx.client.send_timeout,
+                        ctx.sending.copy_hits,
+                    )
+                    .await;
+                match result {
+                    Ok(n) => at += n,
+                    Err(SendfileError::Truncated { .. }) => {
+                        return Err(ConnError::Aborted(
+                            "slice file shorter than published".into(),
+                        ));
+                    }
+                    Err(SendfileError::Io { error, .. }) => return Err(error.into()),
+                }
+                p = r.now();
+                continue;
+            }
+            if at >= end {
+                return Ok(len);
+            }
+            match p {
+                Progress::Writing(_) => p = r.next(wait.saturating_mul(2)).await,
+                Progress::Done(_) | Progress::Failed(_) => {
+                    return Err(ConnError::Aborted(
+                        "the slice fill this response read behind failed".into(),
+                    ));
+                }
+            }
+        }
     }
 
     /// `len` bytes of slice `e` from `from` by sendfile (`sendfile_entry`).
@@ -292,10 +361,27 @@ pub(super) enum Failure {
     Unsliced,
 }
 
-/// Whether stored slice `e` is slice `k` of the representation `id`: its identity, and the
-/// length its place in the object gives it.
-pub(super) fn fits(job: &SliceJob, k: u64, id: &Identity, e: &Entry) -> bool {
+/// Whether slice entry `e` with a body of `body_len` bytes is slice `k` of the representation
+/// `id`: its identity, and the length its place in the object gives it.
+pub(super) fn fits(job: &SliceJob, k: u64, id: &Identity, e: &Entry, body_len: u64) -> bool {
     let held = job.slicing.held(k, id.total);
     stored_identity(e).is_some_and(|o| o.same(id))
-        && held.is_some_and(|(a, b)| b - a + 1 == e.body_len)
+        && held.is_some_and(|(a, b)| b - a + 1 == body_len)
+}
+
+/// A slice ready to send.
+enum Sendable {
+    /// Stored, its file open.
+    File(Arc<Entry>, Arc<File>),
+    /// Being filled: sent as its bytes come.
+    Growing(Arc<Growing>),
+}
+
+impl Sendable {
+    fn body_len(&self) -> u64 {
+        match self {
+            Sendable::File(e, _) => e.body_len,
+            Sendable::Growing(g) => g.length.unwrap_or(0),
+        }
+    }
 }

@@ -150,6 +150,27 @@ fn a_full_get_after_a_range_fetches_only_the_missing_slices() {
     assert_eq!(origin.hits(&path), 7);
 }
 
+/// Waits until `n` slices are stored (`zerocache_slices`): a response read behind a slice's
+/// fill can end before the fill does. The guard bounds a hang; it measures nothing.
+fn wait_for_slices(proxy: &Proxy, n: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let m = proxy.metrics();
+        let stored = m
+            .lines()
+            .find_map(|l| l.strip_prefix("zerocache_slices "))
+            .and_then(|v| v.parse::<u64>().ok());
+        if stored == Some(n) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} slices never stored: {m}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A body of `len` bytes unlike the generated pattern, for a second version of an object.
 fn second_version(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 253) as u8 ^ 0x5a).collect()
@@ -400,6 +421,8 @@ fn a_hit_across_two_slices_is_sendfile_from_each_slice_file() {
             .x_cache(),
         "MISS"
     );
+    // The miss ended once its bytes were in; the fills of slices 0 and 1 go on to their ends.
+    wait_for_slices(&proxy, 2);
     // Hit on another: the body is the kernel's sendfile from slices 0 and 1, the head the
     // only copied bytes.
     let mut c = proxy.client();
@@ -731,4 +754,30 @@ fn stale_slices_are_revalidated_by_their_etag() {
     assert_eq!((r.status, r.x_cache()), (206, "HIT"));
     assert_eq!(r.body, &a[2_097_150..2_097_161]);
     assert_eq!(origin.hits("/r"), 6);
+}
+
+#[test]
+fn a_range_is_sent_as_its_slice_arrives_not_after_the_whole_slice() {
+    let (origin, _rt) = origin();
+    let len = 2 * MIB as usize;
+    let a = zerocache_origin::body(len);
+    // The origin sends a quarter of the slice, then nothing for a minute.
+    origin.script(
+        "/t",
+        version(a.clone(), "\"t\"").trickle(256 * 1024, std::time::Duration::from_secs(60)),
+    );
+    let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
+    let mut c = proxy.client();
+    let r = c.get("/t", &[("Range", "bytes=100-199")]);
+    assert_eq!((r.status, r.x_cache()), (206, "MISS"));
+    assert_eq!(r.body, &a[100..200]);
+    // Answered from the first quarter: the slice is still being filled, not stored.
+    let m = proxy.metrics();
+    for line in ["zerocache_slices 0", "zerocache_slice_fetches_total 1"] {
+        assert!(m.lines().any(|l| l == line), "{line}: {m}");
+    }
+    // A second client reads behind the same fill: no second origin request.
+    let r = proxy.client().get("/t", &[("Range", "bytes=200-299")]);
+    assert_eq!((r.status, r.body.as_slice()), (206, &a[200..300]));
+    assert_eq!(origin.hits("/t"), 1);
 }

@@ -8,7 +8,7 @@ use crate::cache::entry::{Entry, Meta};
 use crate::cache::fill::Fill;
 use crate::cache::growing::{Growing, Progress};
 use crate::cache::key::CacheKey;
-use crate::cache::lock::{FillState, LeaderGuard, Role};
+use crate::cache::lock::{LeaderGuard, Role};
 use crate::cache::policy;
 use crate::cache::slice::{self, SliceAnswer, Slicing};
 use crate::cache::stored_meta::revalidated_meta;
@@ -53,10 +53,38 @@ pub(crate) struct SliceJob {
     pub fetched_here: parking_lot::Mutex<std::collections::HashSet<u64>>,
 }
 
+/// A slice a response can send: stored, or being stored (its bytes sent as they come, as a
+/// whole-object miss's are).
+#[derive(Clone)]
+pub(crate) enum Piece {
+    /// In the store: its entry.
+    Stored(Arc<Entry>),
+    /// Being filled: its file as it grows, and its entry as it will be indexed.
+    Growing(Arc<Growing>),
+}
+
+impl Piece {
+    /// The slice's entry: its metadata (for a growing one, as it will be indexed).
+    pub(crate) fn entry(&self) -> &Entry {
+        match self {
+            Piece::Stored(e) => e,
+            Piece::Growing(g) => &g.entry,
+        }
+    }
+
+    /// The slice's body length (a growing one's is its response's, which `judge` checked).
+    pub(crate) fn body_len(&self) -> u64 {
+        match self {
+            Piece::Stored(e) => e.body_len,
+            Piece::Growing(g) => g.length.unwrap_or(0),
+        }
+    }
+}
+
 /// What became of one slice.
 pub(crate) enum Got {
-    /// Stored (found, or fetched now): the entry and whether it was fetched for this request.
-    Stored(Arc<Entry>, bool),
+    /// Stored or being stored: the slice and whether it was fetched for this request.
+    Stored(Piece, bool),
     /// The origin's answer is no slice of this object (`SliceAnswer::Whole`/`Unusable`): the
     /// object is served unsliced.
     Unsliceable(&'static str),
@@ -104,13 +132,21 @@ impl SliceJob {
         for _ in 0..3 {
             if let Some(e) = self.stored(ctx, k) {
                 let fetched = self.fetched_here.lock().contains(&k);
-                return Got::Stored(e, fetched);
+                return Got::Stored(Piece::Stored(e), fetched);
             }
             match ctx.locks.acquire(key.hash) {
                 Role::Leader(guard) => return self.fetch(ctx, k, &key, guard).await,
+                // Behind another request's fetch of it: its bytes as they come, once its head
+                // is in; when it let go without storing, looked up (or fetched) again.
                 Role::Follower(rx) => {
-                    if !released(rx, self.upstream.read_timeout).await {
-                        return Got::Failed(504);
+                    let wait = self.upstream.read_timeout;
+                    match tokio::time::timeout(wait, crate::cache::lock::wait(rx)).await {
+                        Ok(Some(g)) => {
+                            let fetched = self.fetched_here.lock().contains(&k);
+                            return Got::Stored(Piece::Growing(g), fetched);
+                        }
+                        Ok(None) => {}
+                        Err(_) => return Got::Failed(504),
                     }
                 }
             }
@@ -136,7 +172,14 @@ impl SliceJob {
         }
         let (job, ctx) = (self.clone(), ctx.clone());
         tokio::spawn(async move {
-            job.fetch(&ctx, k, &key, guard).await;
+            // Counted until the slice is whole: a fetch returns once its head is in.
+            if let Got::Stored(Piece::Growing(g), _) = job.fetch(&ctx, k, &key, guard).await {
+                let mut r = g.reader();
+                let mut p = r.now();
+                while let Progress::Writing(_) = p {
+                    p = r.next(job.upstream.read_timeout.saturating_mul(2)).await;
+                }
+            }
             PREFETCHING.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -206,14 +249,15 @@ impl SliceJob {
                 // Replaced meanwhile (purged, refetched): whatever is there now.
                 return self
                     .indexed(ctx, k)
-                    .map_or(Got::Failed(502), |e| Got::Stored(e, true));
+                    .map_or(Got::Failed(502), |e| Got::Stored(Piece::Stored(e), true));
             }
             if !storable || meta.lifetime <= meta.initial_age {
                 ctx.store.remove_if_same(&stale);
                 return self.unsliced(ctx, "slice-stale", true);
             }
             ctx.accounting.slices.revalidated();
-            return Got::Stored(ctx.store.replace_meta(&stale, meta), true);
+            let updated = ctx.store.replace_meta(&stale, meta);
+            return Got::Stored(Piece::Stored(updated), true);
         }
         let answer = slice::judge(
             head.status,
@@ -248,10 +292,16 @@ impl SliceJob {
                 return self.unsliced(ctx, why, of_the_object);
             }
         };
+        // The body is stored by a task of its own at the origin's speed; this response and
+        // any other that wants the slice read behind it (`sliced_send`), never waiting for
+        // the whole slice before its first byte.
         let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
-        guard.publish(g);
+        guard.publish(g.clone());
         let reuse = !upstream_closes(&head);
-        pump(
+        // Counted as its body starts: a body that fails is counted by `pump` as an upstream
+        // error beside it.
+        ctx.accounting.slices.fetched(len);
+        tokio::spawn(pump(
             ctx.clone(),
             up,
             framing,
@@ -262,18 +312,8 @@ impl SliceJob {
             Some(guard),
             reuse,
             false,
-        )
-        .await;
-        // Stored for this response whatever its freshness now (a short lifetime may have run
-        // out during a long fetch).
-        match self.indexed(ctx, k) {
-            Some(e) => {
-                ctx.accounting.slices.fetched(e.body_len);
-                Got::Stored(e, true)
-            }
-            // The body failed, or the store refused it (logged and counted there).
-            None => Got::Failed(502),
-        }
+        ));
+        Got::Stored(Piece::Growing(g), true)
     }
 
     /// This request is served unsliced, for `why`; and, when `why` is the object's and not
@@ -350,27 +390,4 @@ impl SliceJob {
                 ("cache-unwritable", false)
             })
     }
-}
-
-/// Waits for the leader of a slice's fill: for its response head at most `wait`, then for as long
-/// as its body keeps coming (at most `wait` between two pieces, the origin's read timeout, and ten
-/// times that in all), until it is stored, has failed or the leader let go. False when it waited
-/// in vain.
-async fn released(rx: tokio::sync::watch::Receiver<FillState>, wait: std::time::Duration) -> bool {
-    let g = match tokio::time::timeout(wait, crate::cache::lock::wait(rx)).await {
-        Err(_) => return false,
-        Ok(None) => return true,
-        Ok(Some(g)) => g,
-    };
-    // However steadily a slow origin trickles, a follower waits at most this long in all.
-    let deadline = tokio::time::Instant::now() + wait.saturating_mul(10);
-    let mut r = g.reader();
-    let mut p = r.now();
-    while let Progress::Writing(_) = p {
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        p = r.next(wait).await;
-    }
-    true
 }
