@@ -136,9 +136,10 @@ impl Conn {
                     self.record_sliced(req, p, sent, false, started);
                     return Err(ConnError::Aborted("slice shorter than its place".into()));
                 };
+                let from_store = matches!(piece, Sendable::File(..));
                 let result = match &piece {
                     Sendable::File(e, file) => self.send_slice(e, file, from, len).await,
-                    Sendable::Growing(g) => {
+                    Sendable::Growing { g, .. } => {
                         self.send_growing(g, from, len, job.upstream.read_timeout)
                             .await
                     }
@@ -146,7 +147,10 @@ impl Conn {
                 match result {
                     Ok(n) => {
                         sent += n;
-                        if counted.replace(k) != Some(k) && !job.fetched_here.lock().contains(&k) {
+                        if from_store
+                            && counted.replace(k) != Some(k)
+                            && !job.fetched_here.lock().contains(&k)
+                        {
                             ctx.accounting.slices.served();
                         }
                     }
@@ -213,7 +217,9 @@ impl Conn {
                 None => self.slice_for_body(&ctx, job, k, id, fetched).await?,
             };
             let e = match piece {
-                Piece::Growing(g) => return Ok(Sendable::Growing(g)),
+                Piece::Growing(g, reader) => {
+                    return Ok(Sendable::Growing { g, _reader: reader });
+                }
                 Piece::Stored(e) => e,
             };
             match ctx.store.open_file(&e) {
@@ -373,15 +379,18 @@ pub(super) fn fits(job: &SliceJob, k: u64, id: &Identity, e: &Entry, body_len: u
 enum Sendable {
     /// Stored, its file open.
     File(Arc<Entry>, Arc<File>),
-    /// Being filled: sent as its bytes come.
-    Growing(Arc<Growing>),
+    /// Being filled: sent as its bytes come; the reader keeps this response among its fill's.
+    Growing {
+        g: Arc<Growing>,
+        _reader: Arc<crate::cache::growing::Reader>,
+    },
 }
 
 impl Sendable {
     fn body_len(&self) -> u64 {
         match self {
             Sendable::File(e, _) => e.body_len,
-            Sendable::Growing(g) => g.length.unwrap_or(0),
+            Sendable::Growing { g, .. } => g.length.unwrap_or(0),
         }
     }
 }

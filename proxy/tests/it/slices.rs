@@ -99,6 +99,8 @@ fn a_full_get_after_a_range_fetches_only_the_missing_slices() {
     let r = c.get(&path, &[("Range", "bytes=2500000-2600000")]);
     assert_eq!((r.status, r.body.len()), (206, 100_001));
     assert_eq!(ranges_asked(&origin, &path), [slice_range(2, MIB)]);
+    // The range ended inside slice 2; its fill goes on to the slice's end.
+    wait_for_slices(&proxy, 1);
     // One object, cached in part: one slice of six.
     let census = |proxy: &Proxy| {
         let m = proxy.metrics();
@@ -194,6 +196,7 @@ fn an_object_that_changed_at_the_origin_is_never_served_mixed() {
     // Slice 1 stored from version a.
     let r = c.get("/v", &[("Range", "bytes=1048576-1048675")]);
     assert_eq!(r.body, &a[1_048_576..1_048_676]);
+    wait_for_slices(&proxy, 1);
     // The object changes. A full GET starts from slice 0 (version b), finds slice 1 of version a
     // before its head is sent, drops every slice and starts over: all of version b.
     origin.script("/v", version(b.clone(), "\"b\""));
@@ -295,7 +298,9 @@ fn several_ranges_are_one_multipart_answer_from_the_slices_they_cover() {
         Some(want.len().to_string().as_str())
     );
     assert!(r.body == want, "{:?}", String::from_utf8_lossy(&r.body));
-    // Stored: the same ranges again are a HIT, with another boundary.
+    // Stored (once both fills reach their slices' ends): the same ranges again are a HIT, with
+    // another boundary.
+    wait_for_slices(&proxy, 2);
     let again = c.get(path, &[("Range", asked)]);
     assert_eq!((again.status, again.x_cache()), (206, "HIT"));
     assert_ne!(again.header("content-type"), Some(ct.as_str()));
@@ -593,6 +598,7 @@ fn what_one_client_sends_neither_drops_slices_nor_unslices_the_object() {
     let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
     let mut c = proxy.client();
     assert_eq!(c.get("/o", &[("Range", "bytes=0-9")]).x_cache(), "MISS");
+    wait_for_slices(&proxy, 1);
     // Credentials, no-store and a refused cookie each go the ordinary way for that client alone.
     let r = c.get("/o", &[("Authorization", "Basic eDp5")]);
     assert_eq!((r.status, r.x_cache()), (200, "MISS"));
@@ -776,8 +782,55 @@ fn a_range_is_sent_as_its_slice_arrives_not_after_the_whole_slice() {
     for line in ["zerocache_slices 0", "zerocache_slice_fetches_total 1"] {
         assert!(m.lines().any(|l| l == line), "{line}: {m}");
     }
-    // A second client reads behind the same fill: no second origin request.
+    // A second client reads behind the same fill: no second origin request, and not from the
+    // store, so a MISS.
     let r = proxy.client().get("/t", &[("Range", "bytes=200-299")]);
     assert_eq!((r.status, r.body.as_slice()), (206, &a[200..300]));
+    assert_eq!(r.x_cache(), "MISS");
     assert_eq!(origin.hits("/t"), 1);
+}
+
+#[test]
+fn a_304_naming_other_validators_is_not_taken_for_the_stale_slice() {
+    let (origin, _rt) = origin();
+    let len = MIB as usize + MIB as usize / 2;
+    let a = zerocache_origin::body(len);
+    // An origin whose 304 names another ETag than the one asked about.
+    origin.script_by_header(
+        "/l",
+        "if-none-match",
+        vec![
+            (None, version(a.clone(), "\"a\"")),
+            (
+                Some("\"a\""),
+                Reply::ok(Vec::new())
+                    .status(304)
+                    .headers(&[("ETag", "\"b\""), ("Cache-Control", "max-age=3600")]),
+            ),
+        ],
+    );
+    let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
+    let mut c = proxy.client();
+    assert_eq!(c.get("/l", &[]).x_cache(), "MISS");
+    proxy.advance_clock(4000);
+    let r = c.get("/l", &[]);
+    assert_eq!((r.status, r.header("etag")), (200, Some("\"a\"")));
+    assert!(r.body == a);
+    // Each slice: the conditional request, then the whole slice again without it.
+    let conditions: Vec<String> = origin
+        .received()
+        .iter()
+        .filter(|q| q.path == "/l")
+        .skip(2)
+        .map(|q| q.header("if-none-match").unwrap_or("-").to_string())
+        .collect();
+    let mut sorted = conditions.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["\"a\"", "\"a\"", "-", "-"], "{conditions:?}");
+    let m = proxy.metrics();
+    assert!(
+        m.lines()
+            .any(|l| l == "zerocache_slice_revalidations_total 0"),
+        "{m}"
+    );
 }

@@ -6,7 +6,7 @@
 
 use crate::cache::entry::{Entry, Meta};
 use crate::cache::fill::Fill;
-use crate::cache::growing::{Growing, Progress};
+use crate::cache::growing::{Growing, Progress, Reader};
 use crate::cache::key::CacheKey;
 use crate::cache::lock::{LeaderGuard, Role};
 use crate::cache::policy;
@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use zerocache_ledger::CacheStatus;
 
 use super::stream::{drain, pump, upstream_closes};
@@ -29,6 +30,27 @@ static PREFETCHING: AtomicUsize = AtomicUsize::new(0);
 
 /// At most this many at once: past it, a slice is fetched when its response reaches it.
 const MAX_PREFETCHES: usize = 32;
+
+/// Slice fills at once in the whole process: a fill may outlive the response that started it
+/// (it reads to its slice's end), so a client walking an object's slices could otherwise start
+/// any number. Past it a slice waits for a permit up to the upstream's read timeout, then 503.
+const MAX_FILLS: usize = 64;
+
+/// The permits of [`MAX_FILLS`].
+fn fill_permits() -> Arc<Semaphore> {
+    static PERMITS: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
+    PERMITS
+        .get_or_init(|| Arc::new(Semaphore::new(MAX_FILLS)))
+        .clone()
+}
+
+/// How one exchange for a slice ended.
+enum Once {
+    /// With this.
+    Done(Got),
+    /// A revalidation that cannot stand: fetch the slice whole, with the lock and permit held.
+    Unconditional((LeaderGuard, OwnedSemaphorePermit)),
+}
 
 /// What every slice of one client's request is fetched with.
 pub(crate) struct SliceJob {
@@ -59,8 +81,10 @@ pub(crate) struct SliceJob {
 pub(crate) enum Piece {
     /// In the store: its entry.
     Stored(Arc<Entry>),
-    /// Being filled: its file as it grows, and its entry as it will be indexed.
-    Growing(Arc<Growing>),
+    /// Being filled: its file as it grows, and its entry as it will be indexed; and a reader
+    /// of it, held while this response may still send it, so the fill counts this response
+    /// among its readers (a fill all its readers left stops: `pump`'s abandon rule).
+    Growing(Arc<Growing>, Arc<Reader>),
 }
 
 impl Piece {
@@ -68,7 +92,7 @@ impl Piece {
     pub(crate) fn entry(&self) -> &Entry {
         match self {
             Piece::Stored(e) => e,
-            Piece::Growing(g) => &g.entry,
+            Piece::Growing(g, _) => &g.entry,
         }
     }
 
@@ -76,7 +100,7 @@ impl Piece {
     pub(crate) fn body_len(&self) -> u64 {
         match self {
             Piece::Stored(e) => e.body_len,
-            Piece::Growing(g) => g.length.unwrap_or(0),
+            Piece::Growing(g, _) => g.length.unwrap_or(0),
         }
     }
 }
@@ -135,16 +159,31 @@ impl SliceJob {
                 return Got::Stored(Piece::Stored(e), fetched);
             }
             match ctx.locks.acquire(key.hash) {
-                Role::Leader(guard) => return self.fetch(ctx, k, &key, guard).await,
+                Role::Leader(guard) => {
+                    // A fill may outlive its response: at most `MAX_FILLS` in the process.
+                    let permit = tokio::time::timeout(
+                        self.upstream.read_timeout,
+                        fill_permits().acquire_owned(),
+                    )
+                    .await;
+                    let Ok(Ok(permit)) = permit else {
+                        return Got::Failed(503);
+                    };
+                    return self.fetch(ctx, k, &key, guard, permit).await;
+                }
                 // Behind another request's fetch of it: its bytes as they come, once its head
                 // is in; when it let go without storing, looked up (or fetched) again.
+                // Not from the store: `X-Cache: MISS`, as for a slice this response fetched.
                 Role::Follower(rx) => {
                     let wait = self.upstream.read_timeout;
                     match tokio::time::timeout(wait, crate::cache::lock::wait(rx)).await {
-                        Ok(Some(g)) => {
-                            let fetched = self.fetched_here.lock().contains(&k);
-                            return Got::Stored(Piece::Growing(g), fetched);
+                        Ok(Some(g)) if g.entry.meta.key == key.text => {
+                            let r = Arc::new(g.reader());
+                            return Got::Stored(Piece::Growing(g, r), true);
                         }
+                        // Another key's fill under the same hash (only with the short hashes
+                        // tests force): not this slice.
+                        Ok(Some(_)) => return Got::Failed(502),
                         Ok(None) => {}
                         Err(_) => return Got::Failed(504),
                     }
@@ -170,10 +209,17 @@ impl SliceJob {
             PREFETCHING.fetch_sub(1, Ordering::Relaxed);
             return;
         }
+        let Ok(permit) = fill_permits().try_acquire_owned() else {
+            PREFETCHING.fetch_sub(1, Ordering::Relaxed);
+            return;
+        };
         let (job, ctx) = (self.clone(), ctx.clone());
         tokio::spawn(async move {
-            // Counted until the slice is whole: a fetch returns once its head is in.
-            if let Got::Stored(Piece::Growing(g), _) = job.fetch(&ctx, k, &key, guard).await {
+            // Counted, and reading, until the slice is whole: a fetch returns once its head
+            // is in, and a prefetch is a reader its fill must not be abandoned by.
+            if let Got::Stored(Piece::Growing(g, _), _) =
+                job.fetch(&ctx, k, &key, guard, permit).await
+            {
                 let mut r = g.reader();
                 let mut p = r.now();
                 while let Progress::Writing(_) = p {
@@ -184,17 +230,38 @@ impl SliceJob {
         });
     }
 
-    /// Fetches slice `k` from the origin and stores it, holding its fill lock.
+    /// Fetches slice `k` from the origin and stores it, holding its fill lock and a fill
+    /// permit: a stale slice revalidated first, and fetched whole when its revalidation cannot
+    /// stand (a 304 of other validators, or the slice gone meanwhile).
     async fn fetch(
         &self,
         ctx: &Arc<crate::server::Ctx>,
         k: u64,
         key: &CacheKey,
         guard: LeaderGuard,
+        permit: OwnedSemaphorePermit,
     ) -> Got {
         // Fetched for this request from here on, whatever comes of it: the access log's
         // `$slices_fetched`, and no hit counted for it even when the body waits for it.
         self.fetched_here.lock().insert(k);
+        match self.fetch_once(ctx, k, key, (guard, permit), true).await {
+            Once::Done(got) => got,
+            Once::Unconditional(held) => match self.fetch_once(ctx, k, key, held, false).await {
+                Once::Done(got) => got,
+                Once::Unconditional(_) => Got::Failed(502),
+            },
+        }
+    }
+
+    /// One exchange for slice `k`: conditional on a stale slice's ETag when `revalidate`.
+    async fn fetch_once(
+        &self,
+        ctx: &Arc<crate::server::Ctx>,
+        k: u64,
+        key: &CacheKey,
+        (guard, permit): (LeaderGuard, OwnedSemaphorePermit),
+        revalidate: bool,
+    ) -> Once {
         let asked = self.slicing.request_range(k);
         let mut req = self.req.clone();
         req.fields.push((
@@ -203,7 +270,9 @@ impl SliceJob {
         ));
         // A stored slice no longer fresh is revalidated by its ETag: a 304 makes it fresh
         // again without its bytes (RFC 9110 §13.2.2 puts If-None-Match before Range).
-        let stale = self.indexed(ctx, k).filter(|e| e.etag.is_some());
+        let stale = self
+            .indexed(ctx, k)
+            .filter(|e| revalidate && e.etag.is_some());
         if let Some(etag) = stale.as_ref().and_then(|e| e.etag.as_deref()) {
             req.fields
                 .push(("If-None-Match".into(), etag.as_bytes().to_vec()));
@@ -224,13 +293,13 @@ impl SliceJob {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(upstream = %self.upstream.name, target = %req.target, slice = k, error = %e, "slice fetch failed");
-                return Got::Failed(e.status());
+                return Once::Done(Got::Failed(e.status()));
             }
         };
         let Ok(framing) = head.framing(false) else {
             ctx.accounting
                 .upstream_error(&self.upstream.name, "protocol");
-            return Got::Failed(502);
+            return Once::Done(Got::Failed(502));
         };
         if head.status == 304
             && let Some(stale) = stale
@@ -245,19 +314,32 @@ impl SliceJob {
                 self.store_set_cookie,
                 ctx.store.targeted(),
             );
-            if !ctx.store.is_current(&stale) {
-                // Replaced meanwhile (purged, refetched): whatever is there now.
-                return self
-                    .indexed(ctx, k)
-                    .map_or(Got::Failed(502), |e| Got::Stored(Piece::Stored(e), true));
+            // A 304 updates only the response its validators name (RFC 9111 §4.3.4): other
+            // ones (a weak or new ETag, a new Last-Modified) say the slice is not what the
+            // origin has now, and one gone meanwhile has nothing to update: fetched whole.
+            let same = |name: &str, stored: &Option<String>| {
+                head.field(name)
+                    .is_none_or(|v| Some(v.trim()) == stored.as_deref())
+            };
+            if !same("etag", &stale.etag)
+                || !same("last-modified", &stale.last_modified)
+                || !ctx.store.is_current(&stale)
+            {
+                ctx.store.remove_if_same(&stale);
+                return Once::Unconditional((guard, permit));
             }
             if !storable || meta.lifetime <= meta.initial_age {
                 ctx.store.remove_if_same(&stale);
-                return self.unsliced(ctx, "slice-stale", true);
+                let why = if storable {
+                    "slice-stale"
+                } else {
+                    "not-storable"
+                };
+                return Once::Done(self.unsliced(ctx, why, true));
             }
             ctx.accounting.slices.revalidated();
             let updated = ctx.store.replace_meta(&stale, meta);
-            return Got::Stored(Piece::Stored(updated), true);
+            return Once::Done(Got::Stored(Piece::Stored(updated), true));
         }
         let answer = slice::judge(
             head.status,
@@ -271,37 +353,38 @@ impl SliceJob {
             SliceAnswer::Slice(identity) => identity,
             SliceAnswer::PastEnd(total) => {
                 drain(up, &head, framing, &self.upstream).await;
-                return Got::PastEnd(total);
+                return Once::Done(Got::PastEnd(total));
             }
-            SliceAnswer::Whole => return self.unsliced(ctx, "slice-whole", true),
+            SliceAnswer::Whole => return Once::Done(self.unsliced(ctx, "slice-whole", true)),
             SliceAnswer::Unusable(why) => {
                 tracing::debug!(target = %req.target, slice = k, why, "origin's answer is no slice; served unsliced");
                 // A status (a 403, a 404, a 5xx) may be this request's doing: it is served the
                 // ordinary way, and says nothing about the object for other clients.
-                return self.unsliced(ctx, why, why != "slice-status");
+                return Once::Done(self.unsliced(ctx, why, why != "slice-status"));
             }
         };
         if identity.total > self.slicing.max_object {
-            return self.unsliced(ctx, "too-large", true);
+            return Once::Done(self.unsliced(ctx, "too-large", true));
         }
         let len = framing.length().unwrap_or(0);
         let fill = match self.fill_of(ctx, key, &head, len, (request_time, response_time)) {
             Ok(f) => f,
             Err((why, of_the_object)) => {
                 ctx.accounting.not_stored(why);
-                return self.unsliced(ctx, why, of_the_object);
+                return Once::Done(self.unsliced(ctx, why, of_the_object));
             }
         };
         // The body is stored by a task of its own at the origin's speed; this response and
         // any other that wants the slice read behind it (`sliced_send`), never waiting for
         // the whole slice before its first byte.
         let (g, w) = Growing::new(fill.file(), fill.entry_preview(), framing.length());
+        let reader = Arc::new(g.reader());
         guard.publish(g.clone());
         let reuse = !upstream_closes(&head);
         // Counted as its body starts: a body that fails is counted by `pump` as an upstream
         // error beside it.
         ctx.accounting.slices.fetched(len);
-        tokio::spawn(pump(
+        let pumped = pump(
             ctx.clone(),
             up,
             framing,
@@ -311,9 +394,13 @@ impl SliceJob {
             w,
             Some(guard),
             reuse,
-            false,
-        ));
-        Got::Stored(Piece::Growing(g), true)
+            true,
+        );
+        tokio::spawn(async move {
+            pumped.await;
+            drop(permit);
+        });
+        Once::Done(Got::Stored(Piece::Growing(g, reader), true))
     }
 
     /// This request is served unsliced, for `why`; and, when `why` is the object's and not

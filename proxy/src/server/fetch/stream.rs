@@ -183,6 +183,15 @@ pub(super) async fn pump(
                 return;
             }
         }
+        // Handing the cache over to a successor, a fill nobody reads could never be committed
+        // (commits are refused) and would die with the process, its temp file left behind.
+        if w.readers() == 0 && ctx.store.is_handing_over() {
+            tracing::debug!(
+                bytes = fill.written(),
+                "fill without readers stopped for the hand-over"
+            );
+            return;
+        }
         if abandon && w.readers() == 0 {
             let since = *alone_since.get_or_insert_with(Instant::now);
             if fill.written() > ctx.storing.abandoned_fill_max
