@@ -704,24 +704,30 @@ fn an_origin_whose_ranges_carry_their_own_etag_is_served_unsliced_after_one_cut(
     );
 }
 
+/// Scripts `path` as version `"a"` of `body`, answering `If-None-Match: "a"` with a 304 that
+/// names `etag_304`.
+fn revalidates(origin: &Origin, path: &str, body: &[u8], etag_304: &str) {
+    origin.script_by_header(
+        path,
+        "if-none-match",
+        vec![
+            (None, version(body.to_vec(), "\"a\"")),
+            (
+                Some("\"a\""),
+                Reply::ok(Vec::new())
+                    .status(304)
+                    .headers(&[("ETag", etag_304), ("Cache-Control", "max-age=3600")]),
+            ),
+        ],
+    );
+}
+
 #[test]
 fn stale_slices_are_revalidated_by_their_etag() {
     let (origin, _rt) = origin();
     let len = 3 * MIB as usize;
     let a = zerocache_origin::body(len);
-    origin.script_by_header(
-        "/r",
-        "if-none-match",
-        vec![
-            (None, version(a.clone(), "\"a\"")),
-            (
-                Some("\"a\""),
-                Reply::ok(Vec::new())
-                    .status(304)
-                    .headers(&[("ETag", "\"a\""), ("Cache-Control", "max-age=3600")]),
-            ),
-        ],
-    );
+    revalidates(&origin, "/r", &a, "\"a\"");
     let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
     let mut c = proxy.client();
     assert_eq!(c.get("/r", &[]).x_cache(), "MISS");
@@ -796,19 +802,7 @@ fn a_304_naming_other_validators_is_not_taken_for_the_stale_slice() {
     let len = MIB as usize + MIB as usize / 2;
     let a = zerocache_origin::body(len);
     // An origin whose 304 names another ETag than the one asked about.
-    origin.script_by_header(
-        "/l",
-        "if-none-match",
-        vec![
-            (None, version(a.clone(), "\"a\"")),
-            (
-                Some("\"a\""),
-                Reply::ok(Vec::new())
-                    .status(304)
-                    .headers(&[("ETag", "\"b\""), ("Cache-Control", "max-age=3600")]),
-            ),
-        ],
-    );
+    revalidates(&origin, "/l", &a, "\"b\"");
     let proxy = Proxy::start(origin.addr(), sliced("1MiB"));
     let mut c = proxy.client();
     assert_eq!(c.get("/l", &[]).x_cache(), "MISS");
