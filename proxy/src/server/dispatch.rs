@@ -94,13 +94,6 @@ impl Conn {
             has_range: req.field("range").is_some(),
             only_if_cached: directives.only_if_cached,
         };
-        // A GET on a sliced route, for an object not stored whole: from its slices.
-        if let Some(keep) = self
-            .sliced(&req, route, &ask, ruled.key_part.as_deref(), started)
-            .await?
-        {
-            return Ok(keep);
-        }
         // The keys and the stored entry, made only when the plan asks for them.
         let mut keys: Option<(CacheKey, CacheKey)> = None;
         let mut found: Option<Arc<Entry>> = None;
@@ -142,6 +135,14 @@ impl Conn {
                 Plan::ServeThenRefresh => (HitKind::Stale, true),
                 Plan::GatewayTimeout => return self.gateway_timeout(&req, started).await,
                 Plan::RangeMiss | Plan::Head { .. } | Plan::Fill { .. } => {
+                    // Nothing stored whole on a sliced route: from the object's slices.
+                    if route.slicing.is_some()
+                        && found.is_none()
+                        && let Some(k) = &keys
+                        && let Some(keep) = self.sliced(&req, route, &ask, k, started).await?
+                    {
+                        return Ok(keep);
+                    }
                     let looked = (keys, found, from_peer);
                     let miss =
                         self.forward_miss(&req, body, route, plan, looked, &directives, started);

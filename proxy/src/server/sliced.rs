@@ -45,36 +45,31 @@ enum Attempt {
 }
 
 impl Conn {
-    /// A GET the route slices (`routes[].slice`) for an object not stored whole, answered from
-    /// its slices (`sliced.rs`); `None` for any other request, or one its slices cannot answer.
+    /// A miss the ordinary path planned (nothing stored whole under `keys`, the request's URL
+    /// and primary keys) on a route that slices (`routes[].slice`): a GET or HEAD answered from
+    /// the object's slices; `None` for any other request, or one its slices cannot answer. The
+    /// plan's own lookup decided there is no whole object, so a hit never comes here.
     pub(super) async fn sliced(
         &mut self,
         req: &RequestHead,
         route: &crate::routing::Routed<'_>,
         ask: &crate::cache::decide::Ask<'_>,
-        rules: Option<&str>,
+        (url, primary): &(CacheKey, CacheKey),
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
         let Some(slicing) = route.slicing else {
             return Ok(None);
         };
-        // `only-if-cached` is the ordinary path's 504; a request with credentials or `no-store`
-        // is answered for its client alone, the ordinary way, and tells nothing of the object.
+        // A request with credentials or `no-store` is answered for its client alone, the
+        // ordinary way, and tells nothing of the object. (`only-if-cached`, a bypass and a body
+        // never plan a miss.)
         if !matches!(ask.method, "GET" | "HEAD")
-            || !ask.route_caches
-            || ask.bypassed
-            || ask.has_body
-            || (ask.only_if_cached && ask.method != "HEAD")
             || req.field("authorization").is_some()
             || crate::cache::freshness::request_directives(req).no_store
         {
             return Ok(None);
         }
-        let (url, primary) = super::keys::keys_of(req, route, rules, self.ctx.hash_bits);
-        if super::keys::lookup(&self.ctx, &primary, req).is_some() {
-            return Ok(None);
-        }
-        Box::pin(self.serve_sliced(req, route, slicing, (&url, &primary), started)).await
+        Box::pin(self.serve_sliced(req, route, slicing, (url, primary), started)).await
     }
 
     /// Answers `req` from the object's slices. `None`: the object is not served in slices (a

@@ -415,3 +415,29 @@ fn rules(ctx: &crate::server::Ctx, store_set_cookie: bool) -> policy::Rules<'_> 
         targeted: ctx.store.targeted(),
     }
 }
+
+/// The temp file of an entry `meta` under `hash` with `len` body bytes' room reserved, bounded to
+/// `(min, max)`: not into a directory handed over (`upgrade`), and `cache-unwritable` when it
+/// cannot be made (see `run::create_fill`). A whole response's fill and a slice's are made here.
+pub(super) fn new_fill(
+    ctx: &crate::server::Ctx,
+    hash: u128,
+    meta: crate::cache::entry::Meta,
+    len: u64,
+    (min, max): (u64, u64),
+) -> Result<crate::cache::fill::Fill, &'static str> {
+    if ctx.store.is_handing_over() {
+        return Err("upgrade");
+    }
+    crate::cache::fill::Fill::create(ctx.store.clone(), hash, meta)
+        .map(|f| f.bounded(min, max))
+        .and_then(|f| {
+            ctx.store
+                .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
+            Ok(f)
+        })
+        .map_err(|e| {
+            ctx.store.write_failed(&e);
+            "cache-unwritable"
+        })
+}

@@ -477,19 +477,11 @@ pub(super) fn create_fill(
         a.url,
         ctx.hash_bits,
     );
-    if ctx.store.is_handing_over() {
-        return Err("upgrade");
-    }
-    let len = a.framing.length().unwrap_or(0);
-    Fill::create(ctx.store.clone(), key.hash, meta)
-        .map(|f| f.bounded(min, max))
-        .and_then(|f| {
-            ctx.store
-                .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
-            Ok(f)
-        })
-        .map_err(|e| {
-            ctx.store.write_failed(&e);
-            "cache-unwritable"
-        })
+    super::new_fill(
+        ctx,
+        key.hash,
+        meta,
+        a.framing.length().unwrap_or(0),
+        (min, max),
+    )
 }

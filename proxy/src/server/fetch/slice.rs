@@ -424,9 +424,6 @@ impl SliceJob {
         len: u64,
         (request_time, response_time): (SystemTime, SystemTime),
     ) -> Result<Fill, (&'static str, bool)> {
-        if ctx.store.is_handing_over() {
-            return Err(("upgrade", false));
-        }
         // Judged as the whole response it is a piece of.
         let mut whole = head.clone();
         whole.status = 200;
@@ -465,16 +462,6 @@ impl SliceJob {
         };
         // `min_object_size` is the whole object's business: an object's last slice is short.
         let max = super::max_body(ctx, self.object_sizes);
-        Fill::create(ctx.store.clone(), key.hash, meta)
-            .map(|f| f.bounded(0, max))
-            .and_then(|f| {
-                ctx.store
-                    .on_full_disk_evict_and_retry(len, || f.reserve(len))?;
-                Ok(f)
-            })
-            .map_err(|e| {
-                ctx.store.write_failed(&e);
-                ("cache-unwritable", false)
-            })
+        super::new_fill(ctx, key.hash, meta, len, (0, max)).map_err(|why| (why, false))
     }
 }
