@@ -32,6 +32,16 @@ impl Cidr {
         Ok(Cidr { net, bits })
     }
 
+    /// The buckets of [`bucket`] an address in the range can fall in, as bits: a prefilter that
+    /// tells most addresses outside the range apart with one mask test.
+    pub fn buckets(&self) -> u64 {
+        match self.net {
+            IpAddr::V4(n) if self.bits >= 8 => 1 << (n.octets()[0] % 63),
+            IpAddr::V4(_) => (1 << 63) - 1,
+            IpAddr::V6(_) => 1 << 63,
+        }
+    }
+
     /// True when `ip` is inside the range (an IPv4-mapped IPv6 peer counts as its IPv4 address).
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = match ip {
@@ -49,6 +59,18 @@ impl Cidr {
             }
             _ => false,
         }
+    }
+}
+
+/// An address's bucket, a bit: an IPv4 address (an IPv4-mapped IPv6 one too, as [`Cidr::contains`]
+/// takes it) by its first octet modulo 63, every other IPv6 address the 64th.
+pub fn bucket(ip: IpAddr) -> u64 {
+    match ip {
+        IpAddr::V4(a) => 1 << (a.octets()[0] % 63),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(a) => 1 << (a.octets()[0] % 63),
+            None => 1 << 63,
+        },
     }
 }
 
@@ -79,5 +101,46 @@ mod tests {
         ] {
             assert!(Cidr::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_address_in_a_range_is_in_one_of_its_buckets() {
+        let ranges = [
+            "10.1.0.0/16",
+            "127.0.0.1",
+            "0.0.0.0/0",
+            "64.0.0.0/3",
+            "fd00::/8",
+            "::/0",
+        ];
+        let addrs = [
+            "10.1.2.3",
+            "10.2.0.1",
+            "127.0.0.1",
+            "73.1.1.1",
+            "64.0.0.1",
+            "95.255.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "::ffff:10.1.0.9",
+            "::ffff:127.0.0.1",
+            "fd12::1",
+            "::1",
+            "2001:db8::1",
+        ];
+        for r in ranges {
+            let c = Cidr::parse(r).expect("valid");
+            for a in addrs {
+                let ip: IpAddr = a.parse().expect("ip");
+                if c.contains(ip) {
+                    assert_ne!(c.buckets() & bucket(ip), 0, "{a} in {r}");
+                }
+            }
+        }
+        // What the prefilter is for: most addresses outside a range are told apart.
+        let c = Cidr::parse("10.1.0.0/16").expect("valid");
+        assert_eq!(c.buckets() & bucket("127.0.0.1".parse().expect("ip")), 0);
+        assert_eq!(c.buckets() & bucket("::1".parse().expect("ip")), 0);
+        assert_eq!(bucket("::ffff:10.9.9.9".parse().expect("ip")), 1 << 10);
     }
 }

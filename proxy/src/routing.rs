@@ -247,12 +247,24 @@ impl Routes {
 
     /// The first route matching `host` (lower-cased, port allowed) and `target`.
     pub fn find(&self, host: &str, target: &str) -> Option<&Route> {
+        self.find_shaped(host, target).0
+    }
+
+    /// [`Routes::find`], and the target's `http::target::path_shape`, found on the way (the
+    /// edge rules read the path as routing does, and need not look for its end again; `OPTIONS
+    /// *`, routed as `/`, has the same shape: one byte, no `?`, no `//`).
+    pub(crate) fn find_shaped(&self, host: &str, target: &str) -> (Option<&Route>, (usize, bool)) {
         let bare = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
-        let target = crate::http::target::merged_slashes(target);
-        let target = target.as_ref();
-        self.routes.iter().find(|r| {
+        let shape = crate::http::target::path_shape(target);
+        let merged = match shape.1 {
+            true => crate::http::target::merged_slashes(target),
+            false => std::borrow::Cow::Borrowed(target),
+        };
+        let target = merged.as_ref();
+        let found = self.routes.iter().find(|r| {
             (r.host == "*" || r.host == host || r.host == bare) && target.starts_with(&r.prefix)
-        })
+        });
+        (found, shape)
     }
 }
 

@@ -12,6 +12,8 @@
 //! ones left out (RFC 9113 §8.2.2), no `Transfer-Encoding` (the stream frames its body) and no
 //! `Connection`, so no HTTP/1.1 bytes stand between the request path and an h2 stream.
 
+pub(crate) use super::cache_status::{CacheFields, CacheStatusField};
+use super::field_edit::name_bits;
 use super::headers::{
     Field, VIA_SELF, VIA_SELF_LINE, connection_tokens, is_hop_by_hop, put, put_digits, put_num, via,
 };
@@ -28,98 +30,6 @@ pub(crate) enum Framing {
     Length(u64),
     /// `Transfer-Encoding: chunked`.
     Chunked,
-}
-
-/// This cache's member of `Cache-Status` (RFC 9211 §2): `zerocache` and its parameters, always
-/// in the order `hit` | `fwd`, `fwd-status`, `ttl`, `stored`, `collapsed`, `detail`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct CacheStatusField<'a> {
-    /// Served from the cache without going forward (`hit`).
-    pub hit: bool,
-    /// Why the request went forward (`fwd=miss`, `fwd=stale`, a bypass reason).
-    pub fwd: Option<&'a str>,
-    /// The status the forward got (`fwd-status=304` for a revalidation).
-    pub fwd_status: Option<u16>,
-    /// Freshness left, in seconds (negative once stale).
-    pub ttl: Option<i64>,
-    /// The response was stored.
-    pub stored: bool,
-    /// The request waited for another request's fill.
-    pub collapsed: bool,
-    /// A token saying more (`stale`, `coalesced`, why a response was not stored, `peer`).
-    pub detail: Option<&'a str>,
-}
-
-impl<'a> CacheStatusField<'a> {
-    /// `hit; ttl=N`.
-    pub(crate) fn hit(ttl: i64) -> CacheStatusField<'a> {
-        CacheStatusField {
-            hit: true,
-            ttl: Some(ttl),
-            ..Default::default()
-        }
-    }
-
-    /// `fwd=<why>`.
-    pub(crate) fn fwd(why: &'a str) -> CacheStatusField<'a> {
-        CacheStatusField {
-            fwd: Some(why),
-            ..Default::default()
-        }
-    }
-
-    /// The same with `detail=<token>`.
-    pub(crate) fn detail(self, token: &'a str) -> CacheStatusField<'a> {
-        CacheStatusField {
-            detail: Some(token),
-            ..self
-        }
-    }
-
-    /// Appends the member's text (no field name, no line end).
-    pub(crate) fn render(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"zerocache");
-        if self.hit {
-            out.extend_from_slice(b"; hit");
-        }
-        if let Some(f) = self.fwd {
-            out.extend_from_slice(b"; fwd=");
-            out.extend_from_slice(f.as_bytes());
-        }
-        if let Some(s) = self.fwd_status {
-            out.extend_from_slice(b"; fwd-status=");
-            put_digits(out, u64::from(s));
-        }
-        if let Some(t) = self.ttl {
-            out.extend_from_slice(b"; ttl=");
-            if t < 0 {
-                out.push(b'-');
-            }
-            put_digits(out, t.unsigned_abs());
-        }
-        if self.stored {
-            out.extend_from_slice(b"; stored");
-        }
-        if self.collapsed {
-            out.extend_from_slice(b"; collapsed");
-        }
-        if let Some(d) = self.detail {
-            out.extend_from_slice(b"; detail=");
-            out.extend_from_slice(d.as_bytes());
-        }
-    }
-}
-
-/// The two fields that say what the cache did: `X-Cache` (nginx's and Varnish's habit, one
-/// token) and `Cache-Status` (RFC 9211).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CacheFields<'a> {
-    /// `X-Cache`'s token (`zerocache_ledger::CacheStatus::as_str`, or a peer's as relayed).
-    pub x_cache: &'a str,
-    /// The `Cache-Status` members of caches nearer the origin, as received (a fleet peer's).
-    pub upstream: Option<&'a str>,
-    /// This cache's member; `None` writes no `Cache-Status` (nor relays `upstream`).
-    pub member: Option<CacheStatusField<'a>>,
 }
 
 /// Fields HTTP/2 forbids in a response (RFC 9113 §8.2.2): an HTTP/2 head leaves them out.
@@ -146,6 +56,9 @@ pub(crate) struct HeadBuf {
     /// The rules' edits of this request's final response heads (`response_headers`), made by
     /// [`Head::end`]; empty for most requests.
     pub(crate) edits: super::field_edit::FieldEdits,
+    /// HTTP/1.1: the head's first `.0` bytes are lines whose names are in the set `.1`
+    /// (`field_edit::name_bits`): an edit that removes none of them looks only past them.
+    pub(super) named: (usize, u128),
 }
 
 /// A response head for an HTTP/2 stream: its status and fields, what it said of its body's
@@ -175,6 +88,7 @@ impl HeadBuf {
             h2: None,
             via_self: true,
             edits: Default::default(),
+            named: (0, 0),
         }
     }
 
@@ -185,6 +99,7 @@ impl HeadBuf {
             h2: Some(Box::default()),
             via_self: true,
             edits: Default::default(),
+            named: (0, 0),
         }
     }
 
@@ -212,6 +127,7 @@ impl HeadBuf {
     /// Empties it.
     pub(crate) fn clear(&mut self) {
         self.wire.clear();
+        self.named = (0, 0);
         if let Some(h) = &mut self.h2 {
             h.fields.clear();
             h.size = 0;
@@ -271,6 +187,15 @@ impl HeadBuf {
         }
     }
 
+    /// Says that the lines written since `start` have names in `bits`, when all before them
+    /// were known already (see `named`).
+    #[inline]
+    fn noted(&mut self, start: usize, bits: u128) {
+        if self.named.0 == start {
+            self.named = (self.wire.len(), self.named.1 | bits);
+        }
+    }
+
     /// `name: n`, without allocating for HTTP/1.1.
     fn put_num(&mut self, name: &str, n: u64) {
         if self.h2.is_none() {
@@ -306,6 +231,7 @@ impl<'b> Head<'b> {
                 w.push(b' ');
                 w.extend_from_slice(reason.as_bytes());
                 w.extend_from_slice(b"\r\n");
+                buf.named = (w.len(), 0);
             }
         }
         Head { buf }
@@ -326,7 +252,16 @@ impl<'b> Head<'b> {
         );
         buf.clear();
         buf.wire.extend_from_slice(prefix);
+        buf.named = (0, 0);
         Head { buf }
+    }
+
+    /// [`Head::resume`] with the set of the names in `prefix` (`field_edit::names_of`), which
+    /// spares the rules' edits a look at its lines.
+    pub(crate) fn resume_named(buf: &'b mut HeadBuf, prefix: &[u8], names: u128) -> Head<'b> {
+        let h = Head::resume(buf, prefix);
+        h.buf.named = (prefix.len(), names);
+        h
     }
 
     /// `name: value`.
@@ -386,13 +321,20 @@ impl<'b> Head<'b> {
 
     /// `Age`, for a response served from the cache (RFC 9111 §5.1).
     pub(crate) fn age(&mut self, secs: u64) -> &mut Self {
-        self.num("Age", secs)
+        const AGE: u128 = name_bits(b"Age");
+        let start = self.buf.wire.len();
+        self.num("Age", secs);
+        self.buf.noted(start, AGE);
+        self
     }
 
     /// `X-Cache` and `Cache-Status`.
     pub(crate) fn cache(&mut self, c: &CacheFields<'_>) -> &mut Self {
+        const NAMES: u128 = name_bits(b"X-Cache") | name_bits(b"Cache-Status");
+        let start = self.buf.wire.len();
         self.buf.put("X-Cache", c.x_cache.as_bytes());
         let Some(m) = &c.member else {
+            self.buf.noted(start, NAMES);
             return self;
         };
         let render = |v: &mut Vec<u8>| {
@@ -413,6 +355,7 @@ impl<'b> Head<'b> {
             render(w);
             w.extend_from_slice(b"\r\n");
         }
+        self.buf.noted(start, NAMES);
         self
     }
 
@@ -424,7 +367,10 @@ impl<'b> Head<'b> {
         if self.buf.is_h2() {
             self.buf.put("Via", VIA_SELF.as_bytes());
         } else {
+            const VIA: u128 = name_bits(b"Via");
+            let start = self.buf.wire.len();
             self.buf.wire.extend_from_slice(VIA_SELF_LINE);
+            self.buf.noted(start, VIA);
         }
         self
     }

@@ -3,6 +3,7 @@
 
 pub(crate) mod accept_encoding;
 pub mod byteranges;
+mod cache_status;
 pub mod chunked;
 pub mod date;
 pub(crate) mod field_edit;

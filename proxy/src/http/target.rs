@@ -283,16 +283,11 @@ pub(crate) fn path_of(target: &str) -> &str {
 /// prefix rule for `/account` must match it too. The key and the upstream request keep the target
 /// as it is (merging is not RFC 3986 normalisation, and some origins do distinguish).
 pub(crate) fn merged_slashes(target: &str) -> std::borrow::Cow<'_, str> {
-    let path = path_of(target);
-    // Every request's route is found through here: one plain pass over pairs of bytes, not a
-    // substring search or a vector scan, whose setup costs more than the short path searched.
-    if !path
-        .as_bytes()
-        .windows(2)
-        .any(|w| w[0] == b'/' && w[1] == b'/')
-    {
+    let (end, doubled) = path_shape(target);
+    if !doubled {
         return std::borrow::Cow::Borrowed(target);
     }
+    let path = &target[..end];
     let mut out = String::with_capacity(target.len());
     let mut last_slash = false;
     for c in path.chars() {
@@ -302,13 +297,98 @@ pub(crate) fn merged_slashes(target: &str) -> std::borrow::Cow<'_, str> {
         last_slash = c == '/';
         out.push(c);
     }
-    out.push_str(&target[path.len()..]);
+    out.push_str(&target[end..]);
     std::borrow::Cow::Owned(out)
+}
+
+/// Where a target's path ends (its `?`, or its end), and whether the path holds `//`: every
+/// request's route is found through here. Eight bytes at a time, in a word: a byte loop cost 10
+/// instructions a byte (callgrind), and a substring search or a vector scan costs more to set up
+/// than the short path it searches.
+pub(crate) fn path_shape(target: &str) -> (usize, bool) {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    // The bytes of `w` equal to `b`, as their top bits. Exact: `(t & 0x7f) + 0x7f` stays within
+    // its byte, so no carry marks a neighbour.
+    let equal = |w: u64, b: u8| {
+        let t = w ^ (ONES * u64::from(b));
+        !(((t & LOW7) + LOW7) | t | LOW7)
+    };
+    let bytes = target.as_bytes();
+    let mut doubled = false;
+    // The last byte of the word before, when it was a `/`, as the first byte's top bit.
+    let mut carried = 0u64;
+    let mut i = 0;
+    while i < bytes.len() {
+        let n = (bytes.len() - i).min(8);
+        let w = match bytes.get(i..i + 8) {
+            Some(word) => u64::from_le_bytes([
+                word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
+            ]),
+            // The last few bytes, zero after them (a zero is neither `/` nor `?`).
+            None => bytes[i..]
+                .iter()
+                .rev()
+                .fold(0u64, |w, &b| (w << 8) | u64::from(b)),
+        };
+        let question = equal(w, b'?');
+        let mut slashes = equal(w, b'/');
+        if question != 0 {
+            // Only the slashes before the `?`.
+            slashes &= question - 1;
+        }
+        doubled |= slashes & ((slashes << 8) | carried) != 0;
+        if question != 0 {
+            return (i + question.trailing_zeros() as usize / 8, doubled);
+        }
+        carried = (slashes >> 56) & 0x80;
+        i += n;
+    }
+    (bytes.len(), doubled)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_shape_is_what_a_byte_by_byte_look_says() {
+        let naive = |t: &str| {
+            let end = t.find('?').unwrap_or(t.len());
+            (end, t[..end].contains("//"))
+        };
+        // Every string of up to 7 characters of `/`, `?`, `a` and `é` (bytes with the top bit
+        // set: the word trick's hard case), up to 14 bytes, and longer ones across word
+        // boundaries.
+        let alphabet = ["/", "?", "a", "é"];
+        let mut cases = vec![String::new()];
+        for _ in 0..7 {
+            let more: Vec<String> = cases
+                .iter()
+                .flat_map(|c| alphabet.iter().map(move |a| format!("{c}{a}")))
+                .collect();
+            cases.extend(more);
+            cases.sort();
+            cases.dedup();
+        }
+        for pad in ["", "x", "xxxxxxx", "xxxxxxxx", "xxxxxxxxxxxxxxx"] {
+            for c in ["//", "/?/", "?//", "/a/", "a/", "/", "//?"] {
+                cases.push(format!("{pad}{c}"));
+                cases.push(format!("{pad}{c}{pad}"));
+            }
+        }
+        for t in &cases {
+            assert_eq!(path_shape(t), naive(t), "{t:?}");
+        }
+        assert_eq!(path_shape("/obj/1024"), (9, false));
+        assert_eq!(path_shape("/obj/1024//"), (11, true));
+        assert_eq!(path_shape("/1234567/?a=//"), (9, false));
+        assert_eq!(
+            path_shape("/1234567//"),
+            (10, true),
+            "across a word boundary"
+        );
+    }
 
     #[test]
     fn authorities_follow_the_grammar() {

@@ -38,9 +38,9 @@ impl Conn {
         // answers it (a 413 for its body too; `-` when it matches none), and routed by it below
         // (neither the admission nor the fleet intake changes its host or target). `OPTIONS *`
         // names the server, not a path: it is routed by its host alone.
-        let found = ctx
+        let (found, shape) = ctx
             .routes
-            .find(&req.host, if req.target == "*" { "/" } else { &req.target });
+            .find_shaped(&req.host, if req.target == "*" { "/" } else { &req.target });
         self.log_info.route = found.map(|r| r.counters);
         let body = match self.admit(&mut req, started).await? {
             Ok(body) => body,
@@ -63,7 +63,10 @@ impl Conn {
         };
         // The route's query rules and edge rules, before anything reads the target or the
         // fields: the key, the upstream request and Vary all see what they leave.
-        let ruled = match self.edge_rules(&mut req, route, from_peer, started).await? {
+        let ruled = match self
+            .edge_rules(&mut req, route, shape, from_peer, started)
+            .await?
+        {
             Ok(ruled) => ruled,
             Err(keep) => return Ok(keep),
         };

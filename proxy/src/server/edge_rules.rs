@@ -47,11 +47,13 @@ impl Ruled {
 }
 
 impl Conn {
-    /// Runs `route`'s query rules and rules on `req`. `Err(keep)`: a rule answered.
+    /// Runs `route`'s query rules and rules on `req`, whose target's path has `shape` (routing
+    /// found it: `http::target::path_shape`). `Err(keep)`: a rule answered.
     pub(super) async fn edge_rules(
         &mut self,
         req: &mut RequestHead,
         route: &Route,
+        shape: (usize, bool),
         from_peer: bool,
         started: Instant,
     ) -> Result<Result<Ruled, bool>, ConnError> {
@@ -65,9 +67,14 @@ impl Conn {
         } else {
             0
         };
-        let v = route
-            .rules
-            .on_request(req, self.peer.ip(), limiter, now, &mut self.head.edits);
+        let v = route.rules.on_request_shaped(
+            req,
+            shape,
+            self.peer.ip(),
+            limiter,
+            now,
+            &mut self.head.edits,
+        );
         if self.ctx.access_log.is_some() {
             self.log_info.rules = route.rules.matched(v.matched);
         }

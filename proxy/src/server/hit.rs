@@ -218,7 +218,13 @@ impl Conn {
                     h.framing(Framing::Length(e.body_len));
                     h
                 } else if requester.is_empty() {
-                    Head::resume(&mut self.head, &e.hit_head)
+                    // The rules' edits need not look at the stored lines when they remove
+                    // none of their names.
+                    if self.head.edits.is_empty() {
+                        Head::resume(&mut self.head, &e.hit_head)
+                    } else {
+                        Head::resume_named(&mut self.head, &e.hit_head, e.head_names())
+                    }
                 } else {
                     let at = e
                         .hit_head

@@ -39,6 +39,9 @@ pub struct Entry {
     pub body_checksum: u64,
     /// Status line, stored fields and Content-Length for a full-body hit, built once at insert.
     pub hit_head: Bytes,
+    /// The set of the names in `hit_head` (`field_edit::names_of`), found the first time a
+    /// rule edits a hit's head: [`Entry::head_names`].
+    head_names: std::sync::OnceLock<u128>,
     /// Open-file cache: the file stays open while the entry is indexed, so a hot hit costs no
     /// open(2). Replaced when the file turns out to be deleted underneath.
     pub file: parking_lot::Mutex<Option<OpenFile>>,
@@ -115,6 +118,7 @@ impl Entry {
             hash,
             id: next_id(),
             hit_head: Bytes::from(head),
+            head_names: std::sync::OnceLock::new(),
             meta,
             path,
             body_offset,
@@ -123,6 +127,13 @@ impl Entry {
             file: parking_lot::Mutex::new(None),
             last_hit_ms: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The set of the field names in the hit head, found once.
+    pub fn head_names(&self) -> u128 {
+        *self
+            .head_names
+            .get_or_init(|| crate::http::field_edit::names_of(&self.hit_head))
     }
 
     /// The entry as the index knows it: read back from its file, it takes the id indexed.

@@ -195,12 +195,24 @@ impl Matcher {
         }
         for c in &self.conds {
             match c {
-                Cond::Header(name, _) => n.fields |= names.bit(name),
-                Cond::Query(..) => n.query = true,
-                Cond::Cookies(want) if !want.is_empty() => n.cookie = true,
+                Cond::Header(name, _) => n.field(names.bit(name)),
+                Cond::Query(..) => n.query(),
+                Cond::Cookies(want) if !want.is_empty() => n.cookie(),
+                Cond::Host(g) => n.host_ends_with(g.literal_end()),
+                Cond::ClientIn(c) => n.client_in(c.iter().fold(0, |a, c| a | c.buckets())),
                 _ => {}
             }
         }
+        // A path prefix the first 8 bytes hold whole is all the needs check: its rule matches
+        // when they are met. (Not one with a NUL: a shorter path's padding would pass for it.)
+        n.decisive_when(
+            self.path_regex.is_none()
+                && match self.conds.as_slice() {
+                    [] => true,
+                    [Cond::PathPrefix(p)] => p.len() <= 8 && !p.as_bytes().contains(&0),
+                    _ => false,
+                },
+        );
         n
     }
 

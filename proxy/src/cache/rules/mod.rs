@@ -93,8 +93,6 @@ struct Split {
 struct Rule {
     counters: &'static RuleCounters,
     matcher: Matcher,
-    /// What its conditions cannot hold without: a request that lacks it skips the rule.
-    needs: facts::Needs,
     /// Request edits on a match beyond the URL: its name goes into the key.
     keyed: bool,
     /// Its templates use `path_regex`'s groups (else a match is a yes or no, no captures).
@@ -106,6 +104,8 @@ struct Rule {
     bypass: bool,
     split: Option<Split>,
     ttl: Option<std::time::Duration>,
+    /// It does nothing but edit the response (the usual rule: one step when it matches).
+    response_only: bool,
 }
 
 /// What the rules answer a request with instead of the cache and the origin.
@@ -144,12 +144,13 @@ pub(crate) struct Verdict {
 #[derive(Debug, Default)]
 pub(crate) struct Rules {
     rules: Vec<Rule>,
+    /// What each rule's conditions cannot hold without (a request that lacks it skips the
+    /// rule), arranged to find the rules a request passes at once.
+    prefilter: facts::Prefilter,
     /// What the rules' conditions need of a request, looked for once a request.
     wanted: facts::Wanted,
     /// Some rule has a rate limit (the clock is read only then).
     limits: bool,
-    /// The route's name, for `$route`.
-    route: String,
 }
 
 impl Rules {
@@ -159,14 +160,18 @@ impl Rules {
         counters: &'static RouteCounters,
     ) -> Result<Rules, String> {
         let mut names = facts::FieldNames::default();
+        let mut needs = Vec::with_capacity(r.rules.len());
         let rules = r
             .rules
             .iter()
             .map(|rule| {
                 let matcher = Matcher::new(&rule.matcher)?;
-                let needs = matcher.needs(&mut names);
+                needs.push(matcher.needs(&mut names));
                 let reply = if let Some(re) = &rule.redirect {
-                    Some(Reply::Redirect(re.status, Template::new(&re.location)?))
+                    Some(Reply::Redirect(
+                        re.status,
+                        Template::new(&re.location, counters.name())?,
+                    ))
                 } else if let Some(re) = &rule.respond {
                     Some(Reply::Respond(
                         re.status,
@@ -187,13 +192,12 @@ impl Rules {
                         burst: f64::from(l.burst),
                     }),
                 };
-                let request = Edits::new(&rule.request_headers)?;
-                let response = Edits::new(&rule.response_headers)?;
+                let request = Edits::new(&rule.request_headers, counters.name())?;
+                let response = Edits::new(&rule.response_headers, counters.name())?;
                 let groups = request.uses_groups()
                     || response.uses_groups()
                     || matches!(&reply, Some(Reply::Redirect(_, t)) if t.uses_groups());
                 Ok(Rule {
-                    needs,
                     groups,
                     counters: counters.rule(&rule.name),
                     // A ttl on a condition beyond the URL is a lifetime some clients choose for
@@ -214,14 +218,25 @@ impl Rules {
                         key: LimitKey::of(&c.key),
                     }),
                     ttl: rule.ttl,
+                    response_only: false,
+                })
+                .map(|mut r| {
+                    r.response_only = r.limit.is_none()
+                        && r.reply.is_none()
+                        && r.request.is_empty()
+                        && !r.bypass
+                        && r.split.is_none()
+                        && r.ttl.is_none()
+                        && !r.keyed;
+                    r
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Rules {
             limits: rules.iter().any(|r| r.limit.is_some()),
-            wanted: facts::Wanted::of(names, rules.iter().map(|r| r.needs)),
+            wanted: facts::Wanted::of(names, needs.iter()),
+            prefilter: facts::Prefilter::of(&needs),
             rules,
-            route: counters.name().to_string(),
         })
     }
 
@@ -247,6 +262,7 @@ impl Rules {
 
     /// Runs the rules on `req` from `client` at `now` (the limiter's clock, read by the caller
     /// when [`Rules::needs_clock`]); edits `req`, and adds the response edits to `response`.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn on_request(
         &self,
         req: &mut RequestHead,
@@ -255,23 +271,59 @@ impl Rules {
         now: u64,
         response: &mut FieldEdits,
     ) -> Verdict {
+        let shape = crate::http::target::path_shape(&req.target);
+        self.on_request_shaped(req, shape, client, limiter, now, response)
+    }
+
+    /// [`Rules::on_request`] of a request whose target's path has `shape`
+    /// (`http::target::path_shape`, found when it was routed: no rule edits the target, and the
+    /// query rules before change only its query).
+    pub(crate) fn on_request_shaped(
+        &self,
+        req: &mut RequestHead,
+        (path_len, doubled): (usize, bool),
+        client: IpAddr,
+        limiter: &Limiter,
+        now: u64,
+        response: &mut FieldEdits,
+    ) -> Verdict {
+        debug_assert_eq!(
+            (path_len, doubled),
+            crate::http::target::path_shape(&req.target),
+            "{}",
+            req.target
+        );
         let mut v = Verdict::default();
         let mut edits = FieldEdits::default();
         // The path and query once for all the rules (no rule edits the target): a copy only when
         // slashes were merged, and a request edit between rules needs `req` mutable, so the path
         // is held apart from it.
-        let path_len = req.path().len();
-        let merged = match crate::http::target::merged_slashes(&req.target[..path_len]) {
-            std::borrow::Cow::Owned(m) => Some(m),
-            std::borrow::Cow::Borrowed(_) => None,
-        };
-        let mut facts = self.wanted.facts(
+        let merged = doubled
+            .then(|| crate::http::target::merged_slashes(&req.target[..path_len]).into_owned());
+        let facts = self.wanted.facts(
             req,
+            client,
             merged.as_deref().unwrap_or(&req.target[..path_len]),
             &req.target[path_len..],
         );
-        for (i, rule) in self.rules.iter().enumerate() {
-            if !rule.needs.met(&facts) {
+        let no_groups = Vec::new();
+        // The rules whose needs the request meets, a bit each by place (at most 64 a route).
+        let mut pass = self.prefilter.passing(&facts);
+        while pass != 0 {
+            let i = pass.trailing_zeros();
+            pass &= pass - 1;
+            let Some(rule) = self.rules.get(i as usize) else {
+                break;
+            };
+            // The usual rule (a path prefix that sets fixed response fields): matched by its
+            // needs, its edits made once.
+            if rule.response_only
+                && self.prefilter.decisive(i)
+                && let Some(fixed) = rule.response.fixed()
+            {
+                rule.counters.matched();
+                v.matched |= 1u64 << i;
+                response.extend(fixed);
                 continue;
             }
             let seen = Seen {
@@ -280,16 +332,28 @@ impl Rules {
                 req: &*req,
                 client,
             };
-            let Some(groups) = rule.matcher.matches(&seen, rule.groups) else {
-                continue;
+            let found;
+            let groups = if self.prefilter.decisive(i) {
+                &no_groups
+            } else {
+                match rule.matcher.matches(&seen, rule.groups) {
+                    Some(g) => {
+                        found = g;
+                        &found
+                    }
+                    None => continue,
+                }
             };
             rule.counters.matched();
-            v.matched |= 1u64.checked_shl(i as u32).unwrap_or(0);
+            v.matched |= 1u64 << i;
             let vars = Vars {
                 seen: &seen,
-                groups: &groups,
-                route: &self.route,
+                groups,
             };
+            if rule.response_only {
+                rule.response.render(&vars, response);
+                continue;
+            }
             if let Some(l) = &rule.limit {
                 let key = l.key.hash(req, client, l.salt);
                 if let Err(after) = limiter.take(key, l.rate, l.burst, now) {
@@ -345,12 +409,16 @@ impl Rules {
             }
             if !edits.is_empty() {
                 action::apply_to_fields(&edits, &mut req.fields);
-                // A later rule may need a field this one set or removed.
-                facts = self.wanted.facts(
+                // A later rule may need a field this one set or removed: the rules after this
+                // one pass or not by the request as it is now.
+                let facts = self.wanted.facts(
                     req,
+                    client,
                     merged.as_deref().unwrap_or(&req.target[..path_len]),
                     &req.target[path_len..],
                 );
+                let after = u64::MAX.checked_shl(i + 1).unwrap_or(0);
+                pass = self.prefilter.passing(&facts) & after;
             }
         }
         v

@@ -25,6 +25,11 @@ impl Glob {
         }
     }
 
+    /// The text every match ends with: after its last star (all of it without one).
+    pub(crate) fn literal_end(&self) -> &str {
+        self.pieces.last().map_or("", String::as_str)
+    }
+
     /// Whether `s` is all of it.
     pub(crate) fn matches(&self, s: &str) -> bool {
         if self.pieces.len() == 1 {

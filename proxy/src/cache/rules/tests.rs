@@ -347,3 +347,33 @@ fn a_later_rule_sees_the_fields_an_earlier_one_set_or_removed() {
         ]
     );
 }
+
+#[test]
+fn a_rule_matched_by_its_needs_alone_matches_what_its_conditions_would() {
+    // Each rule sets a field named for it, so the edits say which matched; the same prefixes as
+    // a regular expression (never matched by the needs alone) are the reference.
+    let (r, _) = rules(
+        "    rules:\n      - name: short\n        match: { path_prefix: /admin/ }\n        response_headers: { set: { X-Short: \"1\" } }\n      - name: long\n        match: { path_prefix: /admin/panel/ }\n        response_headers: { set: { X-Long: \"1\" } }\n      - name: nul\n        match: { path_prefix: \"/a\\0\" }\n        response_headers: { set: { X-Nul: \"1\" } }\n      - name: all\n        response_headers: { set: { X-All: \"$route\" } }\n",
+    );
+    let l = crate::rate_limit::Limiter::new(64);
+    let got = |path: &str| {
+        let mut edits = FieldEdits::default();
+        let mut q = req(&format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n"));
+        let v = r.on_request(&mut q, ip("192.0.2.1"), &l, 0, &mut edits);
+        let names: Vec<String> = edits
+            .iter()
+            .map(|(_, n, v)| format!("{n}={}", String::from_utf8_lossy(v)))
+            .collect();
+        (v.matched, names.join(" "))
+    };
+    assert_eq!(got("/admin/x"), (0b1001, "X-Short=1 X-All=site".into()));
+    assert_eq!(got("//admin//x"), (0b1001, "X-Short=1 X-All=site".into()));
+    assert_eq!(
+        got("/admin/panel/y"),
+        (0b1011, "X-Short=1 X-Long=1 X-All=site".into())
+    );
+    assert_eq!(got("/admin/pane"), (0b1001, "X-Short=1 X-All=site".into()));
+    for other in ["/admin", "/Admin/x", "/a", "/", "/adminx/"] {
+        assert_eq!(got(other), (0b1000, "X-All=site".into()), "{other}");
+    }
+}
