@@ -80,11 +80,18 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
     println!("xtask: bench --rules: all warm, bodies checked");
     let started = Instant::now();
     let mut samples = vec![Vec::<(f64, f64)>::new(); configs.len()];
+    // Clock ticks in user space and in the kernel, over every run of a config.
+    let mut split = vec![(0u64, 0u64); configs.len()];
     for rep in 0..reps {
         for k in 0..configs.len() {
             let which = (k + rep) % configs.len();
             let p = &proxies[which];
+            let server = crate::bench::pids(p.child.id());
+            let (u0, s0) = crate::bench::user_sys_ticks(&server);
             let (s, per_req) = measured_run(p, size, duration, true)?;
+            let (u1, s1) = crate::bench::user_sys_ticks(&server);
+            split[which].0 += u1.saturating_sub(u0);
+            split[which].1 += s1.saturating_sub(s0);
             println!(
                 "xtask: bench --rules: rep {} {:<38} {:>10.0} req/s {:>7.1} µs CPU/req errors {}",
                 rep + 1,
@@ -126,9 +133,13 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
     )?;
     writeln!(
         r,
-        "| config | req/s | CPU µs/req | req/s ÷ no rules | CPU per request ÷ no rules | user instructions a hit (callgrind) | ÷ no rules |"
+        "| config | req/s | CPU µs/req | req/s ÷ no rules | CPU per request ÷ no rules | user space share of the CPU | user instructions a hit (callgrind) | ÷ no rules | CPU ÷ no rules, from instructions |"
     )?;
-    writeln!(r, "|---|---|---|---|---|---|---|")?;
+    writeln!(r, "|---|---|---|---|---|---|---|---|---|")?;
+    let share = |i: usize| {
+        let (u, s) = split[i];
+        u as f64 / (u + s).max(1) as f64
+    };
     for (i, (name, _)) in configs.iter().enumerate() {
         let med = |f: fn(&(f64, f64)) -> f64| median(samples[i].iter().map(f).collect());
         let paired = |f: fn(&(f64, f64)) -> f64| {
@@ -140,20 +151,22 @@ pub fn bench_rules(duration: u64, reps: usize) -> anyhow::Result<()> {
                     .collect(),
             )
         };
+        let ratio = instructions[i] / instructions[0];
         writeln!(
             r,
-            "| {name} | {:.0} | {:.1} | {:.3}× | {:.3}× | {:.0} | {:.3}× |",
+            "| {name} | {:.0} | {:.1} | {:.3}× | {:.3}× | {:.0}% | {:.0} | {ratio:.3}× | {:.3}× |",
             med(|s| s.0),
             med(|s| s.1),
             paired(|s| s.0),
             paired(|s| s.1),
+            share(i) * 100.0,
             instructions[i],
-            instructions[i] / instructions[0]
+            1.0 + share(0) * (ratio - 1.0)
         )?;
     }
     writeln!(
         r,
-        "\nInstructions: {} HITs counted after as many to warm up, one keep-alive connection, the proxy alone on CPU 0 under callgrind; user space only (a rule adds no syscall).",
+        "\nInstructions: {} HITs counted after as many to warm up, one keep-alive connection, the proxy alone on CPU 0 under callgrind; user space only (a rule adds no syscall). The user space share is the proxy's `utime` over `utime + stime` during the runs (each with its 1 s warm-up); the last column is what the instructions alone say of the CPU: the no-rules proxy's CPU with its user-space part grown by the instruction ratio (the kernel's part is the same: a rule adds no syscall).",
         crate::bench_instructions::COUNTED
     )?;
     write_result("rules", &r)

@@ -153,6 +153,26 @@ pub(crate) fn cpu_ns(pids: &[u32]) -> u64 {
     total
 }
 
+/// The user and system CPU time (clock ticks) of `pids`' threads so far (`/proc/PID/stat`'s
+/// `utime` and `stime`): which side of the system call boundary a server's CPU went to.
+pub(crate) fn user_sys_ticks(pids: &[u32]) -> (u64, u64) {
+    let (mut user, mut sys) = (0, 0);
+    for pid in pids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the command's `)`: state is field 3, utime 14 and stime 15.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        user += num(11);
+        sys += num(12);
+    }
+    (user, sys)
+}
+
 pub(crate) fn pin(pids: &[u32], cpu: &str) {
     for pid in pids {
         let _ = Command::new("taskset")
