@@ -113,21 +113,17 @@ fn barrier_at(path: &str, timeout: std::time::Duration) -> io::Result<()> {
         Some(&addr),
     )?;
     drop(write);
-    let mut pfd = libc::pollfd {
-        fd: read.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: one pollfd, valid for the call.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    match n {
-        1 => Ok(()),
-        0 => Err(io::Error::new(
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let mut pfd = [PollFd::new(read.as_fd(), PollFlags::POLLIN)];
+    let wait = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    match poll(&mut pfd, wait) {
+        Ok(1) => Ok(()),
+        Ok(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "systemd did not close the barrier",
         )),
-        _ => Err(io::Error::last_os_error()),
+        Err(e) => Err(io::Error::from(e)),
     }
 }
 

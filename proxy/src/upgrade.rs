@@ -264,8 +264,8 @@ fn take_pipe() -> Option<OwnedFd> {
     // SAFETY: the fd was handed to this process for this one write, and is owned from here on
     // (the variable is read once, at start-up); close-on-exec so no later child inherits it.
     let pipe = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: sets a flag on an fd this process owns.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    let _ = fcntl(&pipe, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     Some(pipe)
 }
 

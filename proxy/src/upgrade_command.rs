@@ -61,11 +61,12 @@ fn upgrade(config: &Path, out: &mut impl Write) -> Result<(), String> {
     }
     let failed = crate::upgrade::failed_file(pid_file);
     let _ = std::fs::remove_file(&failed);
-    // SAFETY: kill(2) with a pid read from the pid file, checked to be running just above.
-    if unsafe { libc::kill(old as i32, libc::SIGUSR2) } != 0 {
+    // A pid read from the pid file, checked to be running zerocache just above.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(old).unwrap_or(-1));
+    if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR2) {
         return Err(format!(
             "cannot signal pid {old}: {}",
-            std::io::Error::last_os_error()
+            std::io::Error::from(e)
         ));
     }
     let _ = writeln!(

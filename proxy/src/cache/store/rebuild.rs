@@ -449,8 +449,9 @@ fn fill_of_another_live_process(name: &str) -> bool {
     if pid as u32 == std::process::id() {
         return false;
     }
-    // Signal 0 checks only that the process exists; EPERM says it does, under another user.
-    // SAFETY: kill(2) with signal 0 sends nothing.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    // No signal checks only that the process exists; EPERM says it does, under another user.
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) | Err(nix::errno::Errno::EPERM) => true,
+        Err(_) => false,
+    }
 }
