@@ -1274,10 +1274,13 @@ fn an_answer_and_answers_ready_together_share_a_write() {
     let conn = closed_conn(&proxy, |x| x["peer"] == local.as_str());
     assert_eq!(u(&conn["requests"]), 20, "{conn}");
     // The server's SETTINGS and the ack of the client's, one write per answer of the ten one
-    // after the other, and a few for the ten together: 16 here, at most 18. Before: 24 (the
-    // HEADERS and the DATA of an answer one after the other were written apart).
+    // after the other, and a few for the ten together: 16 on a quiet machine. How few for the
+    // ten together depends on how many are ready at once, which a busy machine changes (19 was
+    // seen beside a build), so what is held is what does not depend on it: no answer is split
+    // (at most 2 + 10 + 10 = 22, where an answer's HEADERS and DATA written apart made 24 with
+    // every answer of the ten together in one write).
     let calls = u(&conn["kernel"]["calls"]);
-    assert!(calls <= 18, "{calls} writes for twenty answers: {conn}");
+    assert!(calls <= 22, "{calls} writes for twenty answers: {conn}");
     assert_eq!(origin.hits("/obj/1000"), 1);
 }
 
