@@ -2,7 +2,7 @@
 //! whole 127.0.0.0/8 is local), all in front of one origin, each with its own cache directory
 //! and dashboard. Nodes can be killed and started again on the same address, port and cache.
 
-use super::{Client, free_port};
+use super::{Client, free_port, restartable_port};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -62,9 +62,9 @@ impl TestFleet {
         let dir = tempfile::tempdir().expect("tempdir");
         let addrs: Vec<SocketAddr> = (0..n)
             .map(|i| {
-                format!("127.0.0.{}:{}", i + 2, free_port())
-                    .parse()
-                    .expect("addr")
+                let ip = format!("127.0.0.{}", i + 2);
+                let port = restartable_port(&ip);
+                format!("{ip}:{port}").parse().expect("addr")
             })
             .collect();
         let peers = addrs
@@ -74,7 +74,9 @@ impl TestFleet {
             .join(", ");
         let mut nodes = Vec::new();
         for (i, addr) in addrs.iter().enumerate() {
-            let dashboard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("a");
+            let dashboard: SocketAddr = format!("127.0.0.1:{}", restartable_port("127.0.0.1"))
+                .parse()
+                .expect("a");
             let cache = dir.path().join(format!("cache-{i}"));
             let config = dir.path().join(format!("node-{i}.yaml"));
             let pid_file = dir.path().join(format!("node-{i}.pid"));
@@ -110,9 +112,12 @@ impl TestFleet {
         let child = Command::new(env!("CARGO_BIN_EXE_zerocache"))
             .args(["run", "--config"])
             .arg(&node.config)
+            // The catch-up's warnings too: one that failed or wiped says why in CI's log.
             .env(
                 "RUST_LOG",
-                std::env::var("ZEROCACHE_TEST_LOG").unwrap_or_else(|_| "error".into()),
+                std::env::var("ZEROCACHE_TEST_LOG").unwrap_or_else(|_| {
+                    "error,zerocache::fleet::health=warn,zerocache::fleet::epoch=warn".into()
+                }),
             )
             .stdin(Stdio::null())
             .spawn()

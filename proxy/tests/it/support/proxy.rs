@@ -18,6 +18,26 @@ fn retry_on_other_ports(mut start: impl FnMut() -> Option<Proxy>) -> Proxy {
     panic!("zerocache exited before listening three times (see its errors above)");
 }
 
+/// A port below the kernel's ephemeral range (32768-60999 here), free on `ip` now, and never
+/// given twice by this process: for a node a test stops and starts again at the same address.
+/// An ephemeral port from [`free_port`] can be taken while such a node is down, as another
+/// test's `free_port` or as an outgoing connection's source port, and the node then exits at
+/// its restart ("exited before listening", seen in CI).
+pub fn restartable_port(ip: &str) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7919) % 20_000;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 20_000, "no free port below the ephemeral range on {ip}");
+        let port = 10_000 + (start + n) % 20_000;
+        let port = u16::try_from(port).expect("below 30000");
+        if std::net::TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A port free right now on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
