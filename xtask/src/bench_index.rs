@@ -5,8 +5,12 @@
 //!
 //! - RAM per object: RSS growth from the empty process to the full one, divided by N;
 //! - disk per object: the cache directory's allocated blocks, divided by N;
-//! - hit latency p50/p99 over random objects at N, against the same over the first 1,000 (the
-//!   cache nearly empty), one keep-alive client, one request at a time;
+//! - hits, one keep-alive client, one request at a time, p50/p99 and the proxy's CPU per hit,
+//!   against the same over the first 1,000 objects with only those stored: the first 1,000
+//!   again with N stored (is a hot set slower with a big index?); random objects of N with
+//!   their pages brought into the page cache by an untimed pass first (each hit reads its
+//!   entry's head: the index's own cost); random objects as found (what this machine's
+//!   proactive reclaim paged out comes from disk);
 //! - a prefix purge that matches nothing (it reads every entry's head);
 //! - a restart after `kill -9` (no snapshot: the index loads from the entries in the
 //!   background) and one after SIGTERM (the snapshot written at the stop), each with the page
@@ -105,23 +109,69 @@ fn fill(proxy: SocketAddr, range: std::ops::Range<usize>) -> anyhow::Result<()> 
     })
 }
 
-/// p50 and p99 of [`TIMED`] hits on random objects below `n`, in microseconds.
-fn latency(proxy: SocketAddr, n: usize) -> anyhow::Result<(f64, f64)> {
+/// Clock ticks a second in `/proc/PID/stat`: USER_HZ, 100 on every Linux architecture this
+/// builds for (the kernel's ABI, whatever its own HZ).
+const USER_HZ: f64 = 100.0;
+
+/// How hits were timed.
+struct Timed {
+    p50: f64,
+    p99: f64,
+    /// The proxy's CPU (user and system) per timed hit, in microseconds.
+    cpu: f64,
+}
+
+/// [`TIMED`] hits on random objects below `n` (the sequence `seed` picks), p50 and p99 in
+/// microseconds. `warm` requests the same sequence once untimed first, so the timed pass finds
+/// each object's pages in the page cache (this machine's proactive reclaim, DAMON, pages out
+/// file pages unused for a minute or so), and, with more objects than `cache.hot_entries`, still
+/// reads each one's head.
+fn latency(proxy: SocketAddr, pid: u32, n: usize, seed: u64, warm: bool) -> anyhow::Result<Timed> {
     let mut c = SimpleClient::connect(proxy)?;
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed;
+    let picks: Vec<usize> = (0..TIMED)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        })
+        .collect();
+    if warm {
+        for &i in &picks {
+            c.get(HOST, &path(i), false)?;
+        }
+    }
     let mut took = Vec::with_capacity(TIMED);
-    for _ in 0..TIMED {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let i = (x % n as u64) as usize;
+    let (u0, s0) = crate::bench::user_sys_ticks(&[pid]);
+    for &i in &picks {
         let t = Instant::now();
         let r = c.get(HOST, &path(i), false)?;
         took.push(t.elapsed().as_secs_f64() * 1e6);
         anyhow::ensure!(r.header("x-cache") == Some("HIT"), "{} not a HIT", path(i));
     }
+    let (u1, s1) = crate::bench::user_sys_ticks(&[pid]);
+    let ticks = (u1 + s1).saturating_sub(u0 + s0) as f64;
     took.sort_by(f64::total_cmp);
-    Ok((took[TIMED / 2], took[TIMED * 99 / 100]))
+    Ok(Timed {
+        p50: took[TIMED / 2],
+        p99: took[TIMED * 99 / 100],
+        cpu: ticks * 1e6 / USER_HZ / TIMED as f64,
+    })
+}
+
+/// A latency row: p50 / p99 and CPU per hit, each as a ratio to `base`'s when given.
+fn row(t: &Timed, base: Option<&Timed>) -> String {
+    let figures = format!("{:.0} / {:.0} µs, {:.0} µs CPU", t.p50, t.p99, t.cpu);
+    match base {
+        None => figures,
+        Some(b) => format!(
+            "{figures} ({:.2}× / {:.2}×, {:.2}×)",
+            t.p50 / b.p50,
+            t.p99 / b.p99,
+            t.cpu / b.cpu
+        ),
+    }
 }
 
 /// Spawns the proxy with `config`.
@@ -223,12 +273,16 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(500));
     let empty = rss(p.0.id())?;
     fill(proxy, 0..SMALL)?;
-    let (small_p50, small_p99) = latency(proxy, SMALL)?;
+    let small = latency(proxy, p.0.id(), SMALL, 0, true)?;
     let started = Instant::now();
     fill(proxy, SMALL..opts.objects)?;
     let fill_secs = started.elapsed().as_secs_f64();
     let full = rss(p.0.id())?;
-    let (p50, p99) = latency(proxy, opts.objects)?;
+    // Random objects as they are found, then others with their pages brought in, then the
+    // first thousand again: with a million indexed, are hits on a hot set any slower?
+    let found = latency(proxy, p.0.id(), opts.objects, 1, false)?;
+    let warm = latency(proxy, p.0.id(), opts.objects, 2, true)?;
+    let hot = latency(proxy, p.0.id(), SMALL, 0, true)?;
     let (disk_bytes, files) = disk(&cache)?;
     let n = opts.objects as f64;
     println!(
@@ -300,8 +354,10 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
          | objects | {} |\n\
          | RAM per object (RSS {} → {} MB) | {:.0} bytes |\n\
          | disk per object ({files} files) | {:.0} bytes |\n\
-         | hit p50 / p99, {SMALL} objects | {small_p50:.0} / {small_p99:.0} µs |\n\
-         | hit p50 / p99, {} objects | {p50:.0} / {p99:.0} µs ({:.2}× / {:.2}×) |\n\
+         | hit p50 / p99 and CPU, {SMALL} objects stored | {} |\n\
+         | the same {SMALL} objects, {} stored | {} |\n\
+         | random objects of {}, their heads read, pages in the page cache | {} |\n\
+         | random objects of {}, as found (pages reclaimed read from disk) | {} |\n\
          | a prefix purge (reads every head) | {:.1} s |\n\
          | restart after kill -9 to the first HIT ({start_kind}) | {:.1} s |\n\
          | restart after kill -9 to a complete index (loaded from the entries) | {:.1} s |\n\
@@ -316,9 +372,13 @@ pub fn bench_index(opts: Options) -> anyhow::Result<()> {
         full >> 20,
         full.saturating_sub(empty) as f64 / n,
         disk_bytes as f64 / n,
+        row(&small, None),
         opts.objects,
-        p50 / small_p50,
-        p99 / small_p99,
+        row(&hot, Some(&small)),
+        opts.objects,
+        row(&warm, Some(&small)),
+        opts.objects,
+        row(&found, Some(&small)),
         prefix_purge.as_secs_f64(),
         first_hit.as_secs_f64(),
         indexed.as_secs_f64(),

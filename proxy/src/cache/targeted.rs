@@ -71,6 +71,12 @@ impl Targeted {
         (directives::response(get("cache-control").as_deref()), false)
     }
 
+    /// True for a field [`Targeted::governing`] may read: a targeted one or `Cache-Control`.
+    pub fn may_govern(&self, name: &str) -> bool {
+        name.eq_ignore_ascii_case("cache-control")
+            || self.names.iter().any(|t| name.eq_ignore_ascii_case(t))
+    }
+
     /// True for a field withheld from clients: a targeted field when forwarding is off.
     pub fn hides(&self, name: &str) -> bool {
         (!self.forward && self.names.iter().any(|t| name.eq_ignore_ascii_case(t)))

@@ -58,14 +58,17 @@ impl<'a> StoredFields<'a> {
             .filter(move |l| l.name.eq_ignore_ascii_case(name))
     }
 
-    /// The first UTF-8 value of `name`.
+    /// The first UTF-8 value of `name` (entries find theirs in one pass, held to this).
+    #[cfg(test)]
     pub(crate) fn get(self, name: &str) -> Option<&'a str> {
         self.named(name)
             .find_map(|l| std::str::from_utf8(l.value).ok())
     }
 
     /// Every UTF-8 value of `name`, comma-joined (RFC 9110 §5.3: a repeated list field is one
-    /// list); `None` when there is none.
+    /// list); `None` when there is none. Entries find theirs in one pass over every field
+    /// (`cache::entry`); this is what that pass is held to.
+    #[cfg(test)]
     pub(crate) fn joined(self, name: &str) -> Option<String> {
         let values: Vec<&str> = self
             .named(name)

@@ -109,12 +109,21 @@ fn the_architecture_doc_counts_the_public_modules_there_are() {
     }
 }
 
-/// Code lines of a source file: all of it, or what comes before its `#[cfg(test)] mod tests`.
+/// Code lines of a source file: all of it, or what comes before its `#[cfg(test)] mod tests`
+/// (`pub(super) mod tests` too, when a sibling's tests share its helpers).
 fn code_lines(text: &str) -> usize {
     let lines: Vec<&str> = text.lines().collect();
+    let is_tests = |l: &str| {
+        let l = l.trim();
+        let l = l
+            .strip_prefix("pub(super) ")
+            .or_else(|| l.strip_prefix("pub(crate) "))
+            .unwrap_or(l);
+        l.starts_with("mod tests")
+    };
     lines
         .windows(2)
-        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim().starts_with("mod tests"))
+        .position(|w| w[0].trim() == "#[cfg(test)]" && is_tests(w[1]))
         .unwrap_or(lines.len())
 }
 

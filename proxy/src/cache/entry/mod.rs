@@ -63,6 +63,67 @@ pub struct Entry {
     pub stale_while_revalidate: Option<Duration>,
 }
 
+/// What [`Entry::new`] needs of a stored field block, found in one pass over its lines: an entry
+/// read back from its file on a hit is built on that hit, and a pass per field (validators,
+/// `Date`, each directive field, the hidden-field check) was most of its cost.
+struct Picked<'a> {
+    /// The first UTF-8 value of each validator field and of `Date` (as [`StoredFields::get`]).
+    etag: Option<&'a str>,
+    last_modified: Option<&'a str>,
+    date: Option<&'a str>,
+    /// The UTF-8 values of the fields that may govern reuse (the targeted ones and
+    /// `Cache-Control`), with their names, in order.
+    directives: Vec<(&'a str, &'a str)>,
+    /// Whether a line is withheld from clients (`Targeted::hides`).
+    hidden: bool,
+}
+
+impl<'a> Picked<'a> {
+    fn of(fields: &'a [u8], targeted: &Targeted) -> Picked<'a> {
+        let mut p = Picked {
+            etag: None,
+            last_modified: None,
+            date: None,
+            directives: Vec::new(),
+            hidden: false,
+        };
+        for line in StoredFields(fields).lines() {
+            let name = line.name;
+            p.hidden = p.hidden || targeted.hides(name);
+            let Ok(value) = std::str::from_utf8(line.value) else {
+                continue;
+            };
+            let first = |slot: &mut Option<&'a str>, field: &str| {
+                if slot.is_none() && name.eq_ignore_ascii_case(field) {
+                    *slot = Some(value);
+                }
+            };
+            first(&mut p.etag, "etag");
+            first(&mut p.last_modified, "last-modified");
+            first(&mut p.date, "date");
+            if targeted.may_govern(name) {
+                p.directives.push((name, value));
+            }
+        }
+        p
+    }
+
+    /// Field `name`'s values comma-joined, as [`StoredFields::joined`] gives them.
+    fn joined(&self, name: &str) -> Option<String> {
+        let mut values = self
+            .directives
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v);
+        let mut joined = values.next()?.to_string();
+        for v in values {
+            joined.push_str(", ");
+            joined.push_str(v);
+        }
+        Some(joined)
+    }
+}
+
 /// An open entry file and when its link count was last checked.
 #[derive(Debug)]
 pub struct OpenFile {
@@ -96,23 +157,26 @@ impl Entry {
         body_len: u64,
         targeted: &Targeted,
     ) -> Entry {
+        let picked = Picked::of(&meta.fields, targeted);
         // The hit head's unfinished start, which a hit resumes (`http::head`).
         let mut head = HeadBuf::h1(64 + meta.fields.len());
+        let visible = if picked.hidden {
+            targeted.visible(&meta.fields)
+        } else {
+            std::borrow::Cow::Borrowed(&meta.fields[..])
+        };
         Head::new(&mut head, meta.status, &meta.reason)
-            .lines(&targeted.visible(&meta.fields))
+            .lines(&visible)
             .framing(Framing::Length(body_len));
         let head = head.into_wire();
-        let stored = StoredFields(&meta.fields);
-        let field = |name: &str| stored.get(name).map(str::to_string);
-        let joined = |name: &str| stored.joined(name);
         // The field that governed storage governs reuse too: a valid CDN-Cache-Control replaces
         // Cache-Control's no-cache, must-revalidate and stale-* directives as well (RFC 9213 §2.2).
-        let (d, _) = targeted.governing(joined);
+        let (d, _) = targeted.governing(|name| picked.joined(name));
         Entry {
             reuse: crate::cache::freshness::Reuse::of(&d),
-            etag: field("etag"),
-            last_modified: field("last-modified"),
-            date: field("date"),
+            etag: picked.etag.map(str::to_string),
+            last_modified: picked.last_modified.map(str::to_string),
+            date: picked.date.map(str::to_string),
             stale_if_error: d.stale_if_error.map(Duration::from_secs),
             stale_while_revalidate: d.stale_while_revalidate.map(Duration::from_secs),
             hash,
@@ -181,5 +245,49 @@ mod tests {
             &e.hit_head[..],
             b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nContent-Length: 1024\r\n"
         );
+    }
+
+    /// The one pass of [`Picked`] against what a pass per field gives (`StoredFields::get`,
+    /// `joined`, `Targeted::visible` and `governing`), over hostile blocks: values that are not
+    /// UTF-8, repeated and split directive fields, an invalid targeted field, a name that is
+    /// not UTF-8, a hidden tag field, names in any case.
+    #[test]
+    fn one_pass_over_the_fields_finds_what_a_pass_per_field_finds() {
+        let blocks: [&[u8]; 7] = [
+            b"ETag: \"a\"\r\nCache-Control: max-age=5\r\ncache-control: must-revalidate\r\n",
+            b"etag: \xff\r\nETAG: \"b\"\r\nLast-Modified: x\r\nDATE: d1\r\nDate: d2\r\n",
+            b"CDN-Cache-Control: max-age=60\r\nCache-Control: no-cache\r\n",
+            b"CDN-Cache-Control: max-age=\"60\"\r\nCache-Control: no-cache, stale-if-error=9\r\n",
+            b"CDN-Cache-Control: max-age=60\r\ncdn-cache-control: immutable\r\n",
+            b"Surrogate-Key: a b\r\n\xffName: v\r\nCache-Control: \xff\r\nX: y\r\n",
+            b"",
+        ];
+        let plain = Targeted::default();
+        let hiding =
+            Targeted::new(&["CDN-Cache-Control".to_string()], false).hiding("surrogate-key");
+        for fields in blocks {
+            for targeted in [&plain, &hiding] {
+                let mut m = meta();
+                m.fields = fields.to_vec();
+                let e = Entry::new(1, m, PathBuf::from("/x"), 4096, 3, targeted);
+                let stored = StoredFields(fields);
+                let what = String::from_utf8_lossy(fields);
+                assert_eq!(e.etag.as_deref(), stored.get("etag"), "{what}");
+                assert_eq!(
+                    e.last_modified.as_deref(),
+                    stored.get("last-modified"),
+                    "{what}"
+                );
+                assert_eq!(e.date.as_deref(), stored.get("date"), "{what}");
+                let (d, _) = targeted.governing(|n| stored.joined(n));
+                assert_eq!(e.reuse, crate::cache::freshness::Reuse::of(&d), "{what}");
+                assert_eq!(e.stale_if_error, d.stale_if_error.map(Duration::from_secs));
+                let mut head = HeadBuf::h1(64);
+                Head::new(&mut head, 200, "OK")
+                    .lines(&targeted.visible(fields))
+                    .framing(Framing::Length(3));
+                assert_eq!(&e.hit_head[..], &head.into_wire()[..], "{what}");
+            }
+        }
     }
 }

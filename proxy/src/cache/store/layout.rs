@@ -6,7 +6,6 @@
 //! nothing that walks entries enters: the rebuild deletes every file it cannot read as an entry,
 //! and state kept beside the shards was deleted with them.
 
-use crate::cache::key::CacheKey;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -89,10 +88,34 @@ impl Layout {
     }
 
     /// Path of the final file for `hash` under the current `levels`, without creating anything.
+    ///
+    /// Written into one buffer: a hit on an entry that is not hot builds this path, and the
+    /// shard and file names formatted apart and joined cost a few allocations and a formatter
+    /// pass each. A test holds it to that join.
     pub(crate) fn entry_path_unchecked(&self, hash: u128) -> PathBuf {
-        self.dir
-            .join(CacheKey::shard(hash, self.levels))
-            .join(CacheKey::file_name(hash))
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let dir = self.dir.as_os_str().as_bytes();
+        let dir = dir
+            .strip_suffix(b"/")
+            .filter(|d| !d.is_empty())
+            .unwrap_or(dir);
+        let mut p = Vec::with_capacity(dir.len() + 3 * usize::from(self.levels) + 33);
+        p.extend_from_slice(dir);
+        let hex = |p: &mut Vec<u8>, byte: u8| {
+            p.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+        };
+        // As `CacheKey::shard`: a level per byte, from the low ones.
+        for i in 0..self.levels {
+            p.push(b'/');
+            hex(&mut p, (hash >> (8 * u32::from(i))) as u8);
+        }
+        // As `CacheKey::file_name`: 32 digits, most significant first.
+        p.push(b'/');
+        for byte in hash.to_be_bytes() {
+            hex(&mut p, byte);
+        }
+        PathBuf::from(std::ffi::OsString::from_vec(p))
     }
 
     /// A fresh temp file path (same filesystem, so the commit is a rename). Unique per process
@@ -107,6 +130,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::key::CacheKey;
 
     #[test]
     fn entries_are_sharded_by_hash_and_fills_go_to_tmp() {
@@ -140,6 +164,27 @@ mod tests {
             a.file_name().and_then(|n| n.to_str()),
             Some(format!("{pid}-0.tmp").as_str())
         );
+    }
+
+    #[test]
+    fn an_entry_path_is_the_shards_and_file_name_joined() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        for levels in [0, 1, 2, 3] {
+            let l = Layout::create(tmp.path(), levels).expect("layout");
+            let slash = Layout::create(&tmp.path().join(""), levels).expect("layout");
+            for hash in [0, 1, u128::MAX, 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210] {
+                let joined = tmp
+                    .path()
+                    .join(CacheKey::shard(hash, levels))
+                    .join(CacheKey::file_name(hash));
+                let path = l.entry_path_unchecked(hash);
+                assert_eq!(path.as_os_str(), joined.as_os_str(), "{levels} {hash:x}");
+                assert_eq!(
+                    slash.entry_path_unchecked(hash).as_os_str(),
+                    joined.as_os_str()
+                );
+            }
+        }
     }
 
     #[test]
