@@ -119,6 +119,55 @@ fn rfc5861_stale_while_revalidate_serves_stale_and_refreshes_once() {
     assert_eq!(origin.hits("/swr"), 2, "exactly one background refresh");
 }
 
+/// A background refresh is stored or not by the decision a client's fetch takes: an answer
+/// that may not be stored (its own `no-store`, a body over `cache.max_object_size`) ends the
+/// stale copy and is counted with its reason, as a client's would be.
+#[test]
+fn rfc5861_a_refresh_that_may_not_be_stored_ends_the_stale_copy_and_says_why() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            cache_yaml: "  max_object_size: 1KiB\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    let swr = ("Cache-Control", "max-age=1, stale-while-revalidate=30");
+    for (path, then, reason) in [
+        (
+            "/no-store",
+            reply("v2", &[("Cache-Control", "no-store")]),
+            "response-directive",
+        ),
+        (
+            "/too-large",
+            reply(&"x".repeat(2048), &[("Cache-Control", "max-age=600")]),
+            "too-large",
+        ),
+    ] {
+        origin.script(path, reply("v1", &[swr]));
+        assert_eq!(c.get(path, &[]).x_cache(), "MISS");
+        proxy.advance_clock(2);
+        origin.script(path, then);
+        let r = c.get(path, &[]);
+        assert_eq!(
+            (r.x_cache(), r.body.as_slice()),
+            ("STALE", &b"v1"[..]),
+            "{path}"
+        );
+        // The refresh lands when the stale copy is gone: the next request goes to the origin.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.get(path, &[]).x_cache() == "STALE" {
+            assert!(Instant::now() < deadline, "{path}: the stale copy stayed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Once for the refresh, once for the fetch that followed it.
+        let series = format!("zerocache_cache_not_stored_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&proxy.metrics(), &series), 2, "{path}: {series}");
+    }
+}
+
 fn stale_then(
     origin_failure: impl FnOnce(&Origin),
     headers: &[(&str, &str)],

@@ -2,12 +2,13 @@
 //! the same exchange as a fetch with no client waiting; the fill lock it holds keeps it to one
 //! refresh per entry at a time.
 
-use crate::cache::decide::{Answer, Disposition};
+use crate::cache::conditional::Precondition;
+use crate::cache::decide::{Answer, Disposition, Relay, Relaying};
 use crate::cache::entry::Entry;
 use crate::cache::growing::Growing;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::LeaderGuard;
-use crate::cache::policy;
+use crate::cache::policy::{self, NotStored};
 use crate::cache::stored_meta::revalidated_meta;
 use crate::http::request::RequestHead;
 use crate::server::request_body::RequestBody;
@@ -108,20 +109,49 @@ impl Background {
             }
             Disposition::Relay => {}
         }
-        let st = match policy::storable(
-            &self.req,
-            &head,
-            request_time,
-            response_time,
-            h,
-            super::rules(&ctx, self.store_set_cookie),
-        ) {
+        // Stored or not by the decision a client's fetch takes (`Relay::of`), with no client
+        // preconditions to answer: this node's own entry is being refreshed, so it stores here.
+        let (min, max) = (
+            self.object_sizes.min,
+            super::max_body(&ctx, self.object_sizes),
+        );
+        let mut refused = None;
+        let relay = Relay::of(
+            Relaying {
+                status: head.status,
+                fills: true,
+                not_stored: None,
+                length: framing.length(),
+                oversized: ctx.store.oversized().recently(self.primary.hash),
+                max_body: max,
+                min_body: min,
+            },
+            || true,
+            || {
+                policy::storable(
+                    &self.req,
+                    &head,
+                    request_time,
+                    response_time,
+                    h,
+                    super::rules(&ctx, self.store_set_cookie),
+                )
+                .inspect_err(|why| refused = Some(*why))
+            },
+            || Precondition::Proceed,
+        );
+        let st = match relay.store {
             Ok(st) => st,
             Err(why) => {
-                // The resource is no longer storable: stop serving the old copy. A refusal the
+                if let Some(why) = why {
+                    ctx.accounting.not_stored(why);
+                }
+                tracing::debug!(target = %self.req.target, why, "background fetch not stored");
+                // The resource is no longer what may be stored (a refusal of the response's
+                // own, or a size outside the route's): stop serving the old copy. A refusal the
                 // request caused (its no-store, its Authorization) says nothing about the
                 // resource, and must not let a client evict what others are served.
-                if why.caused_by_response()
+                if refused.is_none_or(NotStored::caused_by_response)
                     && let Some(stale) = &self.stale
                 {
                     ctx.store.remove_if_same(stale);
@@ -129,22 +159,6 @@ impl Background {
                 return;
             }
         };
-        let (min, max) = (
-            self.object_sizes.min,
-            super::max_body(&ctx, self.object_sizes),
-        );
-        if let Some(n) = framing.length()
-            && (n < min || n > max)
-        {
-            // The resource is no longer what may be stored: stop serving the old copy.
-            tracing::debug!(target = %self.req.target, "background fetch outside the sizes stored; not stored");
-            ctx.accounting
-                .not_stored(if n > max { "too-large" } else { "too-small" });
-            if let Some(stale) = &self.stale {
-                ctx.store.remove_if_same(stale);
-            }
-            return;
-        }
         // Made as a client's fetch makes its fill: not into a directory being handed over, and
         // with the body's room reserved, since readers may follow this fill (`publish` below).
         let answer = super::run::Answered {
