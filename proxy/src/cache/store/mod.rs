@@ -292,7 +292,9 @@ impl Store {
         if e.meta.key != key.text {
             return None;
         }
-        self.index.lock().adopt(e.clone());
+        // Bound, so the guard is released before what made room is dropped (its file closed).
+        let made_room = self.index.lock().adopt(e.clone());
+        drop(made_room);
         Some(e)
     }
 

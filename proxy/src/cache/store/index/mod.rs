@@ -272,11 +272,16 @@ impl<E: Eviction> Index<E> {
         Some(Found::Cold(self.located(i), key))
     }
 
-    /// Keeps `e`, just read from its file, among the hot entries if it is still the indexed one.
-    pub(crate) fn adopt(&mut self, e: Arc<Entry>) {
-        if self.is_current(e.hash, e.id) {
-            self.hot.put(e.hash, e);
+    /// Keeps `e`, just read from its file, among the hot entries if it is still the indexed one;
+    /// returns the entry that made room for it (the least recently used, or an older copy under
+    /// its hash), for the caller to drop once the index's lock is released: dropping an entry
+    /// closes its file, a syscall no lock should be held through.
+    #[must_use = "drop what it returns after the lock"]
+    pub(crate) fn adopt(&mut self, e: Arc<Entry>) -> Option<Arc<Entry>> {
+        if !self.is_current(e.hash, e.id) {
+            return None;
         }
+        self.hot.push(e.hash, e).map(|(_, gone)| gone)
     }
 
     /// The entry under `hash`, without counting a use: hot, or where to read it.
@@ -718,7 +723,7 @@ mod tests {
             matches!(ix.lookup(&key(&m.key), |_| unreachable!()), Some(Found::Cold(at, _)) if at.body_len == 2)
         );
         assert_eq!(ix.hot_len(), 0);
-        ix.adopt(whole);
+        assert!(ix.adopt(whole).is_none());
         assert_eq!(ix.hot_len(), 0, "an entry no longer indexed is not kept");
     }
 
@@ -730,6 +735,26 @@ mod tests {
             put_whole(&mut ix, &meta(&k, &k, &[], ""));
         }
         assert_eq!((ix.hot_len(), ix.usage().1), (2, 5));
+        // An entry read back from its file takes the place of the least recently used one,
+        // handed back to be dropped (its file closed) outside the lock.
+        let m = meta("GET http://h/0", "GET http://h/0", &[], "");
+        let Some(Found::Cold(at, _)) = ix.lookup(&key(&m.key), |_| unreachable!()) else {
+            panic!("entry 0 is indexed, not hot");
+        };
+        let read = Arc::new(
+            Entry::new(
+                at.hash,
+                m,
+                "/nonexistent".into(),
+                4096,
+                1,
+                &Targeted::default(),
+            )
+            .with_id(at.id),
+        );
+        let gone = ix.adopt(read).expect("an entry made room");
+        assert_eq!(gone.meta.key, "GET http://h/3");
+        assert_eq!(ix.hot_len(), 2);
     }
 
     fn tagged(ix: &mut Index<Lru>, k: &str, tags: &str) -> Located {
