@@ -54,6 +54,17 @@ impl Fetch<'_> {
     /// proxy); `Host` regenerated from the one normalised authority the key and the route used,
     /// or the group's `host` (which never changes the key: that was computed from the client's).
     pub(super) fn upstream_request(&self, peer: IpAddr, ctx: &crate::server::Ctx) -> Vec<u8> {
+        self.request_upgrading(peer, ctx, None)
+    }
+
+    /// [`Fetch::upstream_request`], with `Upgrade: upgrade` and `Connection: upgrade` when
+    /// `upgrade` is given: written by the same writer, before the framing fields.
+    fn request_upgrading(
+        &self,
+        peer: IpAddr,
+        ctx: &crate::server::Ctx,
+        upgrade: Option<&[u8]>,
+    ) -> Vec<u8> {
         let req = self.req;
         let mut out = Vec::with_capacity(1024);
         let mut h = RequestOut::new(&mut out, &req.method, &req.target);
@@ -176,6 +187,10 @@ impl Fetch<'_> {
             std::borrow::Cow::Borrowed(req.id.as_str())
         };
         h.field(&ctx.forwarding.request_id_header, id.as_bytes());
+        if let Some(protocols) = upgrade {
+            h.field("Upgrade", protocols);
+            h.field("Connection", b"upgrade");
+        }
         match &self.body {
             RequestBody::Whole(b) => {
                 if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
@@ -211,14 +226,6 @@ impl Fetch<'_> {
         ctx: &crate::server::Ctx,
         upgrade: &[u8],
     ) -> Vec<u8> {
-        let mut out = self.upstream_request(peer, ctx);
-        // The head ends with its blank line (no body follows): the two fields go before it.
-        if out.ends_with(b"\r\n\r\n") {
-            out.truncate(out.len() - 2);
-        }
-        out.extend_from_slice(b"Upgrade: ");
-        out.extend_from_slice(upgrade);
-        out.extend_from_slice(b"\r\nConnection: upgrade\r\n\r\n");
-        out
+        self.request_upgrading(peer, ctx, Some(upgrade))
     }
 }
