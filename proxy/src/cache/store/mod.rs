@@ -289,7 +289,7 @@ impl Store {
             Found::Cold(at, key) => (at, key),
         };
         let e = self.load(&at)?;
-        if e.meta.key != key.text {
+        if e.meta.key != key.as_ref().unwrap_or(primary).text {
             return None;
         }
         // Bound, so the guard is released before what made room is dropped (its file closed).

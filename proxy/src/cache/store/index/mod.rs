@@ -93,8 +93,9 @@ pub(crate) struct Located {
 pub(crate) enum Found {
     /// A hot entry, whole in memory: nothing to read.
     Hot(Arc<Entry>),
-    /// An entry whose head is to be read from its file, and the key it must hold.
-    Cold(Located, CacheKey),
+    /// An entry whose head is to be read from its file, and the key it must hold: the variant's
+    /// when the URL varies, `None` when it is the primary key looked up.
+    Cold(Located, Option<CacheKey>),
 }
 
 /// What indexing a file the start-up load read did.
@@ -267,9 +268,9 @@ impl<E: Eviction> Index<E> {
             }
             None => {}
         }
-        // A cold entry is read from its file next: the key it must hold goes with it.
-        let key = secondary.unwrap_or_else(|| primary.clone());
-        Some(Found::Cold(self.located(i), key))
+        // A cold entry is read from its file next: the key it must hold goes with it (the
+        // variant's, or `None` for the primary the caller holds).
+        Some(Found::Cold(self.located(i), secondary))
     }
 
     /// Keeps `e`, just read from its file, among the hot entries if it is still the indexed one;
@@ -635,7 +636,7 @@ mod tests {
             key(&fr)
         });
         match found {
-            Some(Found::Cold(at, k)) => {
+            Some(Found::Cold(at, Some(k))) => {
                 assert_eq!(k.text, fr);
                 assert_eq!(at.hash, key(&fr).hash);
             }
