@@ -191,13 +191,21 @@ impl Fetch<'_> {
             h.field("Upgrade", protocols);
             h.field("Connection", b"upgrade");
         }
+        let body = self.frame_body(h, &req.method);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// The body's framing fields and the blank line that ends the head; returns the bytes of a
+    /// body read whole, which follow it.
+    fn frame_body(&self, mut h: RequestOut<'_>, method: &str) -> &[u8] {
         match &self.body {
             RequestBody::Whole(b) => {
-                if !b.is_empty() || matches!(req.method.as_str(), "POST" | "PUT" | "PATCH") {
+                if !b.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
                     h.num("Content-Length", b.len() as u64);
                 }
                 h.end();
-                out.extend_from_slice(b);
+                b
             }
             RequestBody::Streaming {
                 rest: Remaining::Length { total, .. },
@@ -205,13 +213,14 @@ impl Fetch<'_> {
             } => {
                 h.num("Content-Length", *total);
                 h.end();
+                &[]
             }
             RequestBody::Streaming { .. } => {
                 h.field("Transfer-Encoding", b"chunked");
                 h.end();
+                &[]
             }
         }
-        out
     }
 }
 

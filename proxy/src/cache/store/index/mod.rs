@@ -28,6 +28,8 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 mod encoding;
+mod found;
+pub(crate) use found::{Found, Loaded, Located};
 mod slice_objects;
 pub(crate) use slice_objects::SliceCensus;
 use slice_objects::SliceObjects;
@@ -74,40 +76,6 @@ impl Slot {
     fn disk_size(&self) -> u64 {
         u64::from(self.body_offset) + self.body_len
     }
-}
-
-/// Where an indexed entry is and which entry it is: what a caller needs to read it (outside the
-/// lock) and to act on it later only if it is still the same one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Located {
-    pub(crate) hash: u128,
-    pub(crate) id: u64,
-    pub(crate) body_offset: u64,
-    pub(crate) body_len: u64,
-    pub(crate) body_checksum: u64,
-    /// The file's path when it is not the layout's path for the hash.
-    pub(crate) foreign: Option<PathBuf>,
-}
-
-/// What a lookup found.
-pub(crate) enum Found {
-    /// A hot entry, whole in memory: nothing to read.
-    Hot(Arc<Entry>),
-    /// An entry whose head is to be read from its file, and the key it must hold: the variant's
-    /// when the URL varies, `None` when it is the primary key looked up.
-    Cold(Located, Option<CacheKey>),
-}
-
-/// What indexing a file the start-up load read did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Loaded {
-    /// Indexed.
-    Indexed,
-    /// The hash was indexed already (a fill since the start, or a request that found the file
-    /// first): the index's entry stays, and this is where it is.
-    Present(Located),
-    /// A purge made during the load names it: the file is to be deleted, not indexed.
-    Purged,
 }
 
 /// The index, under the store's one mutex.
@@ -268,21 +236,19 @@ impl<E: Eviction> Index<E> {
             }
             None => {}
         }
-        // A cold entry is read from its file next: the key it must hold goes with it (the
-        // variant's, or `None` for the primary the caller holds).
+        // Read from its file next, with the variant's key it must hold (the caller has the primary).
         Some(Found::Cold(self.located(i), secondary))
     }
 
     /// Keeps `e`, just read from its file, among the hot entries if it is still the indexed one;
-    /// returns the entry that made room for it (the least recently used, or an older copy under
-    /// its hash), for the caller to drop once the index's lock is released: dropping an entry
-    /// closes its file, a syscall no lock should be held through.
+    /// returns the entry it displaced, to drop (closing its file) once the lock is released.
     #[must_use = "drop what it returns after the lock"]
     pub(crate) fn adopt(&mut self, e: Arc<Entry>) -> Option<Arc<Entry>> {
-        if !self.is_current(e.hash, e.id) {
-            return None;
-        }
-        self.hot.push(e.hash, e).map(|(_, gone)| gone)
+        let current = self.is_current(e.hash, e.id);
+        current
+            .then(|| self.hot.push(e.hash, e))
+            .flatten()
+            .map(|(_, gone)| gone)
     }
 
     /// The entry under `hash`, without counting a use: hot, or where to read it.
