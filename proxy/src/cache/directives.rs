@@ -283,11 +283,6 @@ mod tests {
     /// give what it gave for every string of up to five characters over the grammar's hard
     /// cases (quotes, escapes, commas, `=`, SP, HTAB, upper case, a non-ASCII letter) and for
     /// longer real values.
-    /// Splits a field value into `(name, argument)` pairs, respecting quoted strings (a quoted
-    /// `no-cache="a, b"` contains a comma). Each list member must be a `cache-directive` exactly
-    /// (§5.2: `token [ "=" ( token / quoted-string ) ]`, no whitespace around `=`): a member that is
-    /// not (`max-age = 600`, `max-age="60`, `a b`) is ignored like an unknown directive, never read
-    /// as the directive it resembles.
     fn old_parts(value: &str) -> Vec<(String, Option<String>)> {
         let mut out = Vec::new();
         let mut cur = String::new();

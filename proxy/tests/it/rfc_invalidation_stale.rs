@@ -168,6 +168,54 @@ fn rfc5861_a_refresh_that_may_not_be_stored_ends_the_stale_copy_and_says_why() {
     }
 }
 
+/// A refresh of unknown length refused only because the URL's last fill ran past the bound
+/// (here another variant's) is refused on a guess, not for what the resource is: the stale
+/// copy stands.
+#[test]
+fn rfc5861_a_refresh_refused_on_a_guess_keeps_the_stale_copy() {
+    let (origin, _rt) = origin();
+    let proxy = Proxy::start(
+        origin.addr(),
+        Opts {
+            cache_yaml: "  max_object_size: 1KiB\n".into(),
+            ..Opts::default()
+        },
+    );
+    let mut c = proxy.client();
+    let gzip = [("Accept-Encoding", "gzip")];
+    let swr = [
+        ("Cache-Control", "max-age=1, stale-while-revalidate=30"),
+        ("Vary", "Accept-Encoding"),
+    ];
+    origin.script("/v", reply("small", &swr));
+    assert_eq!(c.get("/v", &gzip).x_cache(), "MISS");
+    assert_eq!(c.get("/v", &gzip).x_cache(), "HIT");
+    // Another variant, chunked and too large: found out as it streams.
+    origin.script(
+        "/v",
+        reply(&"x".repeat(4096), &swr).framing(Framing::Chunked(512)),
+    );
+    let r = c.get("/v", &[]);
+    assert_eq!((r.x_cache(), r.body.len()), ("MISS", 4096));
+    let too_large = "zerocache_cache_not_stored_total{reason=\"too-large\"}";
+    assert_eq!(metric(&proxy.metrics(), too_large), 1);
+    proxy.advance_clock(2);
+    origin.script(
+        "/v",
+        reply("small again", &swr).framing(Framing::Chunked(512)),
+    );
+    let r = c.get("/v", &gzip);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"small"[..]));
+    // The refresh is refused as too large, once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&proxy.metrics(), too_large) < 2 {
+        assert!(Instant::now() < deadline, "the refresh never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = c.get("/v", &gzip);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"small"[..]));
+}
+
 fn stale_then(
     origin_failure: impl FnOnce(&Origin),
     headers: &[(&str, &str)],

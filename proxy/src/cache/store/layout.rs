@@ -95,11 +95,12 @@ impl Layout {
     pub(crate) fn entry_path_unchecked(&self, hash: u128) -> PathBuf {
         use std::os::unix::ffi::{OsStrExt, OsStringExt};
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let dir = self.dir.as_os_str().as_bytes();
-        let dir = dir
-            .strip_suffix(b"/")
-            .filter(|d| !d.is_empty())
-            .unwrap_or(dir);
+        let whole = self.dir.as_os_str().as_bytes();
+        // Each level and the name push their `/`: none of the directory's own may end it.
+        let mut dir = whole;
+        while let Some(d) = dir.strip_suffix(b"/") {
+            dir = d;
+        }
         let mut p = Vec::with_capacity(dir.len() + 3 * usize::from(self.levels) + 33);
         p.extend_from_slice(dir);
         let hex = |p: &mut Vec<u8>, byte: u8| {
@@ -114,6 +115,10 @@ impl Layout {
         p.push(b'/');
         for byte in hash.to_be_bytes() {
             hex(&mut p, byte);
+        }
+        if whole.is_empty() {
+            // An empty directory is the working directory, as `Path::join` takes it.
+            p.remove(0);
         }
         PathBuf::from(std::ffi::OsString::from_vec(p))
     }
@@ -183,6 +188,21 @@ mod tests {
                     slash.entry_path_unchecked(hash).as_os_str(),
                     joined.as_os_str()
                 );
+                // The root and the working directory (an empty path), which nothing rejects.
+                for dir in ["/", ""] {
+                    let at = Layout {
+                        dir: PathBuf::from(dir),
+                        levels,
+                        tmp_seq: AtomicU64::new(0),
+                    };
+                    let joined = Path::new(dir)
+                        .join(CacheKey::shard(hash, levels))
+                        .join(CacheKey::file_name(hash));
+                    assert_eq!(
+                        at.entry_path_unchecked(hash).as_os_str(),
+                        joined.as_os_str()
+                    );
+                }
             }
         }
     }

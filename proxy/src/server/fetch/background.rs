@@ -8,7 +8,7 @@ use crate::cache::entry::Entry;
 use crate::cache::growing::Growing;
 use crate::cache::key::CacheKey;
 use crate::cache::lock::LeaderGuard;
-use crate::cache::policy::{self, NotStored};
+use crate::cache::policy;
 use crate::cache::stored_meta::revalidated_meta;
 use crate::http::request::RequestHead;
 use crate::server::request_body::RequestBody;
@@ -147,13 +147,18 @@ impl Background {
                     ctx.accounting.not_stored(why);
                 }
                 tracing::debug!(target = %self.req.target, why, "background fetch not stored");
-                // The resource is no longer what may be stored (a refusal of the response's
-                // own, or a size outside the route's): stop serving the old copy. A refusal the
-                // request caused (its no-store, its Authorization) says nothing about the
-                // resource, and must not let a client evict what others are served.
-                if refused.is_none_or(NotStored::caused_by_response)
-                    && let Some(stale) = &self.stale
-                {
+                // The resource is no longer what may be stored: stop serving the old copy. That
+                // is known from a refusal of the response's own, or from a length it states
+                // outside the route's sizes. A refusal the request caused (its no-store, its
+                // Authorization) says nothing about the resource, and must not let a client
+                // evict what others are served; nor does a body of unknown length refused
+                // because the key's last fill ran long (a guess, which another variant of the
+                // URL may have caused).
+                let ended = match refused {
+                    Some(why) => why.caused_by_response(),
+                    None => framing.length().is_some(),
+                };
+                if ended && let Some(stale) = &self.stale {
                     ctx.store.remove_if_same(stale);
                 }
                 return;
@@ -171,6 +176,7 @@ impl Background {
         let fill = match super::run::create_fill(&ctx, &self.primary, st, &answer, (min, max)) {
             Ok(f) => f,
             Err(why) => {
+                ctx.accounting.not_stored(why);
                 tracing::debug!(target = %self.req.target, why, "background fetch not stored");
                 return;
             }

@@ -57,8 +57,8 @@ impl Fetch<'_> {
         self.request_upgrading(peer, ctx, None)
     }
 
-    /// [`Fetch::upstream_request`], with `Upgrade: upgrade` and `Connection: upgrade` when
-    /// `upgrade` is given: written by the same writer, before the framing fields.
+    /// [`Fetch::upstream_request`], with `Upgrade:` the protocols `upgrade` names and
+    /// `Connection: upgrade` when it is given: written by the same writer, before the framing fields.
     fn request_upgrading(
         &self,
         peer: IpAddr,
