@@ -119,19 +119,24 @@ fn rfc5861_stale_while_revalidate_serves_stale_and_refreshes_once() {
     assert_eq!(origin.hits("/swr"), 2, "exactly one background refresh");
 }
 
+/// A proxy in front of `origin` that stores bodies of at most 1 KiB.
+fn storing_at_most_1kib(origin: &Origin) -> Proxy {
+    Proxy::start(
+        origin.addr(),
+        Opts {
+            cache_yaml: "  max_object_size: 1KiB\n".into(),
+            ..Opts::default()
+        },
+    )
+}
+
 /// A background refresh is stored or not by the decision a client's fetch takes: an answer
 /// that may not be stored (its own `no-store`, a body over `cache.max_object_size`) ends the
 /// stale copy and is counted with its reason, as a client's would be.
 #[test]
 fn rfc5861_a_refresh_that_may_not_be_stored_ends_the_stale_copy_and_says_why() {
     let (origin, _rt) = origin();
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            cache_yaml: "  max_object_size: 1KiB\n".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = storing_at_most_1kib(&origin);
     let mut c = proxy.client();
     let swr = ("Cache-Control", "max-age=1, stale-while-revalidate=30");
     for (path, then, reason) in [
@@ -174,13 +179,7 @@ fn rfc5861_a_refresh_that_may_not_be_stored_ends_the_stale_copy_and_says_why() {
 #[test]
 fn rfc5861_a_refresh_refused_on_a_guess_keeps_the_stale_copy() {
     let (origin, _rt) = origin();
-    let proxy = Proxy::start(
-        origin.addr(),
-        Opts {
-            cache_yaml: "  max_object_size: 1KiB\n".into(),
-            ..Opts::default()
-        },
-    );
+    let proxy = storing_at_most_1kib(&origin);
     let mut c = proxy.client();
     let gzip = [("Accept-Encoding", "gzip")];
     let swr = [
