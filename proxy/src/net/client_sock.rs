@@ -118,6 +118,25 @@ impl ClientSock {
         served.as_ref().is_some_and(|s| !s.covers_host(host))
     }
 
+    /// TLS in user space only (else `None`): encrypts what rustls will take of `bufs` into
+    /// records that wait in it, without writing the socket; the slices are sealed together, a
+    /// frame's header and payload into one record, copied once into it. The records leave with
+    /// the next write or flush. `Ok(0)`: rustls holds all it will (64 KiB), flush first.
+    pub(crate) fn seal_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
+        match self {
+            ClientSock::Tls(t) => Some(t.stream.get_mut().1.writer().write_vectored(bufs)),
+            _ => None,
+        }
+    }
+
+    /// True when records sealed by [`ClientSock::seal_vectored`] (or any rustls output) wait.
+    pub(crate) fn sealed_waiting(&self) -> bool {
+        match self {
+            ClientSock::Tls(t) => t.stream.get_ref().1.wants_write(),
+            _ => false,
+        }
+    }
+
     /// The TCP socket underneath (none for an HTTP/2 stream: the connection's driver has it).
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {

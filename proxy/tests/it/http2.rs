@@ -158,6 +158,55 @@ fn curl_takes_h2_by_alpn_and_every_cache_answer_is_byte_exact() {
     );
 }
 
+/// Over user-space TLS a large DATA frame is sealed into records straight from the crate's
+/// buffers, with the small frames gathered before it (`server/h2/output.rs`), and rustls's own
+/// 64 KiB of records is the only buffer: a reader slower than the proxy fills it, and the
+/// proxy then waits for the socket. Three answers on one connection (small, large, larger),
+/// read at 4 MB/s, first as misses then as hits: every body exact to the byte.
+#[test]
+fn large_bodies_sealed_from_the_crate_arrive_exact_to_a_slow_tls_reader() {
+    if !require::command("curl") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let (origin, _rt) = origin();
+    let (_proxy, tport, ca) = tls_proxy(origin.addr(), dir.path(), "test.example", true);
+    let resolve = format!("test.example:{tport}:127.0.0.1");
+    let sizes = [1_000usize, 300_000, 2_000_000];
+    for pass in ["miss", "hit"] {
+        let mut args: Vec<String> = [
+            "-s",
+            "--max-time",
+            "30",
+            "--http2",
+            "--parallel",
+            "--limit-rate",
+            "4M",
+            "--cacert",
+            &ca,
+            "--resolve",
+            &resolve,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        for n in sizes {
+            args.push("-o".into());
+            args.push(dir.path().join(format!("{pass}-{n}")).display().to_string());
+            args.push(format!("https://test.example:{tport}/obj/{n}"));
+        }
+        let out = Command::new("curl").args(&args).output().expect("curl");
+        assert!(out.status.success(), "{pass}: {out:?}");
+        for n in sizes {
+            let got = std::fs::read(dir.path().join(format!("{pass}-{n}"))).expect("body");
+            assert!(got == body(n), "{pass} {n}: {} bytes", got.len());
+        }
+    }
+    for n in sizes {
+        assert_eq!(origin.hits(&format!("/obj/{n}")), 1, "{n}");
+    }
+}
+
 #[test]
 fn without_tls_http2_alpn_offers_http11_only() {
     if !require::command("curl") {
