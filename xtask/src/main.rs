@@ -5,6 +5,7 @@ mod bench;
 mod bench_against;
 mod bench_fleet;
 mod bench_h2;
+mod bench_h2_data;
 mod bench_index;
 mod bench_instructions;
 mod bench_rules;
@@ -151,6 +152,11 @@ enum Task {
         /// xtask/bench/results/slices.md.
         #[arg(long)]
         slices: bool,
+        /// HTTP/2 DATA by sendfile against copied, gathered writes, on a prototype h2c server
+        /// that owns its write side (xtask/src/bench_h2_data.rs), at 16 KiB and 1 MiB frames;
+        /// writes xtask/bench/results/h2-data.md. Uses --duration and --reps.
+        #[arg(long)]
+        h2_data: bool,
     },
     /// Build the Debian package: target/debian/zerocache_<version>_amd64.deb (stripped binary,
     /// systemd unit, /etc/zerocache/zerocache.yaml, logrotate snippet, docs) and its debug symbols
@@ -254,6 +260,12 @@ fn main() -> ExitCode {
             ..
         } => setup::setup()
             .and_then(|_| bench_against::bench_against(&rev, duration, reps, &sizes)),
+        Task::Bench {
+            h2_data: true,
+            duration,
+            reps,
+            ..
+        } => setup::setup().and_then(|_| bench_h2_data::bench_h2_data(duration, reps)),
         Task::Bench { slices: true, .. } => {
             setup::setup().and_then(|_| bench_slices::bench_slices())
         }
