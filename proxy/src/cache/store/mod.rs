@@ -12,6 +12,7 @@
 
 mod eviction;
 mod index;
+mod index_lock;
 mod layout;
 mod load;
 mod marker;
@@ -32,6 +33,7 @@ use super::key::CacheKey;
 use super::targeted::Targeted;
 use eviction::Lru;
 use index::{Found, Index, Located, Placement};
+use index_lock::IndexLock;
 use layout::Layout;
 use open_files::OpenFiles;
 use parking_lot::Mutex;
@@ -46,7 +48,7 @@ pub struct Store {
     layout: Layout,
     max_size: u64,
     max_entries: usize,
-    index: Mutex<Index<Lru>>,
+    index: IndexLock,
     files: OpenFiles,
     /// False after a write failure: the cache degrades to pass-through until a write works again.
     writable: AtomicBool,
@@ -141,7 +143,7 @@ impl Store {
             max_size: clamp_to_filesystem(dir, limits.max_size),
             layout,
             max_entries: limits.max_entries.max(1),
-            index: Mutex::new(Index::new(Lru::new(), limits.hot_entries)),
+            index: IndexLock::new(Index::new(Lru::new(), limits.hot_entries)),
             files: OpenFiles::new(limits.open_files),
             writable: AtomicBool::new(true),
             handing_over: AtomicBool::new(false),
@@ -292,9 +294,8 @@ impl Store {
         if e.meta.key != key.as_ref().unwrap_or(primary).text {
             return None;
         }
-        // Bound, so the guard is released before what made room is dropped (its file closed).
-        let made_room = self.index.lock().adopt(e.clone());
-        drop(made_room);
+        // What it pushes out is dropped (its file closed) after the unlock: `IndexGuard`.
+        self.index.lock().adopt(e.clone());
         Some(e)
     }
 

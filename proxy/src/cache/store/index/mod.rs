@@ -22,14 +22,15 @@ use crate::cache::tags::TagField;
 use crate::cache::variance::primary_text;
 use hashbrown::HashTable;
 use std::collections::{HashMap, HashSet};
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 mod encoding;
 mod found;
+mod hot;
 pub(crate) use found::{Found, Loaded, Located};
+use hot::HotEntries;
 mod slice_objects;
 pub(crate) use slice_objects::SliceCensus;
 use slice_objects::SliceObjects;
@@ -92,7 +93,7 @@ pub(crate) struct Index<E: Eviction> {
     /// Files not where the layout puts them (found under an older `levels` at start-up).
     foreign: HashMap<u128, PathBuf>,
     /// The most recently used entries, whole: a hot hit reads nothing and keeps its file open.
-    hot: lru::LruCache<u128, Arc<Entry>>,
+    hot: HotEntries,
     /// Per primary key (by its hash, the name of its marker's file): the request fields its
     /// stored responses vary on. The lists are shared: most varying URLs vary on the same few
     /// fields.
@@ -125,7 +126,7 @@ impl<E: Eviction> Index<E> {
             bytes: 0,
             len: 0,
             foreign: HashMap::new(),
-            hot: lru::LruCache::new(NonZeroUsize::new(hot.max(1)).unwrap_or(NonZeroUsize::MIN)),
+            hot: HotEntries::new(hot),
             vary: HashMap::new(),
             vary_lists: HashSet::new(),
             tag_field: TagField::default(),
@@ -231,9 +232,7 @@ impl<E: Eviction> Index<E> {
             Some(e) if e.id == id => {
                 return (e.meta.key == key.text).then(|| Found::Hot(e.clone()));
             }
-            Some(_) => {
-                self.hot.pop(&key.hash);
-            }
+            Some(_) => self.hot.remove(&key.hash),
             None => {}
         }
         // Read from its file next, with the variant's key it must hold (the caller has the primary).
@@ -241,14 +240,18 @@ impl<E: Eviction> Index<E> {
     }
 
     /// Keeps `e`, just read from its file, among the hot entries if it is still the indexed one;
-    /// returns the entry it displaced, to drop (closing its file) once the lock is released.
-    #[must_use = "drop what it returns after the lock"]
-    pub(crate) fn adopt(&mut self, e: Arc<Entry>) -> Option<Arc<Entry>> {
-        let current = self.is_current(e.hash, e.id);
-        current
-            .then(|| self.hot.push(e.hash, e))
-            .flatten()
-            .map(|(_, gone)| gone)
+    /// the entry it displaces is released ([`Index::take_released`]).
+    pub(crate) fn adopt(&mut self, e: Arc<Entry>) {
+        if self.is_current(e.hash, e.id) {
+            self.hot.keep(e);
+        }
+    }
+
+    /// The hot entries that left the set since the last call (replaced, pushed out, purged,
+    /// evicted): the store's guard drops them once the lock is released, since the last
+    /// reference to an entry closes its file.
+    pub(crate) fn take_released(&mut self) -> Vec<Arc<Entry>> {
+        self.hot.take_released()
     }
 
     /// The entry under `hash`, without counting a use: hot, or where to read it.
@@ -349,7 +352,7 @@ impl<E: Eviction> Index<E> {
         self.slices_add(i, meta);
         self.policy.inserted(i, slot.disk_size());
         if let Some(e) = whole {
-            self.hot.put(at.hash, e);
+            self.hot.keep(e);
         }
         old
     }
@@ -367,7 +370,7 @@ impl<E: Eviction> Index<E> {
         // A revalidation may bring new fields, tags among them.
         self.tags_remove(i);
         self.tags_add(i, &updated.meta);
-        self.hot.put(updated.hash, updated);
+        self.hot.keep(updated);
     }
 
     /// Unindexes `hash`; returns where its entry was.
@@ -401,7 +404,7 @@ impl<E: Eviction> Index<E> {
         }
         self.tags_remove(i);
         self.slices_remove(i);
-        self.hot.pop(&s.hash());
+        self.hot.remove(&s.hash());
         self.bytes -= s.disk_size();
         if s.flags & MARKER != 0 {
             // Its URL's variants can no longer be found by it: the next response names them.
@@ -690,8 +693,13 @@ mod tests {
             matches!(ix.lookup(&key(&m.key), |_| unreachable!()), Some(Found::Cold(at, _)) if at.body_len == 2)
         );
         assert_eq!(ix.hot_len(), 0);
-        assert!(ix.adopt(whole).is_none());
+        // The replaced whole entry was released, to be dropped after the lock.
+        let released = ix.take_released();
+        assert_eq!(released.len(), 1);
+        assert!(Arc::ptr_eq(&released[0], &whole));
+        ix.adopt(whole);
         assert_eq!(ix.hot_len(), 0, "an entry no longer indexed is not kept");
+        assert!(ix.take_released().is_empty());
     }
 
     #[test]
@@ -719,8 +727,23 @@ mod tests {
             )
             .with_id(at.id),
         );
-        let gone = ix.adopt(read).expect("an entry made room");
-        assert_eq!(gone.meta.key, "GET http://h/3");
+        // The three pushed out by the fills, then the one the read pushed out.
+        let pushed: Vec<String> = ix
+            .take_released()
+            .iter()
+            .map(|e| e.meta.key.clone())
+            .collect();
+        assert_eq!(
+            pushed,
+            ["GET http://h/0", "GET http://h/1", "GET http://h/2"]
+        );
+        ix.adopt(read);
+        let gone: Vec<String> = ix
+            .take_released()
+            .iter()
+            .map(|e| e.meta.key.clone())
+            .collect();
+        assert_eq!(gone, ["GET http://h/3"]);
         assert_eq!(ix.hot_len(), 2);
     }
 
