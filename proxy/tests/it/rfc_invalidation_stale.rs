@@ -215,6 +215,45 @@ fn rfc5861_a_refresh_refused_on_a_guess_keeps_the_stale_copy() {
     assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"small"[..]));
 }
 
+/// A refresh refused for what its request said (the client's `Cache-Control: no-store`) says
+/// nothing of the resource: one client must not end the copy the others are served. The stale
+/// copy stands, the refusal is counted with its reason, and the next client's refresh stores.
+#[test]
+fn rfc5861_a_refresh_refused_for_its_request_keeps_the_stale_copy() {
+    let (origin, _rt) = origin();
+    let proxy = storing_at_most_1kib(&origin);
+    let mut c = proxy.client();
+    let swr = [("Cache-Control", "max-age=1, stale-while-revalidate=30")];
+    origin.script("/r", reply("v1", &swr));
+    assert_eq!(c.get("/r", &[]).x_cache(), "MISS");
+    proxy.advance_clock(2);
+    origin.script("/r", reply("v2", &[("Cache-Control", "max-age=600")]));
+    let r = c.get("/r", &[("Cache-Control", "no-store")]);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"v1"[..]));
+    let refused = "zerocache_cache_not_stored_total{reason=\"request-no-store\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&proxy.metrics(), refused) < 1 {
+        assert!(Instant::now() < deadline, "the refresh never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(origin.hits("/r"), 2);
+    // Still the stale copy, and this client's refresh stores the new one.
+    let r = c.get("/r", &[]);
+    assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"v1"[..]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c.get("/r", &[]);
+        if r.x_cache() == "HIT" {
+            assert_eq!(r.body, b"v2");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the second refresh never stored");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(&proxy.metrics(), refused), 1);
+    assert_eq!(origin.hits("/r"), 3);
+}
+
 fn stale_then(
     origin_failure: impl FnOnce(&Origin),
     headers: &[(&str, &str)],
