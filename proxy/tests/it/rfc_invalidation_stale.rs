@@ -106,17 +106,21 @@ fn rfc5861_stale_while_revalidate_serves_stale_and_refreshes_once() {
         let r = c.get("/swr", &[]);
         assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"v1"[..]));
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c.get("/swr", &[]);
-        if r.x_cache() == "HIT" {
-            assert_eq!(r.body, b"v2");
-            break;
-        }
-        assert!(Instant::now() < deadline, "refresh never landed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until("the refresh landed", || {
+        c.get("/swr", &[]).x_cache() == "HIT"
+    });
+    assert_eq!(c.get("/swr", &[]).body, b"v2");
     assert_eq!(origin.hits("/swr"), 2, "exactly one background refresh");
+}
+
+/// Waits for `done`, polling, for at most 10 s (a deadline for a background refresh to act, not
+/// a bound on how fast it is): fails naming `what` did not happen.
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A proxy in front of `origin` that stores bodies of at most 1 KiB.
@@ -162,11 +166,9 @@ fn rfc5861_a_refresh_that_may_not_be_stored_ends_the_stale_copy_and_says_why() {
             "{path}"
         );
         // The refresh lands when the stale copy is gone: the next request goes to the origin.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while c.get(path, &[]).x_cache() == "STALE" {
-            assert!(Instant::now() < deadline, "{path}: the stale copy stayed");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        until(&format!("{path}: the stale copy went"), || {
+            c.get(path, &[]).x_cache() != "STALE"
+        });
         // Once for the refresh, once for the fetch that followed it.
         let series = format!("zerocache_cache_not_stored_total{{reason=\"{reason}\"}}");
         assert_eq!(metric(&proxy.metrics(), &series), 2, "{path}: {series}");
@@ -206,11 +208,9 @@ fn rfc5861_a_refresh_refused_on_a_guess_keeps_the_stale_copy() {
     let r = c.get("/v", &gzip);
     assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"small"[..]));
     // The refresh is refused as too large, once.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&proxy.metrics(), too_large) < 2 {
-        assert!(Instant::now() < deadline, "the refresh never ended");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the refresh ended", || {
+        metric(&proxy.metrics(), too_large) >= 2
+    });
     let r = c.get("/v", &gzip);
     assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"small"[..]));
 }
@@ -231,25 +231,17 @@ fn rfc5861_a_refresh_refused_for_its_request_keeps_the_stale_copy() {
     let r = c.get("/r", &[("Cache-Control", "no-store")]);
     assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"v1"[..]));
     let refused = "zerocache_cache_not_stored_total{reason=\"request-no-store\"}";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&proxy.metrics(), refused) < 1 {
-        assert!(Instant::now() < deadline, "the refresh never ended");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the refresh ended", || {
+        metric(&proxy.metrics(), refused) >= 1
+    });
     assert_eq!(origin.hits("/r"), 2);
     // Still the stale copy, and this client's refresh stores the new one.
     let r = c.get("/r", &[]);
     assert_eq!((r.x_cache(), r.body.as_slice()), ("STALE", &b"v1"[..]));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c.get("/r", &[]);
-        if r.x_cache() == "HIT" {
-            assert_eq!(r.body, b"v2");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the second refresh never stored");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the second refresh stored", || {
+        c.get("/r", &[]).x_cache() == "HIT"
+    });
+    assert_eq!(c.get("/r", &[]).body, b"v2");
     assert_eq!(metric(&proxy.metrics(), refused), 1);
     assert_eq!(origin.hits("/r"), 3);
 }
