@@ -8,9 +8,9 @@
 //! modes, driven by the same h2load as `bench --tls --h2`:
 //! - **sendfile**: each DATA frame's 9-byte header by send(2) with `MSG_MORE`, its payload by
 //!   sendfile(2) from the file, as the proxy's HTTP/1.1 hits;
-//! - **copy**: the frames' payloads pread(2) into a 64 KiB buffer beside their headers and
-//!   written together, the gathered writes the proxy makes today (one copy fewer than the proxy
-//!   makes: no `h2` crate between, no channel).
+//! - **copy**: the frames' payloads pread(2) into a 64 KiB buffer beside their headers, a frame
+//!   split across writes where it does not fit, and written together: the gathered writes the
+//!   proxy makes today (one copy fewer than the proxy makes: no `h2` crate between, no channel).
 //!
 //! Both at the default SETTINGS_MAX_FRAME_SIZE (16 KiB) and at a client's 1 MiB (`h2load -f`),
 //! for 64 KiB and 1 MiB bodies. Streams are answered one after another (no interleaving), which
@@ -226,15 +226,20 @@ impl Conn {
                     }
                 }
                 Mode::Copy => {
-                    if self.filled + 9 + n > GATHER {
-                        self.flush(0)?;
-                    }
+                    // The payload is read straight into the gathered write, a piece at a time
+                    // as room allows (never more than GATHER per write, as the proxy's output
+                    // buffer), so a frame larger than the buffer is not read whole first.
                     self.queue(&head)?;
-                    let at = self.filled;
-                    self.file.read_exact_at(&mut self.out[at..at + n], s.sent)?;
-                    self.filled += n;
-                    if self.filled >= GATHER {
-                        self.flush(0)?;
+                    let (mut at, end) = (s.sent, s.sent + n as u64);
+                    while at < end {
+                        if self.filled == GATHER {
+                            self.flush(0)?;
+                        }
+                        let take = (GATHER - self.filled).min((end - at) as usize);
+                        let f = self.filled;
+                        self.file.read_exact_at(&mut self.out[f..f + take], at)?;
+                        self.filled += take;
+                        at += take as u64;
                     }
                 }
             }
@@ -339,8 +344,7 @@ fn run_server(listener: TcpListener, path: std::path::PathBuf, size: u64, mode: 
                 window: 65_535,
                 streams: VecDeque::new(),
                 input: Vec::new(),
-                // A gathered write, and one more frame of the largest size measured.
-                out: vec![0; GATHER + FRAMES[1] + 9],
+                out: vec![0; GATHER],
                 filled: 0,
                 closed: false,
             };

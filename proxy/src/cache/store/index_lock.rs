@@ -51,11 +51,15 @@ impl DerefMut for IndexGuard<'_> {
 
 impl Drop for IndexGuard<'_> {
     fn drop(&mut self) {
-        let released = self.0.as_mut().map(|g| g.take_released());
-        // Unlocked first; then the entries go, closing files nobody else holds.
-        self.0 = None;
-        drop(released);
+        unlock_then_drop(&mut self.0, Index::take_released);
     }
+}
+
+/// Takes what `take` gives out of the locked value, unlocks, and only then drops it.
+fn unlock_then_drop<T, R>(guard: &mut Option<MutexGuard<'_, T>>, take: impl FnOnce(&mut T) -> R) {
+    let released = guard.as_mut().map(|g| take(g));
+    *guard = None;
+    drop(released);
 }
 
 #[cfg(test)]
@@ -103,6 +107,27 @@ mod tests {
         assert!(lock.0.try_lock().is_some());
         // Nothing is left over for the next guard.
         assert!(lock.lock().take_released().is_empty());
+    }
+
+    /// What the guard takes out is dropped once the lock is free: a value whose drop tries the
+    /// lock finds it free (it would not, were it dropped before the unlock).
+    #[test]
+    fn what_is_taken_is_dropped_after_the_unlock() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static LOCK: Mutex<Vec<Probe>> = Mutex::new(Vec::new());
+        struct Probe(Arc<AtomicBool>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                self.0.store(LOCK.try_lock().is_some(), Ordering::SeqCst);
+            }
+        }
+        let free_at_drop = Arc::new(AtomicBool::new(false));
+        let mut guard = Some(LOCK.lock());
+        if let Some(g) = guard.as_mut() {
+            g.push(Probe(free_at_drop.clone()));
+        }
+        unlock_then_drop(&mut guard, std::mem::take);
+        assert!(free_at_drop.load(Ordering::SeqCst));
     }
 
     fn located(e: &Entry) -> super::super::index::Placement {
