@@ -186,6 +186,8 @@ fn large_bodies_sealed_from_the_crate_arrive_exact_to_a_slow_tls_reader() {
             &ca,
             "--resolve",
             &resolve,
+            "-w",
+            "%{num_connects}\n",
         ]
         .iter()
         .map(|a| a.to_string())
@@ -197,6 +199,12 @@ fn large_bodies_sealed_from_the_crate_arrive_exact_to_a_slow_tls_reader() {
         }
         let out = Command::new("curl").args(&args).output().expect("curl");
         assert!(out.status.success(), "{pass}: {out:?}");
+        // One connection for the three: curl multiplexes them.
+        let connects: u32 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .sum();
+        assert_eq!(connects, 1, "{pass}: {out:?}");
         for n in sizes {
             let got = std::fs::read(dir.path().join(format!("{pass}-{n}"))).expect("body");
             assert!(got == body(n), "{pass} {n}: {} bytes", got.len());
