@@ -41,6 +41,10 @@ const CAP: usize = 64 * 1024;
 /// writes are gathered, so a small answer's HEADERS and DATA share a record.
 const SEAL_AT: usize = 4096;
 
+/// Slices sealed at once: the gathered bytes and as many of the crate's as tokio-util's
+/// `poll_write_buf` hands over (64).
+const SEAL_SLICES: usize = 65;
+
 /// The socket and what waits to be written to it, shared by the crate's I/O handle
 /// ([`CoalescedSock`]) and the connection's flusher ([`flush_due`]); both run on the
 /// connection's task, so the lock is never contended.
@@ -144,13 +148,20 @@ impl Inner {
         loop {
             let gathered = self.buf.len();
             let n = {
-                let mut all = Vec::with_capacity(bufs.len() + 1);
+                // On the stack: a seal per DATA frame allocates nothing of ours. Slices past
+                // the array's room are left for the crate's next write.
+                let mut all = [IoSlice::new(&[]); SEAL_SLICES];
+                let mut k = 0;
                 if gathered > 0 {
-                    all.push(IoSlice::new(&self.buf));
+                    all[0] = IoSlice::new(&self.buf);
+                    k = 1;
                 }
-                all.extend(bufs.iter().map(|b| IoSlice::new(b)));
+                for b in bufs.iter().filter(|b| !b.is_empty()).take(SEAL_SLICES - k) {
+                    all[k] = IoSlice::new(b);
+                    k += 1;
+                }
                 self.sock
-                    .seal_vectored(&all)
+                    .seal_vectored(&all[..k])
                     .unwrap_or_else(|| Err(io::ErrorKind::Unsupported.into()))?
             };
             if n == 0 {
