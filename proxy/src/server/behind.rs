@@ -2,7 +2,8 @@
 //! the socket with sendfile as the fill task writes it, so a miss is zero-copy too, and a client
 //! that stops reading holds up only itself (see `cache::growing` for why).
 
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use crate::cache::growing::{Growing, Progress, Reader};
 use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
 use crate::http::request::RequestHead;
@@ -10,7 +11,7 @@ use crate::sendfile::SendfileError;
 use std::time::{Duration, Instant};
 use zerocache_ledger::{CacheStatus, DataPath, ResponseRecord};
 
-impl Conn {
+impl Exchange<'_> {
     /// Sends the body of `g` as it grows, chunk-framed when `chunked` (the length is unknown and
     /// the client speaks HTTP/1.1). `wait` bounds each wait for more bytes (the fill has its own
     /// upstream timeouts; this only guards against a fill that stops publishing). Returns the
@@ -22,11 +23,11 @@ impl Conn {
         chunked: bool,
         wait: Duration,
     ) -> (u64, u64, Result<(), ConnError>) {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let mut sent = 0u64;
         let mut framing = 0u64;
         // Chunk-encoded for an HTTP/1.1 client; an h2 stream's end ends its body.
-        let encode = chunked && !self.sock.is_h2();
+        let encode = chunked && !self.c.sock.is_h2();
         // A chunk's closing CRLF travels with the next chunk's size line: one send fewer.
         let mut pending_crlf = false;
         let mut p = r.now();
@@ -37,6 +38,7 @@ impl Conn {
                 if encode {
                     let line = format!("{}{n:x}\r\n", if pending_crlf { "\r\n" } else { "" });
                     if let Err(e) = self
+                        .c
                         .sock
                         .send_head(line.as_bytes(), ctx.client.send_timeout)
                         .await
@@ -48,6 +50,7 @@ impl Conn {
                 }
                 let offset = g.entry.body_offset + sent;
                 let result = self
+                    .c
                     .sock
                     .send_file(
                         &g.file,
@@ -74,7 +77,7 @@ impl Conn {
             }
             match p {
                 Progress::Done(_) => {
-                    if chunked && let Err(e) = self.sock.end_body(ctx.client.send_timeout).await {
+                    if chunked && let Err(e) = self.c.sock.end_body(ctx.client.send_timeout).await {
                         return (sent, framing, Err(e.into()));
                     }
                     if encode {
@@ -83,7 +86,7 @@ impl Conn {
                         } else {
                             b"0\r\n\r\n"
                         };
-                        if let Err(e) = self.send(end).await {
+                        if let Err(e) = self.c.send(end).await {
                             return (sent, framing, Err(e));
                         }
                         framing += end.len() as u64;
@@ -114,9 +117,9 @@ impl Conn {
         let reader = g.reader();
         let chunked = g.length.is_none() && !req.http10;
         let close = req.close || (g.length.is_none() && req.http10);
-        let ctx = self.ctx.clone();
-        let mut h = Head::new(&mut self.head, e.meta.status, &e.meta.reason);
-        if self.from_peer {
+        let ctx = self.c.ctx.clone();
+        let mut h = Head::new(&mut self.c.head, e.meta.status, &e.meta.reason);
+        if self.c.from_peer {
             h.lines(&ctx.store.tag_lines_for_peer(&e.meta.fields));
         }
         h.lines(&ctx.store.targeted().visible(&e.meta.fields))
@@ -138,13 +141,13 @@ impl Conn {
             })
             .via_self();
         h.end(close);
-        let mut head_bytes = self.head.len() as u64;
-        let (body, framing, result) = match self.send_head().await {
+        let mut head_bytes = self.c.head.len() as u64;
+        let (body, framing, result) = match self.c.send_head().await {
             Ok(()) if req.method != "HEAD" => self.read_behind(g, reader, chunked, wait).await,
             sent => (0, 0, sent),
         };
         head_bytes += framing;
-        self.record(&ResponseRecord {
+        self.c.record(&ResponseRecord {
             method: &req.method,
             target: &req.target,
             status: e.meta.status,

@@ -1,12 +1,15 @@
-//! One client connection: reading request heads within their limits and timeouts, handing each
-//! request to `dispatch` (route → cache decision → hit or fetch, whose result `relay` sends), and
-//! answering malformed input with its 4xx before closing.
+//! One client connection's loop: reading request heads within their limits and timeouts, handing
+//! each request to an `Exchange` (`dispatch`: route → cache decision → hit or fetch, whose result
+//! `relay` sends), and answering malformed input with its 4xx before closing. The connection
+//! knows nothing of the cache: the exchange calls down into it (`respond.rs`, `upload.rs`), and
+//! this hand-off is the only way up.
 
 pub use super::conn_error::ConnError;
+use super::conn_state::Conn;
+use super::exchange::Exchange;
 use super::{Ctx, Shared};
-use crate::http::head::{CacheFields, HeadBuf, text_response};
+use crate::http::head::HeadBuf;
 use crate::http::request::{self, RequestHead};
-use crate::http::response::reason;
 use crate::net::client_sock::ClientSock;
 use bytes::BytesMut;
 use std::net::SocketAddr;
@@ -15,82 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zerocache_ledger::ConnId;
-use zerocache_ledger::{CacheStatus, CopyReason, DataPath, ResponseRecord};
-
-/// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
-pub(super) const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
-
-/// A client connection's state. Its fields are `server/`'s alone: the fetch, hit and read-behind
-/// paths are parts of one connection, and nothing outside `server/` reaches into one.
-pub struct Conn {
-    /// The socket, plain or TLS.
-    pub(super) sock: ClientSock,
-    /// Client address.
-    pub(super) peer: SocketAddr,
-    /// Accounting id.
-    pub(super) id: ConnId,
-    /// Bytes read and not yet consumed (pipelined requests wait here).
-    pub(super) buf: BytesMut,
-    /// Reused buffer for response heads, in the connection's protocol.
-    pub(super) head: HeadBuf,
-    /// The context current when this request started.
-    pub(super) ctx: Arc<Ctx>,
-    /// What outlives reloads: the current context and the shutdown signal.
-    pub(super) shared: Arc<Shared>,
-    /// Close after the current response: the request's body was not read to its end, so the
-    /// next bytes on the connection are no request.
-    pub(super) must_close: bool,
-    /// The current request's part of its access log line (left empty without an access log).
-    pub(super) log_info: crate::accesslog::RequestInfo,
-    /// The current request is a fleet peer's (its responses are counted as such).
-    pub(super) from_peer: bool,
-    /// The current request body's pace: when its reading started and the bytes received since,
-    /// for `limits.body_min_rate` (see `upload`).
-    pub(super) body_pace: Option<(tokio::time::Instant, u64)>,
-    /// An HTTP/2 stream's request, admitted with an access log and not yet answered: logged as
-    /// abandoned if the stream is dropped first (see [`Unanswered`]).
-    pub(super) unanswered: Option<Box<Unanswered>>,
-    /// The current request's response was recorded (and logged).
-    pub(super) recorded: std::sync::atomic::AtomicBool,
-}
-
-/// A request whose stream its client reset or whose connection went before it was answered.
-/// An HTTP/1.1 client that leaves is noticed when the response is written, and its line says
-/// `aborted`; an h2 stream's request path is dropped at the reset (it must stop its work at
-/// once, or rapid reset is an amplifier), so its line is written here, as nginx writes 499.
-pub(super) struct Unanswered {
-    pub method: String,
-    pub target: String,
-    pub started: Instant,
-}
-
-/// The status an abandoned request's line carries: nginx's "client closed request".
-const CLIENT_CLOSED: u16 = 499;
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        let Some(u) = self.unanswered.take() else {
-            return;
-        };
-        if *self.recorded.get_mut() {
-            return;
-        }
-        if let Some(log) = &self.ctx.access_log {
-            let r = ResponseRecord {
-                method: &u.method,
-                target: &u.target,
-                status: CLIENT_CLOSED,
-                cache_status: CacheStatus::Error,
-                head_bytes: 0,
-                body_bytes: 0,
-                path: zerocache_ledger::DataPath::Copy,
-                duration: u.started.elapsed(),
-                complete: false,
-            };
-            log.log(&self.peer, &r, &self.log_info);
-        }
-    }
-}
 
 /// Runs the connection to its end.
 pub async fn serve(sock: ClientSock, peer: SocketAddr, shared: Arc<Shared>) {
@@ -158,7 +85,10 @@ pub(crate) async fn serve_stream(
     match head {
         Ok(mut head) => {
             head.tls = conn.sock.is_tls();
-            conn.handle(head, Instant::now()).await.map(|_| ())
+            Exchange { c: &mut conn }
+                .handle(head, Instant::now())
+                .await
+                .map(|_| ())
         }
         Err(e) => {
             tracing::info!(conn = id, %peer, error = %e, "bad request on an h2 stream");
@@ -243,7 +173,7 @@ impl Conn {
                 req.close = true;
             }
             let started = Instant::now();
-            let keep = self.handle(*req, started).await?;
+            let keep = Exchange { c: self }.handle(*req, started).await?;
             // A rule's response edits are its request's: not the next 408's or 400's.
             self.head.edits.clear();
             if !keep || self.must_close {
@@ -311,143 +241,5 @@ impl Conn {
                 Err(_) => return Ok(Head::Closed),
             }
         }
-    }
-
-    /// Answers a request the proxy will not process, then closes gracefully: the client may still
-    /// be sending, and closing with unread data would reset the connection and lose the answer.
-    pub async fn reject(&mut self, status: u16) {
-        let body_len = self.simple_response(status, true, &[], None);
-        let sent = self.send_head().await;
-        self.record_simple("-", "-", status, body_len, sent.is_ok(), Duration::ZERO);
-        let _ = self.sock.shutdown().await;
-        // On the heap: held across an await, an array would make this future 4 KiB, and with it
-        // every future that may reject (each request's body read, each connection's loop).
-        let mut sink = vec![0u8; 4096];
-        let linger = Instant::now() + Duration::from_secs(1);
-        let mut drained = 0usize;
-        while drained < 256 * 1024 {
-            let left = linger.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.sock.read(&mut sink)).await {
-                Ok(Ok(n)) if n > 0 => drained += n,
-                _ => break,
-            }
-        }
-    }
-
-    /// Builds a small text response (head and body) into `self.head`, with `extra` fields and
-    /// the cache fields `cache`; returns the body length.
-    pub fn simple_response(
-        &mut self,
-        status: u16,
-        close: bool,
-        extra: &[(&str, &str)],
-        cache: Option<&CacheFields<'_>>,
-    ) -> u64 {
-        let body = format!("{status} {}\n", reason(status));
-        text_response(&mut self.head, status, extra, cache, close, body.as_bytes());
-        body.len() as u64
-    }
-
-    /// Sends a small text response for `req` and records it.
-    pub async fn respond_simple(
-        &mut self,
-        req: &RequestHead,
-        status: u16,
-        cache_status: CacheStatus,
-        extra: &[(&str, &str)],
-        cache: Option<&CacheFields<'_>>,
-        started: Instant,
-    ) -> Result<bool, ConnError> {
-        let body_len = self.simple_response(status, req.close, extra, cache);
-        self.send_generated(req, status, cache_status, body_len, started)
-            .await
-    }
-
-    /// Sends the proxy's own answer built in `self.head` (its body the last `body_len` bytes,
-    /// left out for HEAD) and records it.
-    pub(super) async fn send_generated(
-        &mut self,
-        req: &RequestHead,
-        status: u16,
-        cache_status: CacheStatus,
-        body_len: u64,
-        started: Instant,
-    ) -> Result<bool, ConnError> {
-        if req.method == "HEAD" {
-            let len = self.head.len() - body_len as usize;
-            self.head.truncate(len);
-        }
-        let sent = self.send_head().await;
-        let body = if req.method == "HEAD" { 0 } else { body_len };
-        self.record_as(
-            &ResponseRecord {
-                method: &req.method,
-                target: &req.target,
-                status,
-                cache_status,
-                head_bytes: self.head.len() as u64 - body,
-                body_bytes: if sent.is_ok() { body } else { 0 },
-                path: DataPath::Copy,
-                duration: started.elapsed(),
-                complete: sent.is_ok(),
-            },
-            CopyReason::Generated,
-        );
-        sent?;
-        Ok(!req.close)
-    }
-
-    /// The access-log line (and response count) of a request whose client left before its body
-    /// was read: 499, nothing sent.
-    pub(super) fn record_client_gone(&self, req: &crate::http::request::RequestHead) {
-        self.record_simple(&req.method, &req.target, 499, 0, false, Duration::ZERO);
-    }
-
-    fn record_simple(
-        &self,
-        method: &str,
-        target: &str,
-        status: u16,
-        body: u64,
-        complete: bool,
-        d: Duration,
-    ) {
-        self.record_as(
-            &ResponseRecord {
-                method,
-                target,
-                status,
-                cache_status: CacheStatus::Error,
-                head_bytes: self.head.len() as u64 - body,
-                body_bytes: if complete { body } else { 0 },
-                path: DataPath::Copy,
-                duration: d,
-                complete,
-            },
-            CopyReason::Generated,
-        );
-    }
-
-    /// Sends the response head built in `self.head` (and the body of an answer the proxy made,
-    /// after it), within `limits.send_timeout` per write.
-    pub async fn send_head(&mut self) -> Result<(), ConnError> {
-        Ok(self
-            .sock
-            .send_response_head(&mut self.head, false, self.ctx.client.send_timeout)
-            .await?)
-    }
-
-    /// Sends `bytes` to the client, within `limits.send_timeout` per write that makes progress.
-    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
-        Ok(self
-            .sock
-            .send_all(bytes, self.ctx.client.send_timeout)
-            .await?)
-    }
-
-    /// Records a response in the accounting (the proxy's "intent" side of the ledger); a copied
-    /// body declared `Copy` here was relayed from the upstream.
-    pub fn record(&self, r: &ResponseRecord<'_>) {
-        self.record_as(r, CopyReason::Miss)
     }
 }

@@ -5,10 +5,10 @@
 //! connection it went by sendfile like a plain one, and is held to that; on an HTTP/2 stream it
 //! is a DATA frame written from user space (`h2`), by design too; the planted
 //! bug (`debug.copy_hits`) still declares zero-copy, so the probe flags it, and is counted as
-//! `debug-copy`. [`Conn::record_as`] applies it to every response the connection records.
+//! `debug-copy`. `Conn::record_as` (respond.rs) applies it to every response a connection
+//! records.
 
-use super::conn::Conn;
-use zerocache_ledger::{CopyReason, DataPath, ResponseRecord};
+use zerocache_ledger::{CopyReason, DataPath};
 
 /// The path to record and the copy reason to count the body under (none for sendfile).
 /// `relay`: the reason a declared `Copy` body was copied (`Miss` for upstream bodies,
@@ -24,33 +24,6 @@ pub(crate) fn classify(
         DataPath::Zerocopy if by_design.is_some() => (DataPath::Copy, by_design),
         DataPath::Zerocopy if copy_hits => (DataPath::Zerocopy, Some(CopyReason::DebugCopy)),
         DataPath::Zerocopy => (DataPath::Zerocopy, None),
-    }
-}
-
-impl Conn {
-    /// [`Conn::record`], with `relay` the reason a body declared `Copy` was copied. The declared
-    /// path becomes what the transport made of it (see `copy_account`).
-    pub(super) fn record_as(&self, r: &ResponseRecord<'_>, relay: CopyReason) {
-        let acc = &self.ctx.accounting;
-        let (path, reason) = classify(
-            r.path,
-            relay,
-            self.sock.copies_by_design(),
-            self.ctx.sending.copy_hits,
-        );
-        if let Some(reason) = reason {
-            acc.copied.add(reason, r.body_bytes);
-        }
-        let r = &ResponseRecord { path, ..r.clone() };
-        match &self.log_info.route {
-            Some(route) => acc.response(self.id, r, route, self.from_peer),
-            None => acc.response(self.id, r, acc.no_route(), self.from_peer),
-        }
-        if let Some(log) = &self.ctx.access_log {
-            log.log(&self.peer, r, &self.log_info);
-            self.recorded
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! One request, from its head to its answer: route → cache lookup → the cache's decision (fresh,
 //! stale, revalidate, miss, bypass) → a hit, a fetch, or a generated answer. `Conn` carries the
-//! connection; this is what it does with each request on it.
+//! connection; an [`Exchange`] is what the proxy does with one request on it, and this is
+//! where it starts.
 
 use super::fetch::{Fetch, FetchOptions, FetchSpec, RangeFill};
 use super::hit::{HitKind, HitOutcome};
@@ -18,9 +19,13 @@ use std::sync::Arc;
 use std::time::Instant;
 use zerocache_ledger::CacheStatus;
 
-use super::conn::{ALLOW, Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 
-impl Conn {
+/// What `Allow` lists on a 405 to TRACE: the methods the proxy forwards.
+const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH";
+
+impl Exchange<'_> {
     /// One request: route → cache lookup → hit or fetch. Returns whether to keep the connection.
     ///
     /// What goes upstream (a miss, a pass, a tunnel) is awaited boxed: those futures are 2,800
@@ -33,7 +38,7 @@ impl Conn {
         mut req: RequestHead,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         // Found once, before anything answers: the request is counted under its route whatever
         // answers it (a 413 for its body too; `-` when it matches none), and routed by it below
         // (neither the admission nor the fleet intake changes its host or target). `OPTIONS *`
@@ -41,7 +46,7 @@ impl Conn {
         let (found, shape) = ctx
             .routes
             .find_shaped(&req.host, if req.target == "*" { "/" } else { &req.target });
-        self.log_info.route = found.map(|r| r.counters);
+        self.c.log_info.route = found.map(|r| r.counters);
         let body = match self.admit(&mut req, started).await? {
             Ok(body) => body,
             Err(keep) => return Ok(keep),
@@ -191,7 +196,8 @@ impl Conn {
             upstream: None,
             member: None,
         };
-        self.respond_simple(req, 504, CacheStatus::Miss, &[], Some(&cache), started)
+        self.c
+            .respond_simple(req, 504, CacheStatus::Miss, &[], Some(&cache), started)
             .await
     }
 
@@ -211,6 +217,7 @@ impl Conn {
             Some(_) => (405, &[("Allow", ALLOW)]),
         };
         let keep = self
+            .c
             .respond_simple(req, status, CacheStatus::Error, allow, None, started)
             .await?;
         Ok(Err(keep))
@@ -225,38 +232,27 @@ impl Conn {
     ) -> Result<Result<RequestBody, bool>, ConnError> {
         // The id costs a hash and an allocation: a hit with no access log has no use for it (a
         // fetch makes one for the upstream request when none was made here).
-        if self.ctx.access_log.is_some() {
+        if self.c.ctx.access_log.is_some() {
             req.id = crate::request_id::of(
                 req,
-                self.peer.ip(),
-                &self.ctx.forwarding.trusted_proxies,
-                &self.ctx.forwarding.request_id_header,
+                self.c.peer.ip(),
+                &self.c.ctx.forwarding.trusted_proxies,
+                &self.c.ctx.forwarding.request_id_header,
             );
-            let route = self.log_info.route.take();
-            self.log_info = crate::accesslog::RequestInfo::of(req);
-            self.log_info.route = route;
-            self.log_info.tls = self.sock.tls_info();
-            if self.sock.is_h2() {
-                self.unanswered = Some(Box::new(super::conn::Unanswered {
-                    method: req.method.to_string(),
-                    target: req.target.clone(),
-                    started,
-                }));
-                self.recorded
-                    .store(false, std::sync::atomic::Ordering::Relaxed);
-            }
+            self.c.begin_record(req, started);
         }
-        let Some(body) = self.read_body(req).await? else {
+        let Some(body) = self.c.read_body(req).await? else {
             return Ok(Err(false));
         };
         // Part of a large body is still unread: whatever answers this request (a 404, a 405, a
         // 502 before the body went upstream), the next bytes on the connection are no request.
-        // `Conn::fetch` (relay.rs) clears this once the fetch has read the body to its end.
-        self.must_close = matches!(body, RequestBody::Streaming { .. });
-        if self.sock.misdirected(&req.host) {
+        // `Exchange::fetch` (relay.rs) clears this once the fetch has read the body to its end.
+        self.c.must_close = matches!(body, RequestBody::Streaming { .. });
+        if self.c.sock.misdirected(&req.host) {
             // A connection made (by SNI) for one site, asked for a host its certificate does
             // not name: the client must not have reused it (tls.strict_sni).
             return self
+                .c
                 .respond_simple(req, 421, CacheStatus::Error, &[], None, started)
                 .await
                 .map(Err);
@@ -279,7 +275,7 @@ impl Conn {
         (url, primary): &(CacheKey, CacheKey),
         e: &Arc<Entry>,
     ) {
-        if let Role::Leader(guard) = self.ctx.locks.acquire(primary.hash) {
+        if let Role::Leader(guard) = self.c.ctx.locks.acquire(primary.hash) {
             let bg = Fetch::background(
                 req.clone(),
                 route.upstream.clone(),
@@ -291,7 +287,7 @@ impl Conn {
             )
             .store_set_cookie(route.store_set_cookie)
             .object_sizes(route.object_sizes);
-            tokio::spawn(bg.refresh(self.ctx.clone(), self.peer.ip()));
+            tokio::spawn(bg.refresh(self.c.ctx.clone(), self.c.peer.ip()));
         }
     }
 
@@ -308,13 +304,14 @@ impl Conn {
         directives: &crate::cache::directives::RequestDirectives,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let upstream = route.upstream.clone();
         let ttls = route.ttls;
         // Every plan after a lookup made the keys, and only a miss's plan comes here.
         let (Some((url, primary)), Some(m)) = (keys, Miss::of(plan, found.is_some(), from_peer))
         else {
             return self
+                .c
                 .respond_simple(req, 500, CacheStatus::Error, &[], None, started)
                 .await;
         };
@@ -419,7 +416,7 @@ impl Conn {
         wait: std::time::Duration,
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         // Fresh enough for this request.
         let fresh = |e: &Entry| {
             freshness::decide(

@@ -4,7 +4,8 @@
 //! 429). A fleet peer's forwarded request had its rules run where the client sent it: here it
 //! only has its query normalised again, which changes nothing.
 
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use crate::cache::rules::Answer;
 use crate::http::request::RequestHead;
 use crate::routing::Route;
@@ -46,7 +47,7 @@ impl Ruled {
     }
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Runs `route`'s query rules and rules on `req`, whose target's path has `shape` (routing
     /// found it: `http::target::path_shape`). `Err(keep)`: a rule answered.
     pub(super) async fn edge_rules(
@@ -61,7 +62,7 @@ impl Conn {
         if from_peer || route.rules.is_empty() {
             return Ok(Ok(Ruled::default()));
         }
-        let limiter = &self.ctx.limiter;
+        let limiter = &self.c.ctx.limiter;
         let now = if route.rules.needs_clock() {
             limiter.now()
         } else {
@@ -70,13 +71,13 @@ impl Conn {
         let v = route.rules.on_request_shaped(
             req,
             shape,
-            self.peer.ip(),
+            self.c.peer.ip(),
             limiter,
             now,
-            &mut self.head.edits,
+            &mut self.c.head.edits,
         );
-        if self.ctx.access_log.is_some() {
-            self.log_info.rules = route.rules.matched(v.matched);
+        if self.c.ctx.access_log.is_some() {
+            self.c.log_info.rules = route.rules.matched(v.matched);
         }
         let Some(answer) = v.answer else {
             return Ok(Ok(Ruled {
@@ -88,25 +89,27 @@ impl Conn {
         };
         let keep = match answer {
             Answer::Redirect(status, location) if !location.contains(['\r', '\n', '\0']) => {
-                self.respond_simple(
-                    req,
-                    status,
-                    CacheStatus::Bypass,
-                    &[("Location", &location)],
-                    None,
-                    started,
-                )
-                .await?
+                self.c
+                    .respond_simple(
+                        req,
+                        status,
+                        CacheStatus::Bypass,
+                        &[("Location", &location)],
+                        None,
+                        started,
+                    )
+                    .await?
             }
             // No variable can put a line break in a location; should one ever, nothing of it is
             // sent.
             Answer::Redirect(..) => {
-                self.respond_simple(req, 500, CacheStatus::Error, &[], None, started)
+                self.c
+                    .respond_simple(req, 500, CacheStatus::Error, &[], None, started)
                     .await?
             }
             Answer::Respond(status, body, content_type) => {
                 crate::http::head::typed_response(
-                    &mut self.head,
+                    &mut self.c.head,
                     status,
                     &content_type,
                     &[],
@@ -114,24 +117,27 @@ impl Conn {
                     req.close,
                     body.as_bytes(),
                 );
-                self.send_generated(req, status, CacheStatus::Bypass, body.len() as u64, started)
+                self.c
+                    .send_generated(req, status, CacheStatus::Bypass, body.len() as u64, started)
                     .await?
             }
             Answer::Deny(status) => {
-                self.respond_simple(req, status, CacheStatus::Bypass, &[], None, started)
+                self.c
+                    .respond_simple(req, status, CacheStatus::Bypass, &[], None, started)
                     .await?
             }
             Answer::Limited(after) => {
                 let after = after.to_string();
-                self.respond_simple(
-                    req,
-                    429,
-                    CacheStatus::Bypass,
-                    &[("Retry-After", &after)],
-                    None,
-                    started,
-                )
-                .await?
+                self.c
+                    .respond_simple(
+                        req,
+                        429,
+                        CacheStatus::Bypass,
+                        &[("Retry-After", &after)],
+                        None,
+                        started,
+                    )
+                    .await?
             }
         };
         Ok(Err(keep))

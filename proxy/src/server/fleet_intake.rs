@@ -3,7 +3,8 @@
 //! peer's (never forwarded again, and counted as such), and one that names an internal
 //! operation is answered here (see `crate::fleet::internal`).
 
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use super::request_body::RequestBody;
 use crate::http::request::RequestHead;
 
@@ -17,15 +18,15 @@ pub(super) enum Intake {
     Client,
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Takes the hop header out of `req` and answers it if it is internal.
     pub(super) async fn fleet_intake(
         &mut self,
         req: &mut RequestHead,
         body: &RequestBody,
     ) -> Result<Intake, ConnError> {
-        self.from_peer = false;
-        let Some(fleet) = self.ctx.fleet.clone() else {
+        self.c.from_peer = false;
+        let Some(fleet) = self.c.ctx.fleet.clone() else {
             crate::fleet::hop::strip(req);
             return Ok(Intake::Client);
         };
@@ -38,6 +39,7 @@ impl Conn {
         }
         let self_id = fleet.self_id();
         let dialled = self
+            .c
             .sock
             .tcp()
             .and_then(|s| s.local_addr().ok())
@@ -50,21 +52,21 @@ impl Conn {
         let hop = match crate::fleet::hop::take(req, whole, &fleet.keys, &at) {
             None => return Ok(Intake::Client),
             Some(Err(why)) => {
-                fleet.hop_refused(why, self.peer.ip());
+                fleet.hop_refused(why, self.c.peer.ip());
                 return Ok(Intake::Client);
             }
             Some(Ok(hop)) => hop,
         };
         if let Some(op) = hop.op.as_deref() {
             let (status, json) =
-                crate::fleet::internal::answer(&fleet, &self.ctx.purger(), op, whole);
-            crate::fleet::internal::response(&mut self.head, status, &json, req.close);
-            self.send_head().await?;
+                crate::fleet::internal::answer(&fleet, &self.c.ctx.purger(), op, whole);
+            crate::fleet::internal::response(&mut self.c.head, status, &json, req.close);
+            self.c.send_head().await?;
             // Answered, though not recorded as a client's response: no abandoned-request line.
-            self.unanswered = None;
+            self.c.unanswered = None;
             return Ok(Intake::Answered(!req.close));
         }
-        self.from_peer = true;
+        self.c.from_peer = true;
         fleet.answering(&hop.from);
         Ok(Intake::Peer)
     }

@@ -3,7 +3,8 @@
 //! in the connection's reused buffer: no allocation proportional to the body, no read(2) of the
 //! file's header, no open(2) when the open-file cache holds the file.
 
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use crate::cache::conditional::{self, Precondition};
 use crate::cache::entry::Entry;
 use crate::http::head::{CacheFields, CacheStatusField, Framing, Head};
@@ -47,7 +48,7 @@ pub enum HitOutcome {
     Gone,
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Serves `e` for `req`: a 412 or 304 from the stored validators, else the stored response
     /// (whole, a range, or 416) with its head in one send and its body by sendfile.
     pub async fn serve_hit(
@@ -75,6 +76,7 @@ impl Conn {
                     member: None,
                 };
                 let keep = self
+                    .c
                     .respond_simple(req, 412, kind.cache_status(), &[], Some(&cache), started)
                     .await?;
                 return Ok(HitOutcome::Served(keep));
@@ -110,7 +112,7 @@ impl Conn {
         (age, ttl): (u64, i64),
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
-        let mut h = Head::standard(&mut self.head, 304);
+        let mut h = Head::standard(&mut self.c.head, 304);
         for line in StoredFields(&e.meta.fields).lines() {
             if conditional::NOT_MODIFIED_FIELDS
                 .iter()
@@ -121,13 +123,13 @@ impl Conn {
         }
         h.lines(requester);
         epilogue(h, kind, age, ttl, req.close);
-        let sent = self.send_head().await;
-        self.record(&ResponseRecord {
+        let sent = self.c.send_head().await;
+        self.c.record(&ResponseRecord {
             method: &req.method,
             target: &req.target,
             status: 304,
             cache_status: kind.cache_status(),
-            head_bytes: self.head.len() as u64,
+            head_bytes: self.c.head.len() as u64,
             body_bytes: 0,
             path: DataPath::Zerocopy,
             duration: started.elapsed(),
@@ -146,7 +148,7 @@ impl Conn {
         started: Instant,
     ) -> Result<Result<Arc<File>, HitOutcome>, ConnError> {
         use crate::cache::store::OpenFailure;
-        let err = match self.ctx.store.open_file(e) {
+        let err = match self.c.ctx.store.open_file(e) {
             Ok(f) => return Ok(Ok(f)),
             Err(err) => err,
         };
@@ -160,6 +162,7 @@ impl Conn {
                     member: None,
                 };
                 let keep = self
+                    .c
                     .respond_simple(
                         req,
                         503,
@@ -184,7 +187,7 @@ impl Conn {
         }
     }
 
-    /// Writes the head of a stored response into `self.head`: whole, a range of it (206) or a
+    /// Writes the head of a stored response into `self.c.head`: whole, a range of it (206) or a
     /// 416. Returns the body's start and length in the entry, and the status.
     fn hit_head(
         &mut self,
@@ -194,7 +197,7 @@ impl Conn {
         requester: &[u8],
         (age, ttl): (u64, i64),
     ) -> (u64, u64, u16) {
-        let ctx = &self.ctx;
+        let ctx = &self.c.ctx;
         let answer = if req.method == "GET"
             && e.meta.status == 200
             && conditional::if_range_holds(req, e.etag.as_deref(), e.last_modified.as_deref())
@@ -208,8 +211,8 @@ impl Conn {
                 // The entry's prebuilt head, copied as it is; only a requester's own fields (a
                 // 304's Set-Cookie for the client that caused it) make it go line by line. An h2
                 // stream's head is written from the entry's fields, as the prebuilt one was.
-                let h = if self.head.is_h2() {
-                    let mut h = Head::new(&mut self.head, e.meta.status, &e.meta.reason);
+                let h = if self.c.head.is_h2() {
+                    let mut h = Head::new(&mut self.c.head, e.meta.status, &e.meta.reason);
                     put_stored(
                         &mut h,
                         &ctx.store.targeted().visible(&e.meta.fields),
@@ -220,10 +223,10 @@ impl Conn {
                 } else if requester.is_empty() {
                     // The rules' edits need not look at the stored lines when they remove
                     // none of their names.
-                    if self.head.edits.is_empty() {
-                        Head::resume(&mut self.head, &e.hit_head)
+                    if self.c.head.edits.is_empty() {
+                        Head::resume(&mut self.c.head, &e.hit_head)
                     } else {
-                        Head::resume_named(&mut self.head, &e.hit_head, e.head_names())
+                        Head::resume_named(&mut self.c.head, &e.hit_head, e.head_names())
                     }
                 } else {
                     let at = e
@@ -231,12 +234,12 @@ impl Conn {
                         .windows(2)
                         .position(|w| w == b"\r\n")
                         .map_or(0, |i| i + 2);
-                    let mut h = Head::resume(&mut self.head, &e.hit_head[..at]);
+                    let mut h = Head::resume(&mut self.c.head, &e.hit_head[..at]);
                     put_stored(&mut h, &e.hit_head[at..], requester);
                     h
                 };
                 let mut h = h;
-                if self.from_peer {
+                if self.c.from_peer {
                     h.lines(&ctx.store.tag_lines_for_peer(&e.meta.fields));
                 }
                 epilogue(h, kind, age, ttl, req.close);
@@ -253,7 +256,7 @@ impl Conn {
                     ),
                     _ => (416, format!("bytes */{}", e.body_len), 0, 0),
                 };
-                let mut h = Head::standard(&mut self.head, status);
+                let mut h = Head::standard(&mut self.c.head, status);
                 put_stored(
                     &mut h,
                     &ctx.store.targeted().visible(&e.meta.fields),
@@ -261,7 +264,7 @@ impl Conn {
                 );
                 h.field("Content-Range", range.as_bytes())
                     .framing(Framing::Length(len));
-                if self.from_peer {
+                if self.c.from_peer {
                     h.lines(&ctx.store.tag_lines_for_peer(&e.meta.fields));
                 }
                 epilogue(h, kind, age, ttl, req.close);
@@ -270,7 +273,7 @@ impl Conn {
         }
     }
 
-    /// Sends the head in `self.head`, then `len` bytes of the body from `start` by sendfile (a
+    /// Sends the head in `self.c.head`, then `len` bytes of the body from `start` by sendfile (a
     /// cold range read in first, off the event loop), and records the response.
     async fn send_stored(
         &mut self,
@@ -281,17 +284,18 @@ impl Conn {
         (start, len, status): (u64, u64, u16),
         started: Instant,
     ) -> Result<HitOutcome, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let body_file = file.filter(|_| len > 0);
         let head_sent = if body_file.is_some() && !ctx.sending.copy_hits {
-            self.sock
-                .send_response_head(&mut self.head, true, ctx.client.send_timeout)
+            self.c
+                .sock
+                .send_response_head(&mut self.c.head, true, ctx.client.send_timeout)
                 .await
                 .map_err(ConnError::from)
         } else {
-            self.send_head().await
+            self.c.send_head().await
         };
-        let head_bytes = self.head.len() as u64;
+        let head_bytes = self.c.head.len() as u64;
         if let Err(err) = head_sent {
             self.record_hit(req, kind, status, (head_bytes, 0, false), started);
             return Err(err);
@@ -330,7 +334,7 @@ impl Conn {
         len: u64,
     ) -> Result<u64, SendfileError> {
         // Borrowed beside the socket, not cloned: no reference count touched per hit.
-        let ctx = &*self.ctx;
+        let ctx = &*self.c.ctx;
         let now_ms = crate::server::uptime_ms();
         let last = e
             .last_hit_ms
@@ -342,7 +346,8 @@ impl Conn {
             ctx.accounting.cold_offload();
             crate::residency::warm(file.clone(), offset, len).await;
         }
-        self.sock
+        self.c
+            .sock
             .send_file(
                 file,
                 offset,
@@ -362,7 +367,7 @@ impl Conn {
         (head, body, complete): (u64, u64, bool),
         started: Instant,
     ) {
-        self.record(&ResponseRecord {
+        self.c.record(&ResponseRecord {
             method: &req.method,
             target: &req.target,
             status,

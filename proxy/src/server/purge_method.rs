@@ -6,7 +6,8 @@
 //! and nothing is purged. With the method off, `PURGE` is forwarded like any other method.
 
 use super::PurgeMethod;
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use crate::http::request::RequestHead;
 use std::time::Instant;
 use zerocache_ledger::CacheStatus;
@@ -23,7 +24,7 @@ pub(crate) fn allowed(rules: &PurgeMethod, client: std::net::IpAddr, req: &Reque
         .is_some_and(|t| crate::fleet::hop::constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Answers a `PURGE`: the purge and its count, or 403.
     pub(super) async fn purge_by_method(
         &mut self,
@@ -31,27 +32,29 @@ impl Conn {
         rules: &PurgeMethod,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        if !allowed(rules, self.peer.ip(), req) {
-            tracing::info!(peer = %self.peer, target = %req.target, "PURGE refused: client not in purge.allowed_clients and no purge.token");
+        if !allowed(rules, self.c.peer.ip(), req) {
+            tracing::info!(peer = %self.c.peer, target = %req.target, "PURGE refused: client not in purge.allowed_clients and no purge.token");
             return self
+                .c
                 .respond_simple(req, 403, CacheStatus::Error, &[], None, started)
                 .await;
         }
         let scheme = if req.tls { "https" } else { "http" };
         let url = format!("{scheme}://{}{}", req.host, req.target);
         let purged = self
+            .c
             .ctx
             .purger()
             .purge(&zerocache_ops::Purge::url(url.clone()));
         let (status, body) = match purged {
             Ok(n) => {
-                tracing::info!(peer = %self.peer, %url, purged = n, "PURGE");
+                tracing::info!(peer = %self.c.peer, %url, purged = n, "PURGE");
                 (200, format!("{{\"purged\":{n}}}\n"))
             }
             Err(why) => (400, format!("{{\"error\":{:?}}}\n", why)),
         };
         crate::http::head::typed_response(
-            &mut self.head,
+            &mut self.c.head,
             status,
             "application/json",
             &[("Cache-Control", "no-store")],
@@ -59,7 +62,8 @@ impl Conn {
             req.close,
             body.as_bytes(),
         );
-        self.send_generated(req, status, CacheStatus::Error, body.len() as u64, started)
+        self.c
+            .send_generated(req, status, CacheStatus::Error, body.len() as u64, started)
             .await
     }
 }

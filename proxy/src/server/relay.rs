@@ -8,8 +8,9 @@
 //! imports the connection (data flows one way), and the fetch is dropped before the client is
 //! sent anything (a fill's lock lives on in its pump task).
 
-use super::conn::Conn;
 use super::conn_error::ConnError;
+use super::conn_state::Conn;
+use super::exchange::Exchange;
 use super::fetch::{Body, Fetch, Fetched, Outcome, Relayed};
 use super::hit::{HitKind, HitOutcome};
 use crate::cache::conditional::{self, Precondition};
@@ -65,22 +66,22 @@ impl Account<'_> {
     }
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Runs a fetch and sends what it got: the one place a fetch's result turns into bytes for
     /// the client.
     pub(super) async fn fetch(&mut self, f: Fetch<'_>) -> Result<bool, ConnError> {
         let (req, started) = (f.request(), f.started());
-        let ctx = self.ctx.clone();
-        let peer = self.peer.ip();
+        let ctx = self.c.ctx.clone();
+        let peer = self.c.peer.ip();
         let Fetched {
             interim,
             upstream,
             must_close,
             outcome,
-        } = f.run(&ctx, peer, self).await;
-        self.must_close = must_close;
+        } = f.run(&ctx, peer, &mut *self.c).await;
+        self.c.must_close = must_close;
         if upstream.is_some() {
-            self.log_info.upstream = upstream;
+            self.c.log_info.upstream = upstream;
         }
         let interim_bytes = if req.http10 {
             0
@@ -97,7 +98,7 @@ impl Conn {
             } => {
                 let served = self.serve_hit(req, &entry, kind, &requester, started).await;
                 if then_remove {
-                    self.ctx.store.remove_if_same(&entry);
+                    self.c.ctx.store.remove_if_same(&entry);
                 }
                 match served? {
                     HitOutcome::Served(keep) => Ok(keep),
@@ -105,7 +106,8 @@ impl Conn {
                     // owes the client an answer.
                     HitOutcome::Gone if kind == HitKind::Stale => Ok(false),
                     HitOutcome::Gone => {
-                        self.respond_simple(req, 502, CacheStatus::Error, &[], None, started)
+                        self.c
+                            .respond_simple(req, 502, CacheStatus::Error, &[], None, started)
                             .await
                     }
                 }
@@ -118,11 +120,12 @@ impl Conn {
                     upstream: None,
                     member: detail.map(|d| CacheStatusField::fwd("miss").detail(d)),
                 };
-                self.respond_simple(req, status, CacheStatus::Error, &[], Some(&cache), started)
+                self.c
+                    .respond_simple(req, status, CacheStatus::Error, &[], Some(&cache), started)
                     .await
             }
             Outcome::RefuseBody(e) => {
-                self.refuse_body(req, e).await?;
+                self.c.refuse_body(req, e).await?;
                 Ok(false)
             }
         }
@@ -134,11 +137,11 @@ impl Conn {
     async fn relay_interim(&mut self, interim: &[ResponseHead]) -> Result<u64, ConnError> {
         let mut bytes = 0u64;
         for h in interim {
-            let mut head = Head::new(&mut self.head, h.status, &h.reason);
+            let mut head = Head::new(&mut self.c.head, h.status, &h.reason);
             head.end_to_end(&h.fields, proxy_owned);
             head.end(false);
-            self.send_head().await?;
-            bytes += self.head.len() as u64;
+            self.c.send_head().await?;
+            bytes += self.c.head.len() as u64;
         }
         Ok(bytes)
     }
@@ -161,7 +164,7 @@ impl Conn {
         }
         let stored = matches!(r.body, Body::Behind(..));
         let (close_after, chunked) = self.client_head(req, &r, stored);
-        let head_bytes = self.head.len() as u64 + interim_bytes;
+        let head_bytes = self.c.head.len() as u64 + interim_bytes;
         let account = Account {
             req,
             started,
@@ -171,7 +174,7 @@ impl Conn {
         };
         let up = match r.body {
             Body::Behind(g, reader) => {
-                let (body, framing_bytes, result) = match self.send_head().await {
+                let (body, framing_bytes, result) = match self.c.send_head().await {
                     Ok(()) => {
                         self.read_behind(&g, reader, chunked, r.upstream.read_timeout)
                             .await
@@ -179,7 +182,7 @@ impl Conn {
                     Err(e) => (0, 0, Err(e)),
                 };
                 account.record(
-                    self,
+                    self.c,
                     head_bytes + framing_bytes,
                     body,
                     DataPath::Zerocopy,
@@ -190,8 +193,8 @@ impl Conn {
             }
             Body::Stream(up) => up,
         };
-        if let Err(e) = self.send_head().await {
-            account.record(self, head_bytes, 0, DataPath::Copy, false);
+        if let Err(e) = self.c.send_head().await {
+            account.record(self.c, head_bytes, 0, DataPath::Copy, false);
             return Err(e);
         }
         let streamed = Streamed {
@@ -217,14 +220,14 @@ impl Conn {
         let mut reader = BodyReader::new(s.framing, group.read_timeout);
         let mut piece = Vec::with_capacity(64 * 1024);
         // Chunk-encoded for an HTTP/1.1 client; an h2 stream's end ends its body.
-        let encode = s.chunked && !self.sock.is_h2();
+        let encode = s.chunked && !self.c.sock.is_h2();
         let mut out = Vec::with_capacity(if encode { 64 * 1024 + 32 } else { 0 });
         let mut body_bytes = 0u64;
         while !reader.is_done() {
             if let Err(e) = reader.next(&mut up, &mut piece).await {
                 tracing::warn!(upstream = %group.name, target = %account.req.target, error = %e, received = body_bytes, "upstream body failed; closing client connection");
-                self.ctx.accounting.upstream_error(&group.name, e.kind());
-                account.record(self, s.head_bytes, body_bytes, DataPath::Copy, false);
+                self.c.ctx.accounting.upstream_error(&group.name, e.kind());
+                account.record(self.c, s.head_bytes, body_bytes, DataPath::Copy, false);
                 return Err(ConnError::Aborted(e.to_string()));
             }
             let sent = if encode {
@@ -237,26 +240,26 @@ impl Conn {
                 if reader.is_done() {
                     out.extend_from_slice(b"0\r\n\r\n");
                 }
-                self.send(&out).await
+                self.c.send(&out).await
             } else {
-                self.send(&piece).await
+                self.c.send(&piece).await
             };
             if let Err(e) = sent {
-                account.record(self, s.head_bytes, body_bytes, DataPath::Copy, false);
+                account.record(self.c, s.head_bytes, body_bytes, DataPath::Copy, false);
                 return Err(e);
             }
             body_bytes += piece.len() as u64;
         }
         if s.chunked
-            && let Err(e) = self.sock.end_body(self.ctx.client.send_timeout).await
+            && let Err(e) = self.c.sock.end_body(self.c.ctx.client.send_timeout).await
         {
-            account.record(self, s.head_bytes, body_bytes, DataPath::Copy, false);
+            account.record(self.c, s.head_bytes, body_bytes, DataPath::Copy, false);
             return Err(e.into());
         }
         if reader.reusable() && s.reuse {
             group.release(up);
         }
-        account.record(self, s.head_bytes, body_bytes, DataPath::Copy, true);
+        account.record(self.c, s.head_bytes, body_bytes, DataPath::Copy, true);
         Ok(())
     }
 
@@ -274,7 +277,7 @@ impl Conn {
         } else {
             412
         };
-        let mut h = Head::standard(&mut self.head, status);
+        let mut h = Head::standard(&mut self.c.head, status);
         if status == 304 {
             for (k, v) in &r.head.fields {
                 if conditional::NOT_MODIFIED_FIELDS
@@ -294,7 +297,7 @@ impl Conn {
         })
         .via_self();
         h.end(req.close);
-        let sent = self.send_head().await;
+        let sent = self.c.send_head().await;
         let account = Account {
             req,
             started,
@@ -302,13 +305,13 @@ impl Conn {
             cache_status: r.status,
             via_peer: r.via_peer.as_ref(),
         };
-        let head_bytes = self.head.len() as u64 + interim_bytes;
-        account.record(self, head_bytes, 0, DataPath::Copy, sent.is_ok());
+        let head_bytes = self.c.head.len() as u64 + interim_bytes;
+        account.record(self.c, head_bytes, 0, DataPath::Copy, sent.is_ok());
         sent?;
         Ok(!req.close)
     }
 
-    /// Writes the client's head for the origin's answer `r` into `self.head`: its end-to-end
+    /// Writes the client's head for the origin's answer `r` into `self.c.head`: its end-to-end
     /// fields, the framing the client gets, and what the cache did (`stored`, or why not).
     /// Returns whether the connection closes after it and whether the body is chunked to it.
     fn client_head(&mut self, req: &RequestHead, r: &Relayed, stored: bool) -> (bool, bool) {
@@ -320,8 +323,8 @@ impl Conn {
             matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && !req.http10;
         let close_after = client_close
             || (matches!(framing, BodyFraming::Chunked | BodyFraming::Close) && req.http10);
-        let ctx = self.ctx.clone();
-        let mut h = Head::new(&mut self.head, head.status, &head.reason);
+        let ctx = self.c.ctx.clone();
+        let mut h = Head::new(&mut self.c.head, head.status, &head.reason);
         let mut via: Option<String> = None;
         for (k, v) in &head.fields {
             if k.eq_ignore_ascii_case("age") {
@@ -355,7 +358,7 @@ impl Conn {
             }
             // Hidden from clients; a fleet peer gets the tag field, for its own copy's tags.
             if ctx.store.targeted().hides(k)
-                && !(self.from_peer && ctx.store.is_hidden_tag_field(k))
+                && !(self.c.from_peer && ctx.store.is_hidden_tag_field(k))
             {
                 continue;
             }
@@ -389,7 +392,7 @@ impl Conn {
         let cache = match &relayed {
             // A peer's answer: what happened at the owner, then this node's own member.
             Some(p) => {
-                self.log_info.relayed_cache = CacheStatus::from_x_cache(p.x_cache());
+                self.c.log_info.relayed_cache = CacheStatus::from_x_cache(p.x_cache());
                 p.fields()
             }
             None => CacheFields {

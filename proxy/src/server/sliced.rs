@@ -8,7 +8,8 @@
 //! head is sent the response starts over once from fresh slices; after it, the connection is
 //! closed, never a mixed body.
 
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use super::fetch::slice::{Got, SliceJob};
 use super::hit::HitKind;
 use super::sliced_send::{Failure, Promised, changed, fits};
@@ -44,7 +45,7 @@ enum Attempt {
     Unsliced,
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// A miss the ordinary path planned (nothing stored whole under `keys`, the request's URL
     /// and primary keys) on a route that slices (`routes[].slice`): a GET or HEAD answered from
     /// the object's slices; `None` for any other request, or one its slices cannot answer. The
@@ -83,7 +84,7 @@ impl Conn {
         (url, primary): (&CacheKey, &CacheKey),
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         if ctx.store.unsliced().recently(primary.hash) {
             return Ok(None);
         }
@@ -104,7 +105,7 @@ impl Conn {
             ttls: route.ttls.clone(),
             store_set_cookie: route.store_set_cookie,
             object_sizes: route.object_sizes,
-            peer: self.peer.ip(),
+            peer: self.c.peer.ip(),
             hash_bits: ctx.hash_bits,
             fetched_here: Default::default(),
         });
@@ -133,7 +134,7 @@ impl Conn {
         job: &Arc<SliceJob>,
         started: Instant,
     ) -> Result<Attempt, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let slicing = job.slicing;
         // The object's length and identity come from the first slice wanted, or from slice 0
         // when it is stored: a range past the end is then a 416 without asking the origin.
@@ -155,6 +156,7 @@ impl Conn {
             Got::PastEnd(Some(total)) => {
                 let cr = format!("bytes */{total}");
                 let keep = self
+                    .c
                     .respond_simple(
                         req,
                         416,
@@ -169,6 +171,7 @@ impl Conn {
             Got::PastEnd(None) => return Ok(Attempt::Unsliced),
             Got::Failed(status) => {
                 let keep = self
+                    .c
                     .respond_simple(req, status, CacheStatus::Error, &[], None, started)
                     .await?;
                 return Ok(Attempt::Done(keep));
@@ -186,6 +189,7 @@ impl Conn {
         let Some((status, ranged)) = body_plan(req, first.entry(), id.total) else {
             let cr = format!("bytes */{}", id.total);
             let keep = self
+                .c
                 .respond_simple(
                     req,
                     416,
@@ -224,6 +228,7 @@ impl Conn {
                 Err(Failure::Unsliced) => return Ok(Attempt::Unsliced),
                 Err(Failure::Status(status)) => {
                     let keep = self
+                        .c
                         .respond_simple(req, status, CacheStatus::Error, &[], None, started)
                         .await?;
                     return Ok(Attempt::Done(keep));
@@ -259,7 +264,7 @@ impl Conn {
             } else {
                 CacheStatus::Miss
             },
-            head_bytes: self.head.len() as u64 + ranged.framing_len(),
+            head_bytes: self.c.head.len() as u64 + ranged.framing_len(),
             ranged,
         };
         match self
@@ -280,7 +285,7 @@ impl Conn {
         job: &Arc<SliceJob>,
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
-        let Some(first) = job.stored(&self.ctx, 0) else {
+        let Some(first) = job.stored(&self.c.ctx, 0) else {
             return Ok(None);
         };
         let Some(id) = stored_identity(&first) else {
@@ -294,13 +299,13 @@ impl Conn {
         }
         let whole = Ranged::single(0, id.total);
         self.sliced_head(req, &first, (200, &whole, id.total), true);
-        let sent = self.send_head().await;
-        self.record(&ResponseRecord {
+        let sent = self.c.send_head().await;
+        self.c.record(&ResponseRecord {
             method: &req.method,
             target: &req.target,
             status: 200,
             cache_status: CacheStatus::Hit,
-            head_bytes: self.head.len() as u64,
+            head_bytes: self.c.head.len() as u64,
             body_bytes: 0,
             path: DataPath::Zerocopy,
             duration: started.elapsed(),
@@ -338,7 +343,8 @@ impl Conn {
                     upstream: None,
                     member: None,
                 };
-                self.respond_simple(req, 412, status, &[], Some(&cache), started)
+                self.c
+                    .respond_simple(req, 412, status, &[], Some(&cache), started)
                     .await
                     .map(Some)
             }
@@ -355,7 +361,7 @@ impl Conn {
         }
     }
 
-    /// Writes the head of a sliced response into `self.head`: the first slice's stored fields
+    /// Writes the head of a sliced response into `self.c.head`: the first slice's stored fields
     /// (less its own `Content-Range`, and its `Content-Type` when the parts carry it), then the
     /// response's range or multipart type and its length.
     fn sliced_head(
@@ -366,8 +372,8 @@ impl Conn {
         all_stored: bool,
     ) {
         let (age, ttl) = age_ttl(first);
-        let visible = self.ctx.store.targeted().visible(&first.meta.fields);
-        let mut h = Head::standard(&mut self.head, status);
+        let visible = self.c.ctx.store.targeted().visible(&first.meta.fields);
+        let mut h = Head::standard(&mut self.c.head, status);
         for line in StoredFields(&visible).lines() {
             // A slice's own `Content-Range` and digests of its bytes describe that 206, not
             // this answer.

@@ -4,7 +4,8 @@
 //! turn by sendfile), the next slice fetched by a task of its own while this one goes out, and the
 //! response recorded with the slices it used (`$slices`).
 
-use super::conn::{Conn, ConnError};
+use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use super::fetch::slice::{Got, Piece, SliceJob};
 use crate::cache::entry::Entry;
 use crate::cache::growing::{Growing, Progress};
@@ -32,7 +33,7 @@ pub(super) struct Promised {
     pub(super) head_bytes: u64,
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Sends the head, then each part: its framing, then its bytes from each slice in turn by
     /// sendfile, the next slice the body needs fetched while this one is sent; then the closing
     /// boundary. `first` is the first slice the body needs, already checked. Records the
@@ -46,7 +47,7 @@ impl Conn {
         p: &Promised,
         started: Instant,
     ) -> Result<Option<bool>, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let job = p.job.clone();
         let size = job.slicing.size;
         let parts = &p.ranged.parts;
@@ -66,6 +67,7 @@ impl Conn {
                         _ => 503,
                     };
                     return self
+                        .c
                         .respond_simple(req, status, CacheStatus::Error, &[], None, started)
                         .await
                         .map(Some);
@@ -74,8 +76,9 @@ impl Conn {
         }
         let more = p.ranged.content_length() > 0;
         let sent_head = self
+            .c
             .sock
-            .send_response_head(&mut self.head, more, ctx.client.send_timeout)
+            .send_response_head(&mut self.c.head, more, ctx.client.send_timeout)
             .await
             .map_err(ConnError::from);
         if let Err(e) = sent_head {
@@ -87,7 +90,7 @@ impl Conn {
         let mut counted = None;
         for (i, part) in parts.iter().enumerate() {
             if !part.head.is_empty()
-                && let Err(e) = self.send(&part.head).await
+                && let Err(e) = self.c.send(&part.head).await
             {
                 self.record_sliced(req, p, sent, false, started);
                 return Err(e);
@@ -162,7 +165,7 @@ impl Conn {
             }
         }
         if !p.ranged.tail.is_empty()
-            && let Err(e) = self.send(&p.ranged.tail).await
+            && let Err(e) = self.c.send(&p.ranged.tail).await
         {
             self.record_sliced(req, p, sent, false, started);
             return Err(e);
@@ -210,7 +213,7 @@ impl Conn {
         mut given: Option<Piece>,
         fetched: &mut bool,
     ) -> Result<Sendable, Failure> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         for _ in 0..2 {
             let piece = match given.take() {
                 Some(p) => p,
@@ -249,7 +252,7 @@ impl Conn {
         len: u64,
         wait: std::time::Duration,
     ) -> Result<u64, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let end = from + len;
         let mut at = from;
         let mut r = g.reader();
@@ -258,6 +261,7 @@ impl Conn {
             let avail = p.available().min(end);
             if avail > at {
                 let result = self
+                    .c
                     .sock
                     .send_file(
                         &g.file,
@@ -302,7 +306,7 @@ impl Conn {
         from: u64,
         len: u64,
     ) -> Result<u64, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let result = self
             .sendfile_entry(e, file, e.body_offset + from, len)
             .await;
@@ -327,8 +331,8 @@ impl Conn {
         complete: bool,
         started: Instant,
     ) {
-        self.log_info.slices = Some((p.slices, p.job.fetched_here.lock().len() as u64));
-        self.record(&ResponseRecord {
+        self.c.log_info.slices = Some((p.slices, p.job.fetched_here.lock().len() as u64));
+        self.c.record(&ResponseRecord {
             method: &req.method,
             target: &req.target,
             status: p.status,

@@ -9,8 +9,8 @@
 //! of the request path (cache, framing, pooling) applies; the origin's connection is never
 //! pooled and the client's ends with the tunnel.
 
-use super::conn::Conn;
 use super::conn_error::ConnError;
+use super::exchange::Exchange;
 use super::fetch::{Body, Fetch, FetchOptions, FetchSpec, Relayed};
 use super::request_body::RequestBody;
 use crate::cache::conditional::Precondition;
@@ -66,7 +66,7 @@ fn switched_to<'a>(asked: &str, answer: Option<&'a str>) -> Option<&'a str> {
         .then_some(answer)
 }
 
-impl Conn {
+impl Exchange<'_> {
     /// Tunnels `req` (see the module doc). Returns whether the connection stays open: never.
     pub(super) async fn tunnel(
         &mut self,
@@ -74,7 +74,7 @@ impl Conn {
         upstream: std::sync::Arc<crate::upstream::Group>,
         started: Instant,
     ) -> Result<bool, ConnError> {
-        let ctx = self.ctx.clone();
+        let ctx = self.c.ctx.clone();
         let upgrade = req.upgrade.clone().unwrap_or_default();
         let f = Fetch::new(FetchSpec {
             req,
@@ -85,7 +85,7 @@ impl Conn {
             detail: "upgrade",
             opts: FetchOptions::default(),
         });
-        let request = f.upgrade_request(self.peer.ip(), &ctx, upgrade.as_bytes());
+        let request = f.upgrade_request(self.c.peer.ip(), &ctx, upgrade.as_bytes());
         let (up, head) = match upstream.exchange_upgrade(&request, &req.target).await {
             Ok(x) => x,
             Err(e) => {
@@ -96,7 +96,8 @@ impl Conn {
                 }
                 let mut close = req.clone();
                 close.close = true;
-                self.respond_simple(&close, e.status(), CacheStatus::Error, &[], None, started)
+                self.c
+                    .respond_simple(&close, e.status(), CacheStatus::Error, &[], None, started)
                     .await?;
                 return Ok(false);
             }
@@ -108,7 +109,8 @@ impl Conn {
             let Ok(framing) = head.framing(req.method == "HEAD") else {
                 let mut close = req.clone();
                 close.close = true;
-                self.respond_simple(&close, 502, CacheStatus::Error, &[], None, started)
+                self.c
+                    .respond_simple(&close, 502, CacheStatus::Error, &[], None, started)
                     .await?;
                 return Ok(false);
             };
@@ -136,12 +138,13 @@ impl Conn {
             ctx.accounting.upgrade("failed");
             let mut close = req.clone();
             close.close = true;
-            self.respond_simple(&close, 502, CacheStatus::Error, &[], None, started)
+            self.c
+                .respond_simple(&close, 502, CacheStatus::Error, &[], None, started)
                 .await?;
             return Ok(false);
         };
         ctx.accounting.upgrade("switched");
-        let mut h = Head::new(&mut self.head, 101, &head.reason);
+        let mut h = Head::new(&mut self.c.head, 101, &head.reason);
         // What clients never see on any other response (the tag field, targeted fields the
         // proxy consumes) is hidden on a 101 too.
         let hidden = |k: &str| proxy_owned(k) || ctx.store.targeted().hides(k);
@@ -149,13 +152,13 @@ impl Conn {
             .field("Connection", b"upgrade")
             .field("Upgrade", switched.as_bytes());
         h.end(false);
-        let sent = self.send_head().await;
-        let head_bytes = self.head.len() as u64;
+        let sent = self.c.send_head().await;
+        let head_bytes = self.c.head.len() as u64;
         let (down, ending) = match sent {
             Ok(()) => self.pipe(up).await,
             Err(_) => (0, Ending::Failed),
         };
-        self.record_as(
+        self.c.record_as(
             &ResponseRecord {
                 method: &req.method,
                 target: &req.target,
@@ -182,18 +185,18 @@ impl Conn {
     /// sent to the client and how the tunnel ended.
     async fn pipe(&mut self, mut up: UpstreamConn) -> (u64, Ending) {
         use std::sync::atomic::{AtomicU64, Ordering};
-        let idle = self.ctx.client.idle_timeout;
-        let send = self.ctx.client.send_timeout;
+        let idle = self.c.ctx.client.idle_timeout;
+        let send = self.c.ctx.client.send_timeout;
         let down = AtomicU64::new(0);
         if !up.buf.is_empty() {
             let early = up.buf.split();
-            if self.sock.send_all(&early, send).await.is_err() {
+            if self.c.sock.send_all(&early, send).await.is_err() {
                 return (0, Ending::Failed);
             }
             down.fetch_add(early.len() as u64, Ordering::Relaxed);
         }
-        if !self.buf.is_empty() {
-            let early = self.buf.split();
+        if !self.c.buf.is_empty() {
+            let early = self.c.buf.split();
             let sent = tokio::time::timeout(send, up.stream.send_all(&early)).await;
             if !matches!(sent, Ok(Ok(()))) {
                 return (down.into_inner(), Ending::Failed);
@@ -203,7 +206,7 @@ impl Conn {
         let start = tokio::time::Instant::now();
         let last = AtomicU64::new(0);
         let touch = || last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let (mut client_r, mut client_w) = tokio::io::split(&mut self.sock);
+        let (mut client_r, mut client_w) = tokio::io::split(&mut self.c.sock);
         let (mut origin_r, mut origin_w) = tokio::io::split(&mut up.stream);
         let to_origin = async {
             let mut buf = vec![0u8; 16 * 1024];

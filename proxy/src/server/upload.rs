@@ -11,8 +11,8 @@
 //! mod_reqtimeout's `MinRate`: `read_timeout` plus one second per `limits.body_min_rate` bytes
 //! received since the body started; a read that would wait past it is a 408 too.
 
-use super::conn::Conn;
 use super::conn_error::ConnError;
+use super::conn_state::Conn;
 use super::request_body::{BUFFERED_MAX, BodyError, BodySource, Remaining, RequestBody};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::request::{BodyFraming, RequestHead};

@@ -148,6 +148,84 @@ fn no_file_has_over_500_lines_of_code() {
     assert!(over.is_empty(), "{over:#?}");
 }
 
+/// Files of `server/` with a method of the client's connection (`impl Conn` or `impl X for
+/// Conn`), by name.
+fn connection_files(code: &[(String, String)]) -> Vec<String> {
+    let mut files: Vec<String> = code
+        .iter()
+        .filter(|(_, text)| {
+            text.lines().any(|l| {
+                let l = l.trim_start();
+                l.starts_with("impl Conn {")
+                    || (l.starts_with("impl ") && l.contains(" for Conn {"))
+            })
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    files.sort();
+    files
+}
+
+/// The connection owns the socket and its loop, and knows nothing of the cache (#45): its
+/// methods are in three files (the loop, the responder, the request body's reader), and none of
+/// them nor its state's file names the cache or a request's handling (`Exchange`) but the loop's
+/// one hand-off, so a request's walk goes down from the loop and returns only to the socket.
+#[test]
+fn the_connection_is_three_files_that_know_nothing_of_the_cache() {
+    let dir = root().join("proxy/src/server");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let code: Vec<(String, String)> = files
+        .iter()
+        .map(|f| {
+            let rel = f.strip_prefix(&dir).expect("in server/");
+            let text = std::fs::read_to_string(f).expect("source");
+            (rel.to_string_lossy().into_owned(), text)
+        })
+        .collect();
+    assert_eq!(
+        connection_files(&code),
+        ["conn.rs", "respond.rs", "upload.rs"],
+        "the connection's methods left its three files (docs/architecture.md names them)"
+    );
+    for (name, text) in code.iter().filter(|(n, _)| {
+        ["conn.rs", "conn_state.rs", "respond.rs", "upload.rs"].contains(&n.as_str())
+    }) {
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!code.contains("cache::"), "{name} names the cache");
+        let handoffs = code.matches("Exchange").count();
+        let allowed = if name == "conn.rs" { 3 } else { 0 };
+        assert_eq!(
+            handoffs, allowed,
+            "{name} names `Exchange` {handoffs} times"
+        );
+    }
+    // The loop's methods are private, so the compiler holds what calls them: nothing below the
+    // loop (the exchange, the responder, the body's reader) can call back up into it.
+    let (_, conn) = code.iter().find(|(n, _)| n == "conn.rs").expect("conn.rs");
+    let public: Vec<&str> = conn
+        .lines()
+        .filter(|l| l.starts_with("    pub") && l.contains("fn "))
+        .collect();
+    assert!(
+        public.is_empty(),
+        "conn.rs's loop has public methods: {public:?}"
+    );
+    let planted = [
+        ("conn.rs".to_string(), "impl Conn {\n}".to_string()),
+        (
+            "hit.rs".to_string(),
+            "impl BodySource for Conn {".to_string(),
+        ),
+        ("dispatch.rs".to_string(), "impl Exchange<'_> {".to_string()),
+    ];
+    assert_eq!(connection_files(&planted), ["conn.rs", "hit.rs"]);
+}
+
 #[test]
 fn the_counts_read_what_they_say() {
     assert_eq!(
