@@ -37,13 +37,8 @@ impl Exchange<'_> {
                 let n = avail - sent;
                 if encode {
                     let line = format!("{}{n:x}\r\n", if pending_crlf { "\r\n" } else { "" });
-                    if let Err(e) = self
-                        .c
-                        .sock
-                        .send_head(line.as_bytes(), ctx.client.send_timeout)
-                        .await
-                    {
-                        return (sent, framing, Err(e.into()));
+                    if let Err(e) = self.c.send_more(line.as_bytes()).await {
+                        return (sent, framing, Err(e));
                     }
                     framing += line.len() as u64;
                     pending_crlf = true;
@@ -77,8 +72,8 @@ impl Exchange<'_> {
             }
             match p {
                 Progress::Done(_) => {
-                    if chunked && let Err(e) = self.c.sock.end_body(ctx.client.send_timeout).await {
-                        return (sent, framing, Err(e.into()));
+                    if chunked && let Err(e) = self.c.end_body().await {
+                        return (sent, framing, Err(e));
                     }
                     if encode {
                         let end: &[u8] = if pending_crlf {

@@ -155,6 +155,8 @@ impl Conn {
             // requests; responses in flight finish under the old one).
             self.ctx = self.shared.ctx.load_full();
             self.head.set_via_self(self.ctx.forwarding.via);
+            // Whether a request is a fleet peer's is its own: `fleet_intake` says so for each.
+            self.from_peer = false;
             let mut req = match self.read_head(&mut stop, first).await? {
                 Head::Request(r) => {
                     first = false;

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use zerocache_ledger::ConnId;
 
-/// A client connection's state. Its fields are `server/`'s alone: the fetch, hit and read-behind
-/// paths are parts of one connection, and nothing outside `server/` reaches into one.
+/// A client connection's state. Its fields are `server/`'s alone: an `Exchange` borrows the
+/// connection for one request, and nothing outside `server/` reaches into one.
 pub struct Conn {
     /// The socket, plain or TLS.
     pub(super) sock: ClientSock,

@@ -25,7 +25,6 @@ impl Exchange<'_> {
         req: &mut RequestHead,
         body: &RequestBody,
     ) -> Result<Intake, ConnError> {
-        self.c.from_peer = false;
         let Some(fleet) = self.c.ctx.fleet.clone() else {
             crate::fleet::hop::strip(req);
             return Ok(Intake::Client);
@@ -63,7 +62,7 @@ impl Exchange<'_> {
             crate::fleet::internal::response(&mut self.c.head, status, &json, req.close);
             self.c.send_head().await?;
             // Answered, though not recorded as a client's response: no abandoned-request line.
-            self.c.unanswered = None;
+            self.c.answered_unrecorded();
             return Ok(Intake::Answered(!req.close));
         }
         self.c.from_peer = true;

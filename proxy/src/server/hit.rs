@@ -287,11 +287,7 @@ impl Exchange<'_> {
         let ctx = self.c.ctx.clone();
         let body_file = file.filter(|_| len > 0);
         let head_sent = if body_file.is_some() && !ctx.sending.copy_hits {
-            self.c
-                .sock
-                .send_response_head(&mut self.c.head, true, ctx.client.send_timeout)
-                .await
-                .map_err(ConnError::from)
+            self.c.send_head_for_body(true).await
         } else {
             self.c.send_head().await
         };

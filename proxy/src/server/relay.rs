@@ -4,7 +4,7 @@
 //! upstream; a precondition the fetched representation answers gets its 304 or 412; a stored
 //! entry is served as a hit; a failure gets its short generated answer.
 //!
-//! Why here and not in the fetch: the fetch decides and the connection writes, so the fetch never
+//! Why here and not in the fetch: the fetch decides and the exchange writes, so the fetch never
 //! imports the connection (data flows one way), and the fetch is dropped before the client is
 //! sent anything (a fill's lock lives on in its pump task).
 
@@ -251,10 +251,10 @@ impl Exchange<'_> {
             body_bytes += piece.len() as u64;
         }
         if s.chunked
-            && let Err(e) = self.c.sock.end_body(self.c.ctx.client.send_timeout).await
+            && let Err(e) = self.c.end_body().await
         {
             account.record(self.c, s.head_bytes, body_bytes, DataPath::Copy, false);
-            return Err(e.into());
+            return Err(e);
         }
         if reader.reusable() && s.reuse {
             group.release(up);

@@ -134,7 +134,7 @@ impl Conn {
         self.record_simple(&req.method, &req.target, 499, 0, false, Duration::ZERO);
     }
 
-    pub(super) fn record_simple(
+    fn record_simple(
         &self,
         method: &str,
         target: &str,
@@ -159,8 +159,8 @@ impl Conn {
         );
     }
 
-    /// Starts the record of `req` when there is an access log: its part of the line and, on an
-    /// HTTP/2 stream, the request as unanswered until it is (a stream reset first is logged 499).
+    /// Starts the record of `req` for the access log: its part of the line and, on an HTTP/2
+    /// stream, the request as unanswered until it is (a stream reset first is logged 499).
     pub(super) fn begin_record(&mut self, req: &RequestHead, started: Instant) {
         let route = self.log_info.route.take();
         self.log_info = crate::accesslog::RequestInfo::of(req);
@@ -180,10 +180,38 @@ impl Conn {
     /// Sends the response head built in `self.head` (and the body of an answer the proxy made,
     /// after it), within `limits.send_timeout` per write.
     pub async fn send_head(&mut self) -> Result<(), ConnError> {
+        self.send_head_for_body(false).await
+    }
+
+    /// Sends the head built in `self.head` before a body of the exchange's own sending: with
+    /// `more`, a cache file's body follows at once (plain TCP: one send with `MSG_MORE`; TLS:
+    /// queued in rustls to leave with the body's first record).
+    pub(super) async fn send_head_for_body(&mut self, more: bool) -> Result<(), ConnError> {
         Ok(self
             .sock
-            .send_response_head(&mut self.head, false, self.ctx.client.send_timeout)
+            .send_response_head(&mut self.head, more, self.ctx.client.send_timeout)
             .await?)
+    }
+
+    /// Sends framing that more of the body follows at once (a chunk's size line): with
+    /// `MSG_MORE` on plain TCP, so it leaves in the body's first segment.
+    pub(super) async fn send_more(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
+        Ok(self
+            .sock
+            .send_head(bytes, self.ctx.client.send_timeout)
+            .await?)
+    }
+
+    /// Ends a body whose length its head did not say (an h2 stream's end; nothing on HTTP/1.1,
+    /// whose last chunk or close says it).
+    pub(super) async fn end_body(&mut self) -> Result<(), ConnError> {
+        Ok(self.sock.end_body(self.ctx.client.send_timeout).await?)
+    }
+
+    /// The request was answered, but not as a client's response (a fleet peer's internal
+    /// operation): its stream's reset is no abandoned request.
+    pub(super) fn answered_unrecorded(&mut self) {
+        self.unanswered = None;
     }
 
     /// Sends `bytes` to the client, within `limits.send_timeout` per write that makes progress.

@@ -75,12 +75,7 @@ impl Exchange<'_> {
             }
         }
         let more = p.ranged.content_length() > 0;
-        let sent_head = self
-            .c
-            .sock
-            .send_response_head(&mut self.c.head, more, ctx.client.send_timeout)
-            .await
-            .map_err(ConnError::from);
+        let sent_head = self.c.send_head_for_body(more).await;
         if let Err(e) = sent_head {
             self.record_sliced(req, p, 0, false, started);
             return Err(e);

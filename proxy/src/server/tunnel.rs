@@ -195,8 +195,8 @@ impl Exchange<'_> {
             }
             down.fetch_add(early.len() as u64, Ordering::Relaxed);
         }
-        if !self.c.buf.is_empty() {
-            let early = self.c.buf.split();
+        let early = self.c.take_unread();
+        if !early.is_empty() {
             let sent = tokio::time::timeout(send, up.stream.send_all(&early)).await;
             if !matches!(sent, Ok(Ok(()))) {
                 return (down.into_inner(), Ending::Failed);

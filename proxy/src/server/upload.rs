@@ -20,6 +20,12 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 impl Conn {
+    /// What the client sent past the request's head and the loop has not used: a tunnel's first
+    /// bytes, once the origin has answered 101.
+    pub(super) fn take_unread(&mut self) -> bytes::BytesMut {
+        self.buf.split()
+    }
+
     /// Reads the request body, sending `100 Continue` first when asked: whole when it is small,
     /// the start of it when it is not. `Ok(None)`: the body was refused and answered (408, 413,
     /// 400); the connection must close.
