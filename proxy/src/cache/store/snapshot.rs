@@ -49,10 +49,17 @@ impl Store {
     /// and renamed, so a crash mid-write leaves no snapshot at all.
     pub fn write_snapshot(&self) -> io::Result<u64> {
         let head = self.snapshot_head();
-        let (bytes, entries) = {
+        // The buffer is sized and its pages touched before the lock, and the checksum made
+        // after it: every request waits on this lock, and at a million entries a fresh 47 MB
+        // buffer's page faults were half of the 47 ms it was held, the checksum 4 ms more.
+        let size = self.index.lock().snapshot_size(head.len());
+        // Not zeros: `vec![0; n]` is calloc's, whose fresh pages are not touched until written.
+        let buf = std::hint::black_box(vec![0xa5u8; size]);
+        let (body, entries) = {
             let ix = self.index.lock();
-            (ix.snapshot(&head), ix.usage().1)
+            (ix.snapshot_body(&head, buf), ix.usage().1)
         };
+        let bytes = super::index::seal(body);
         let path = self.snapshot_path();
         let tmp = path.with_extension("snap.tmp");
         std::fs::write(&tmp, &bytes)?;

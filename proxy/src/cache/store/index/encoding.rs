@@ -5,19 +5,37 @@
 
 use super::*;
 
+/// Appends the xxh3-64 of `body` (what [`Index::snapshot_body`] wrote): the snapshot's last 8
+/// bytes, computed after the store's lock is let go.
+pub(crate) fn seal(mut body: Vec<u8>) -> Vec<u8> {
+    let sum = xxh3_64(&body);
+    body.extend_from_slice(&sum.to_le_bytes());
+    body
+}
+
 impl<E: Eviction> Index<E> {
     /// The index as bytes (`store::snapshot`): the header `head`, then every slot in eviction
     /// order (next victim first) with its tags' hashes, then the Vary lists, then the xxh3-64
     /// of everything before. Entries at a foreign path are left out (the load's walk finds
-    /// them); entries kept whole are written as any other.
+    /// them); entries kept whole are written as any other. The store writes it in two parts
+    /// ([`Index::snapshot_body`] under its lock, [`seal`] after); the tests, whole.
+    #[cfg(test)]
     pub(crate) fn snapshot(&self, head: &[u8]) -> Vec<u8> {
+        seal(self.snapshot_body(head, Vec::new()))
+    }
+
+    /// What [`Index::snapshot`] writes before its checksum, appended to `out` (cleared first):
+    /// the part that must read the index, so the part the store's lock is held for. Given a
+    /// buffer of [`Index::snapshot_size`] whose pages are already touched, it faults no page.
+    pub(crate) fn snapshot_body(&self, head: &[u8], mut out: Vec<u8>) -> Vec<u8> {
+        out.clear();
         let order: Vec<u32> = self
             .policy
             .oldest_first()
             .into_iter()
             .filter(|&i| self.slots[i as usize].flags & (FREE | FOREIGN) == 0)
             .collect();
-        let mut out = Vec::with_capacity(head.len() + 16 + order.len() * SNAP_SLOT);
+        out.reserve(head.len() + 16 + order.len() * SNAP_SLOT);
         out.extend_from_slice(head);
         out.extend_from_slice(&(order.len() as u64).to_le_bytes());
         for i in order {
@@ -42,9 +60,17 @@ impl<E: Eviction> Index<E> {
                 out.extend_from_slice(n.as_bytes());
             }
         }
-        let sum = xxh3_64(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
         out
+    }
+
+    /// At least the bytes [`Index::snapshot`] writes after a header of `head_len` bytes: every
+    /// slot counted, free ones too, so a buffer this big is never grown while the lock is held.
+    pub(crate) fn snapshot_size(&self, head_len: usize) -> usize {
+        let tags: usize = self.tags_of.values().map(|t| t.len() * 16).sum();
+        let vary: usize = (self.vary.values())
+            .map(|names| 18 + names.iter().map(|n| 2 + n.len()).sum::<usize>())
+            .sum();
+        head_len + 8 + self.slots.len() * SNAP_SLOT + tags + 8 + vary + 8
     }
 
     /// Fills an empty index from `bytes` written by [`Index::snapshot`] after the header `head`

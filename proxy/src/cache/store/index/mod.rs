@@ -29,6 +29,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 mod encoding;
 mod found;
 mod hot;
+pub(crate) use encoding::seal;
 pub(crate) use found::{Found, Loaded, Located};
 use hot::HotEntries;
 mod slice_objects;
@@ -773,6 +774,37 @@ mod tests {
         let victims = ix.evict_to_fit(0, 0, 0);
         assert_eq!(victims.len(), 1);
         assert_eq!(ix.tag_counts(), (0, 0));
+    }
+
+    /// The store writes a snapshot in parts (the buffer sized and touched before its lock, the
+    /// body under it, the checksum after): the same bytes as whole, into a buffer of
+    /// `snapshot_size` that never grows, whatever the buffer held before.
+    #[test]
+    fn a_snapshot_in_parts_is_the_snapshot_and_its_size_holds_it() {
+        let mut ix = Index::new(Lru::new(), 16);
+        // More bytes of tags (5 × 16) and of Vary names (52) than the freed slot leaves spare
+        // (47): a size that left either out would be short.
+        tagged(&mut ix, "GET http://h/a", "product:1 shop a b c");
+        let url = "GET http://h/v";
+        for lang in ["fr", "de"] {
+            let k = format!("{url}{SEPARATOR}accept-language={lang}");
+            put(&mut ix, &k, url, &["accept-language", "accept-encoding"], 1);
+        }
+        let gone = put(&mut ix, "GET http://h/gone", "GET http://h/gone", &[], 3);
+        ix.take(gone.hash);
+        let head = b"head";
+        let whole = ix.snapshot(head);
+        let size = ix.snapshot_size(head.len());
+        let buf = vec![7u8; size];
+        let body = ix.snapshot_body(head, buf);
+        assert_eq!(body.capacity(), size, "never grown under the lock");
+        assert!(body.len() + 8 <= size, "{} + 8 > {size}", body.len());
+        assert_eq!(seal(body), whole);
+        // Restored, it is the same index.
+        let mut back = Index::new(Lru::new(), 16);
+        assert_eq!(back.restore(&whole, head), Ok(3));
+        assert_eq!(back.usage(), ix.usage());
+        assert_eq!(back.entries_of_tag("shop").len(), 1);
     }
 
     /// The cost of 100,000 tagged entries: printed (`--nocapture`), not asserted (timing is for
