@@ -126,7 +126,8 @@ impl Eviction for Lru {
     }
 
     fn oldest_first(&self) -> Vec<u32> {
-        let mut out = Vec::new();
+        // Sized once: it runs under the store's lock for the snapshot.
+        let mut out = Vec::with_capacity(self.links.len());
         let mut at = self.back;
         while at != NIL {
             out.push(at);

@@ -5,6 +5,9 @@
 
 use super::*;
 
+/// Slots [`Index::snapshot_size`] leaves room for beyond those in use.
+pub(super) const SIZE_SLACK: usize = 64;
+
 /// Appends the xxh3-64 of `body` (what [`Index::snapshot_body`] wrote): the snapshot's last 8
 /// bytes, computed after the store's lock is let go.
 pub(crate) fn seal(mut body: Vec<u8>) -> Vec<u8> {
@@ -26,7 +29,8 @@ impl<E: Eviction> Index<E> {
 
     /// What [`Index::snapshot`] writes before its checksum, appended to `out` (cleared first):
     /// the part that must read the index, so the part the store's lock is held for. Given a
-    /// buffer of [`Index::snapshot_size`] whose pages are already touched, it faults no page.
+    /// buffer of [`Index::snapshot_size`] whose pages are already touched, it writes the bytes
+    /// without growing it or faulting a page of it.
     pub(crate) fn snapshot_body(&self, head: &[u8], mut out: Vec<u8>) -> Vec<u8> {
         out.clear();
         let order: Vec<u32> = self
@@ -63,14 +67,17 @@ impl<E: Eviction> Index<E> {
         out
     }
 
-    /// At least the bytes [`Index::snapshot`] writes after a header of `head_len` bytes: every
-    /// slot counted, free ones too, so a buffer this big is never grown while the lock is held.
+    /// At least the bytes [`Index::snapshot`] writes, its header of `head_len` bytes and its
+    /// checksum included, so a buffer this big is never grown while the lock is held: every slot
+    /// in use (one at a foreign path too), and room for [`SIZE_SLACK`] more, the fills that
+    /// were already committing when the process stopped storing.
     pub(crate) fn snapshot_size(&self, head_len: usize) -> usize {
         let tags: usize = self.tags_of.values().map(|t| t.len() * 16).sum();
         let vary: usize = (self.vary.values())
             .map(|names| 18 + names.iter().map(|n| 2 + n.len()).sum::<usize>())
             .sum();
-        head_len + 8 + self.slots.len() * SNAP_SLOT + tags + 8 + vary + 8
+        let slots = self.slots.len() - self.free.len() + SIZE_SLACK;
+        head_len + 8 + slots * SNAP_SLOT + tags + 8 + vary + 8
     }
 
     /// Fills an empty index from `bytes` written by [`Index::snapshot`] after the header `head`
